@@ -1,0 +1,148 @@
+"""The gradwatch wire protocol, shared by the training-side hook and the server.
+
+One websocket per run, JSON text frames. Non-finite floats travel as the strings
+"NaN", "Infinity" and "-Infinity" (strict JSON has no NaN), so every frame is valid
+JSON and NaN/inf arrive exactly. A vector slot that is JSON ``null`` means "no value"
+(a parameter whose ``.grad`` was None), which is different from NaN.
+
+Conversation (client -> server unless marked):
+
+1. ``hello``   {"type": "hello", "protocol": 1, "run": {uid, project, name, config, meta, alerts}}
+2. ``welcome`` (server) {"type": "welcome", "protocol": 1, "run_id": int, "acked_seq": int}
+   ``acked_seq`` is the last batch the server has committed for this run uid; the client
+   forgets batches up to it and resends the rest, in order.
+3. ``batch``   {"type": "batch", "seq": n, "records": [...], "layouts": {...}, "events": [...]}
+   ``seq`` starts at 1 and increases by one. Each record is
+   {"step": int, "t": unix seconds, "scalars": {key: value}, "vectors": {key: [values]}}.
+   ``layouts`` names the slots of a vector key ({"grad": ["fc1.weight", ...]}) and is sent
+   with the first batch after the layout changes.
+   ``events`` are run-level facts: {"type": "status", "status": "finished" | "failed"},
+   {"type": "exception", ...}, {"type": "alert", ...} (alerts only the client can see, like OOM).
+4. ``ack``     (server) {"type": "ack", "seq": n} once batch n is committed. A batch with a
+   seq already committed is acked again and not stored twice.
+5. ``nack``    (server) {"type": "nack", "expected": n}: a gap; resend from n.
+6. ``error``   (server) {"type": "error", "message": str}; the server then closes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+PROTOCOL_VERSION = 1
+INGEST_PATH = "/ws/ingest"
+DEFAULT_SERVER = "http://127.0.0.1:8765"
+
+# Close code sent with an ``error`` for a protocol version mismatch (4000-4999: private use).
+CLOSE_PROTOCOL_MISMATCH = 4001
+CLOSE_BAD_MESSAGE = 4002
+
+_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow the protocol."""
+
+
+def encode_float(value: float | None) -> float | str | None:
+    """Turn a float into a JSON-safe value, non-finite floats into strings."""
+    if value is None:
+        return None
+    if math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+def decode_float(value: Any) -> float | None:
+    """Inverse of ``encode_float``; raises ProtocolError on anything else."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ProtocolError(f"expected a number, got {value!r}")
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str) and value in _NONFINITE:
+        return _NONFINITE[value]
+    raise ProtocolError(f"expected a number or 'NaN'/'Infinity'/'-Infinity', got {value!r}")
+
+
+def dumps(message: dict) -> str:
+    """Serialise a message as strict JSON (NaN must already be encoded)."""
+    return json.dumps(message, allow_nan=False, separators=(",", ":"))
+
+
+def loads(text: str | bytes) -> dict:
+    """Parse one frame; raises ProtocolError when it is not a JSON object with a type."""
+    try:
+        message = json.loads(text)
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError(f"frame is not valid JSON: {exc}") from None
+    if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+        raise ProtocolError("frame must be a JSON object with a string 'type'")
+    return message
+
+
+def hello(run: dict) -> dict:
+    """The first message of a connection."""
+    return {"type": "hello", "protocol": PROTOCOL_VERSION, "run": run}
+
+
+def batch(seq: int, records: list, layouts: dict | None = None, events: list | None = None) -> dict:
+    """A numbered batch of records; values must already be encoded with ``encode_float``."""
+    msg: dict = {"type": "batch", "seq": seq, "records": records}
+    if layouts:
+        msg["layouts"] = layouts
+    if events:
+        msg["events"] = events
+    return msg
+
+
+def check_hello(message: dict) -> dict:
+    """Validate a hello and return its run section; raises ProtocolError with a clear reason."""
+    if message.get("type") != "hello":
+        raise ProtocolError("first message must be 'hello'")
+    version = message.get("protocol")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            f"protocol version mismatch: client speaks {version!r}, server speaks "
+            f"{PROTOCOL_VERSION}; install the same gradwatch version on both sides"
+        )
+    run = message.get("run")
+    if not isinstance(run, dict) or not isinstance(run.get("uid"), str) or not run["uid"]:
+        raise ProtocolError("hello.run must be an object with a non-empty string 'uid'")
+    return run
+
+
+def decode_record(record: Any) -> tuple[int, float, dict, dict]:
+    """Validate one record; returns (step, wall_time, scalars, vectors) with decoded floats."""
+    if not isinstance(record, dict):
+        raise ProtocolError("record must be an object")
+    step, wall = record.get("step"), record.get("t")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ProtocolError(f"record.step must be a non-negative integer, got {step!r}")
+    if not isinstance(wall, (int, float)) or isinstance(wall, bool) or not math.isfinite(wall):
+        raise ProtocolError(f"record.t must be a finite number, got {wall!r}")
+    scalars = {}
+    for key, value in (record.get("scalars") or {}).items():
+        check_key(key)
+        decoded = decode_float(value)
+        if decoded is None:
+            raise ProtocolError(f"scalar {key!r} has no value")
+        scalars[key] = decoded
+    vectors = {}
+    for key, values in (record.get("vectors") or {}).items():
+        check_key(key)
+        if not isinstance(values, list):
+            raise ProtocolError(f"vector {key!r} must be a list")
+        vectors[key] = [decode_float(v) for v in values]
+    return step, float(wall), scalars, vectors
+
+
+def check_key(key: Any) -> str:
+    """Metric keys are non-empty strings of at most 256 characters."""
+    if not isinstance(key, str) or not key or len(key) > 256:
+        raise ProtocolError(f"metric key must be a non-empty string of <= 256 chars, got {key!r}")
+    return key

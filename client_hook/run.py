@@ -1,0 +1,289 @@
+"""The ``Run``: what a training script holds while it streams to gradwatch."""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import metadata, protocol
+from .sender import Sender
+from .values import to_value
+
+ON_NAN_MODES = ("warn", "raise", "stop")
+
+
+class TrainingDiverged(RuntimeError):
+    """Raised by ``log`` when the loss went NaN/inf and the run was started with on_nan="raise"."""
+
+
+def is_loss_key(key: str) -> bool:
+    """Keys whose last path part mentions 'loss' are watched for NaN/inf."""
+    return "loss" in key.rsplit("/", 1)[-1].lower()
+
+
+def default_spool_root() -> Path:
+    """Where undelivered batches wait on disk: $GRADWATCH_SPOOL_DIR or ~/.cache/gradwatch/spool."""
+    if os.environ.get("GRADWATCH_SPOOL_DIR"):
+        return Path(os.environ["GRADWATCH_SPOOL_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gradwatch" / "spool"
+
+
+class Run:
+    """One training run streaming to a gradwatch server.
+
+    Args:
+        project: group name for related runs.
+        name: display name; defaults to a short random id.
+        config: hyperparameters, shown on the run page and diffed in comparisons.
+        server: server address; default $GRADWATCH_SERVER or http://127.0.0.1:8765.
+        alerts: per-run health-rule thresholds, e.g. {"exploding_gradients.ceiling": 500}.
+        on_nan: "warn" (print), "raise" (``log`` raises TrainingDiverged) or "stop"
+            (``run.should_stop`` turns True) when a loss goes NaN/inf.
+        tags: labels for filtering runs.
+        flush_interval: seconds between batches sent by the background thread.
+    """
+
+    def __init__(self, project: str = "default", name: str | None = None, config: Mapping | None = None, *,
+                 server: str | None = None, alerts: Mapping | None = None, on_nan: str = "warn",
+                 tags: list[str] | None = None, flush_interval: float = 0.2, spool_dir: str | None = None,
+                 max_memory_bytes: int = 32 << 20):
+        if on_nan not in ON_NAN_MODES:
+            raise ValueError(f"on_nan must be one of {ON_NAN_MODES}, got {on_nan!r}")
+        self.uid = uuid.uuid4().hex
+        self.project = str(project)
+        self.name = str(name) if name else f"run-{self.uid[:6]}"
+        self.config = dict(config or {})
+        self.on_nan = on_nan
+        self.server = (server or os.environ.get("GRADWATCH_SERVER") or protocol.DEFAULT_SERVER).rstrip("/")
+        self.should_stop = False
+        self.diverged: tuple | None = None
+        self._step = 0
+        self._raise_pending: str | None = None
+        self._watcher = None
+        self._finished = False
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
+        info = {"uid": self.uid, "project": self.project, "name": self.name, "config": _jsonable(self.config),
+                "meta": metadata.collect(), "alerts": dict(alerts or {}), "tags": list(tags or [])}
+        spool = Path(spool_dir) if spool_dir else default_spool_root() / self.uid
+        self._sender = Sender(self.server, info, spool, flush_interval=flush_interval,
+                              max_memory_bytes=max_memory_bytes, inspect=self._inspect_resolved)
+        self._sender.put(("event", {"type": "status", "status": "running"}))
+        self._sender.start()
+        _track(self)
+
+    # -- public API ----------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        """Address of this run's page (known once the server has answered)."""
+        run_id = self._sender.run_id
+        return f"{self.server}/runs/{run_id}" if run_id is not None else self.server
+
+    @property
+    def step(self) -> int:
+        """The step the next ``log`` without ``step=`` will use."""
+        return self._step
+
+    def log(self, data: Mapping[str, Any], step: int | None = None) -> None:
+        """Record metrics for one step; never blocks and never raises into training.
+
+        Args:
+            data: metric name -> Python number or single-value tensor (any device, any dtype).
+            step: explicit step; default is one more than the previous step (from 0).
+
+        Raises:
+            TrainingDiverged: only with on_nan="raise", once a loss is NaN/inf.
+        """
+        try:
+            self._log(data, step)
+        except Exception as exc:  # a bad call must not kill the training job
+            self._warn_once(f"log:{type(exc).__name__}", f"gradwatch: log() ignored bad input: {exc}")
+        if self._raise_pending:
+            message, self._raise_pending = self._raise_pending, None
+            raise TrainingDiverged(message)
+
+    def watch(self, model, optimizer=None, scaler=None) -> "Run":
+        """Record gradient norms (global and per parameter), missing grads, LR and memory.
+
+        Args:
+            model: the ``torch.nn.Module`` being trained.
+            optimizer: its optimizer; norms are captured at each ``optimizer.step()``.
+                Without one, they are captured after every backward pass.
+            scaler: a ``torch.amp.GradScaler``, to record the loss scale and skipped steps.
+
+        Returns:
+            The run, for chaining.
+        """
+        from .watcher import Watcher
+
+        if self._watcher is not None:
+            self._watcher.remove()
+        self._watcher = Watcher(self, model, optimizer, scaler)
+        return self
+
+    def finish(self, status: str = "finished", timeout: float = 30.0) -> None:
+        """Flush everything to the server and mark the run ended; safe to call twice.
+
+        Args:
+            status: "finished" or "failed".
+            timeout: seconds to wait for the server to confirm; what is not confirmed
+                stays on disk (``gradwatch sync`` sends it later).
+        """
+        if self._finished:
+            return
+        self._finished = True
+        if self._watcher is not None:
+            self._watcher.remove()
+        self._sender.put(("event", {"type": "status", "status": status}))
+        left = self._sender.close(timeout)
+        if left:
+            print(f"gradwatch: {left} batch(es) could not be delivered to {self.server}; they are kept in "
+                  f"{self._sender.outbox.spool_dir} - send them later with "
+                  f"`gradwatch sync {self._sender.outbox.spool_dir}`", file=sys.stderr)
+        _untrack(self)
+
+    def record_exception(self, exc: BaseException) -> None:
+        """Attach a training-script exception (and the memory state) to the run."""
+        event = {"type": "exception", "exc_type": type(exc).__name__, "message": str(exc)[:4000],
+                 "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
+                 "step": self._step}
+        if self._watcher is not None:
+            try:
+                event["memory"] = {**self._watcher._memory(), **self._watcher.memory_breakdown()}
+            except Exception:
+                pass
+        self._put_event(event)
+
+    def __enter__(self) -> "Run":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None and not isinstance(exc, (KeyboardInterrupt, TrainingDiverged)):
+            self.record_exception(exc)
+            self.finish("failed")
+        else:
+            self.finish("finished" if exc is None else "failed")
+
+    # -- internals used by the watcher and the sender -------------------------------------
+    def _log(self, data: Mapping[str, Any], step: int | None) -> None:
+        if self._finished:
+            raise RuntimeError("the run is finished")
+        if not isinstance(data, Mapping):
+            raise TypeError(f"log() takes a dict of metrics, got {type(data).__name__}")
+        with self._lock:
+            if step is None:
+                step = self._step
+            elif not isinstance(step, int) or isinstance(step, bool) or step < 0:
+                raise ValueError(f"step must be a non-negative int, got {step!r}")
+            self._step = max(self._step, step + 1)
+        scalars = {}
+        for key, value in data.items():
+            try:
+                protocol.check_key(key)
+                scalars[key] = to_value(value)
+            except (TypeError, ValueError, protocol.ProtocolError) as exc:
+                self._warn_once(f"key:{key}", f"gradwatch: not logging {key!r}: {exc}")
+                continue
+            if isinstance(scalars[key], float) and is_loss_key(key):
+                self._check_loss(step, key, scalars[key])
+        if scalars:
+            self._sender.put(("rec", step, time.time(), scalars, {}))
+
+    def _current_step(self) -> int:
+        return self._step
+
+    def _put_record(self, step: int, scalars: dict, vectors: dict) -> None:
+        self._sender.put(("rec", step, time.time(), scalars, vectors))
+
+    def _put_event(self, event: dict) -> None:
+        self._sender.put(("event", event))
+
+    def _put_layout(self, key: str, names: list[str]) -> None:
+        self._sender.put(("layout", key, names))
+
+    def _guarded(self, fn) -> None:
+        """Run a hook body; a failure there is reported once and never reaches training."""
+        try:
+            fn()
+        except Exception as exc:
+            self._warn_once(f"hook:{type(exc).__name__}", f"gradwatch: gradient capture failed: {exc!r}")
+
+    def _inspect_resolved(self, step: int, scalars: dict) -> None:
+        """Sender-thread check of losses that were read off the device late."""
+        for key, value in scalars.items():
+            if is_loss_key(key) and not math.isfinite(value):
+                self._check_loss(step, key, value)
+
+    def _check_loss(self, step: int, key: str, value: float) -> None:
+        if math.isfinite(value) or self.diverged is not None:
+            return
+        self.diverged = (step, key, value)
+        what = "NaN" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
+        message = (f"gradwatch: {key} is {what} at step {step}. Likely causes: learning rate too high, "
+                   "exploding gradients (try clipping), log/div of zero, or bad input data.")
+        if self.on_nan == "stop":
+            self.should_stop = True
+            message += " run.should_stop is now True."
+        elif self.on_nan == "raise":
+            self._raise_pending = message
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    def _warn_once(self, tag: str, message: str) -> None:
+        if tag not in self._warned:
+            self._warned.add(tag)
+            print(message, file=sys.stderr)
+
+
+def _jsonable(value: Any) -> Any:
+    """Config values as JSON-friendly data (unknown objects become their repr)."""
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float):
+        return protocol.encode_float(value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    return repr(value)
+
+
+# -- process-wide bookkeeping: finish runs at exit, record uncaught exceptions ----------
+_live: list[Run] = []
+_hook_installed = False
+
+
+def _track(run: Run) -> None:
+    global _hook_installed
+    _live.append(run)
+    if not _hook_installed:
+        _hook_installed = True
+        previous = sys.excepthook
+
+        def excepthook(exc_type, exc, tb):
+            for r in list(_live):
+                r.record_exception(exc)
+                r.finish("failed")
+            previous(exc_type, exc, tb)
+
+        sys.excepthook = excepthook
+        atexit.register(_finish_all)
+
+
+def _untrack(run: Run) -> None:
+    if run in _live:
+        _live.remove(run)
+
+
+def _finish_all() -> None:
+    for run in list(_live):
+        run.finish("finished", timeout=10.0)

@@ -1,0 +1,185 @@
+"""Gradient, learning-rate, memory and AMP capture for ``Run.watch``.
+
+Everything here runs on the training thread at each optimizer step (or after each
+backward pass when there is no optimizer), so it only launches device work: fused
+norms, a stack, and host-side counters. Nothing calls ``.item()``; the values are read
+off the device later, in batches, by the sender thread.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .values import defer_vector
+
+GRAD_VECTOR = "grad"
+
+
+class Watcher:
+    """Hooks one model (and optionally its optimizer and GradScaler) into a run."""
+
+    def __init__(self, run, model, optimizer=None, scaler=None):
+        import torch
+
+        self.torch = torch
+        self.run = run
+        self.model = model
+        self.optimizer = optimizer
+        self.scaler = scaler
+        self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in self.params]
+        self.device = next((p.device for _, p in self.params), torch.device("cpu"))
+        self.handles: list = []
+        self._pending_backward = False
+        self._last_breakdown_step = -10**9
+        run._put_layout(GRAD_VECTOR, self.names)
+        if optimizer is not None:
+            self.handles.append(optimizer.register_step_pre_hook(self._on_optimizer_step))
+            self._report_unoptimized()
+        else:
+            for _, p in self.params:
+                self.handles.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
+        if scaler is not None:
+            self._wrap_scaler_update(scaler)
+
+    def remove(self) -> None:
+        """Detach every hook this watcher installed."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        if self.scaler is not None and "update" in vars(self.scaler):
+            del self.scaler.update
+
+    # -- hook entry points ---------------------------------------------------------------
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        self.run._guarded(self.capture)
+
+    def _on_grad_ready(self, param) -> None:
+        # Several parameters fire per backward; capture once, when the whole pass is done.
+        if not self._pending_backward:
+            self._pending_backward = True
+            self.torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
+
+    def _after_backward(self) -> None:
+        self._pending_backward = False
+        self.run._guarded(self.capture)
+
+    # -- what is captured ----------------------------------------------------------------
+    def capture(self) -> None:
+        """Record gradient norms, learning rates and memory for the current step."""
+        scalars: dict[str, Any] = {}
+        vectors = {}
+        grads = [p.grad for _, p in self.params]
+        missing = [i for i, g in enumerate(grads) if g is None]
+        present = [g for g in grads if g is not None]
+        if present:
+            norms = self._norms(present)
+            scalars["grad/global_norm"] = defer_vector(self.torch.linalg.vector_norm(norms))
+            vectors[GRAD_VECTOR] = (defer_vector(norms), missing, len(grads))
+        elif grads:
+            vectors[GRAD_VECTOR] = ([], missing, len(grads))
+        scalars["grad/missing_count"] = float(len(missing))
+        scalars.update(self._learning_rates())
+        scalars.update(self._memory())
+        step = self.run._current_step()
+        if step - self._last_breakdown_step >= 100:
+            self._last_breakdown_step = step
+            scalars.update(self.memory_breakdown())
+        self.run._put_record(step, scalars, vectors)
+
+    def _norms(self, grads):
+        """One fused norm per gradient, as a single float32 vector on the first device."""
+        torch = self.torch
+        groups: dict = {}
+        for i, g in enumerate(grads):
+            groups.setdefault((g.device, g.dtype, g.is_sparse), []).append(i)
+        out = [None] * len(grads)
+        for (device, dtype, sparse), idx in groups.items():
+            tensors = [grads[i] for i in idx]
+            if sparse:
+                norms = [t.coalesce().values().norm() for t in tensors]
+            else:
+                norms = torch._foreach_norm(tensors)
+            for i, n in zip(idx, norms):
+                out[i] = n
+        target = out[0].device
+        return torch.stack([n.to(device=target, dtype=torch.float32) for n in out])
+
+    def _learning_rates(self) -> dict:
+        if self.optimizer is None:
+            return {}
+        groups = self.optimizer.param_groups
+        rates = {}
+        for i, group in enumerate(groups):
+            lr = group.get("lr")
+            if lr is None:
+                continue
+            key = "lr" if len(groups) == 1 else f"lr/{i}"
+            rates[key] = defer_vector(lr.detach().reshape(())) if hasattr(lr, "detach") else float(lr)
+        return rates
+
+    def _memory(self) -> dict:
+        torch = self.torch
+        if self.device.type == "cuda":
+            # These are host-side allocator counters: reading them does not sync the device.
+            return {
+                "memory/cuda_allocated": float(torch.cuda.memory_allocated(self.device)),
+                "memory/cuda_reserved": float(torch.cuda.memory_reserved(self.device)),
+                "memory/cuda_peak": float(torch.cuda.max_memory_allocated(self.device)),
+            }
+        rss = process_rss()
+        return {"memory/rss": float(rss)} if rss is not None else {}
+
+    def memory_breakdown(self) -> dict:
+        """Bytes held by parameters, gradients and optimizer state (host-side arithmetic)."""
+        torch = self.torch
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        grads = sum(p.grad.numel() * p.grad.element_size() for p in self.model.parameters() if p.grad is not None)
+        state = 0
+        if self.optimizer is not None:
+            for per_param in self.optimizer.state.values():
+                for value in per_param.values():
+                    if isinstance(value, torch.Tensor):
+                        state += value.numel() * value.element_size()
+        return {"memory/params": float(params), "memory/grads": float(grads), "memory/optimizer_state": float(state)}
+
+    def _report_unoptimized(self) -> None:
+        """Parameters that require grad but that the optimizer does not hold never train."""
+        held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
+        orphans = [n for n, p in self.params if id(p) not in held]
+        if orphans:
+            self.run._put_event({
+                "type": "alert", "kind": "missing_gradients", "severity": "warning", "step": None,
+                "layer": orphans[0], "value": float(len(orphans)),
+                "message": f"{len(orphans)} parameter(s) require grad but are not in the optimizer, so they "
+                           f"never update: {', '.join(orphans[:8])}. Pass model.parameters() to the optimizer "
+                           "or set requires_grad=False on purpose-frozen layers.",
+            })
+
+    def _wrap_scaler_update(self, scaler) -> None:
+        """Record the loss scale after every GradScaler.update (a drop means a skipped step)."""
+        original = scaler.update
+        watcher = self
+
+        def update(*args, **kwargs):
+            result = original(*args, **kwargs)
+            watcher.run._guarded(watcher._record_scale)
+            return result
+
+        scaler.update = update
+
+    def _record_scale(self) -> None:
+        scale = getattr(self.scaler, "_scale", None)
+        if scale is None:
+            return
+        self.run._put_record(self.run._current_step(), {"amp/scale": defer_vector(scale.detach().clone().reshape(()))}, {})
+
+
+def process_rss() -> int | None:
+    """Resident set size of this process in bytes (Linux /proc; None elsewhere)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None

@@ -1,0 +1,105 @@
+// The runs list: filters, sorting, live status, alert badges, selection for comparison, edits.
+"use strict";
+
+const state = { runs: new Map(), sort: "created_at", desc: true, selected: new Set() };
+const $ = (id) => document.getElementById(id);
+
+async function load() {
+  const runs = await GW.getJSON("/api/runs");
+  state.runs = new Map(runs.map((r) => [r.id, r]));
+  render();
+}
+
+function visible() {
+  const name = $("f-name").value.toLowerCase(), project = $("f-project").value;
+  const status = $("f-status").value, tag = $("f-tag").value.trim();
+  let rows = [...state.runs.values()].filter((r) =>
+    (!name || r.name.toLowerCase().includes(name)) && (!project || r.project === project) &&
+    (!status || r.status === status) && (!tag || r.tags.includes(tag)));
+  const k = state.sort, dir = state.desc ? -1 : 1;
+  rows.sort((a, b) => ((a[k] ?? -Infinity) > (b[k] ?? -Infinity) ? dir : (a[k] ?? -Infinity) < (b[k] ?? -Infinity) ? -dir : b.id - a.id));
+  return rows;
+}
+
+function renderProjects() {
+  const sel = $("f-project"), current = sel.value;
+  const projects = [...new Set([...state.runs.values()].map((r) => r.project))].sort();
+  sel.replaceChildren(GW.el("option", { value: "" }, "all projects"), ...projects.map((p) => GW.el("option", { value: p }, p)));
+  sel.value = projects.includes(current) ? current : "";
+}
+
+function row(r) {
+  const box = GW.el("input", { type: "checkbox", "aria-label": "select " + r.name });
+  box.checked = state.selected.has(r.id);
+  box.addEventListener("change", () => { box.checked ? state.selected.add(r.id) : state.selected.delete(r.id); updateCompare(); });
+  const actions = GW.el("td", {},
+    GW.el("button", { onclick: () => edit(r, "name"), title: "rename" }, "Rename"), " ",
+    GW.el("button", { onclick: () => edit(r, "tags"), title: "edit tags" }, "Tags"), " ",
+    GW.el("button", { onclick: () => edit(r, "notes"), title: "edit note" }, "Note"), " ",
+    GW.el("button", { class: "danger", onclick: () => remove(r) }, "Delete"));
+  return GW.el("tr", { "data-run": r.id },
+    GW.el("td", {}, box),
+    GW.el("td", {}, GW.el("span", { class: "swatch", style: "background:" + GW.colorFor(r.id) }), GW.el("a", { href: "/runs/" + r.id }, r.name)),
+    GW.el("td", {}, r.project),
+    GW.el("td", {}, GW.el("span", { class: "status " + r.status }, r.status)),
+    GW.el("td", {}, r.alert_count ? GW.el("span", { class: "badge", title: "alerts" }, r.alert_count) : ""),
+    GW.el("td", {}, GW.fmtTime(r.created_at)),
+    GW.el("td", { class: "last-step" }, r.last_step ?? ""),
+    GW.el("td", {}, ...r.tags.map((t) => GW.el("span", { class: "chip" }, t))),
+    GW.el("td", { class: "muted" }, r.notes.length > 60 ? r.notes.slice(0, 60) + "…" : r.notes),
+    actions);
+}
+
+function render() {
+  renderProjects();
+  const rows = visible();
+  $("runs").querySelector("tbody").replaceChildren(...rows.map(row));
+  $("empty").hidden = state.runs.size > 0;
+  $("count").textContent = rows.length + " of " + state.runs.size + " runs";
+  updateCompare();
+}
+
+function updateCompare() {
+  $("compare").disabled = state.selected.size < 1;
+  $("compare").textContent = "Compare selected (" + state.selected.size + ")";
+}
+
+async function patch(id, body) {
+  const run = await GW.getJSON("/api/runs/" + id, { method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  state.runs.set(id, run); render();
+}
+
+async function edit(r, field) {
+  const current = field === "tags" ? r.tags.join(", ") : r[field];
+  const value = prompt(field === "tags" ? "Tags (comma separated)" : field === "name" ? "New name" : "Note", current);
+  if (value === null) return;
+  const body = { [field]: field === "tags" ? value.split(",").map((t) => t.trim()).filter(Boolean) : value };
+  try { await patch(r.id, body); } catch (e) { alert("Could not save: " + e.message); }
+}
+
+async function remove(r) {
+  if (!confirm("Delete run '" + r.name + "' and all its data?")) return;
+  await GW.getJSON("/api/runs/" + r.id, { method: "DELETE" });
+  state.runs.delete(r.id); state.selected.delete(r.id); render();
+}
+
+let pending = null;
+function scheduleRender() { if (!pending) pending = setTimeout(() => { pending = null; render(); }, 250); }
+
+function onLive(msg) {
+  if (msg.type === "run") { state.runs.set(msg.run.id, msg.run); scheduleRender(); }
+  else if (msg.type === "deleted") { state.runs.delete(msg.id); scheduleRender(); }
+  else if (msg.type === "progress") {
+    const r = state.runs.get(msg.id);
+    if (r && msg.last_step !== null) { r.last_step = msg.last_step; const cell = document.querySelector(`tr[data-run="${msg.id}"] .last-step`); if (cell) cell.textContent = msg.last_step; }
+  } else if (msg.type === "resync") load();
+}
+
+for (const id of ["f-name", "f-project", "f-status", "f-tag"]) $(id).addEventListener("input", render);
+for (const th of document.querySelectorAll("th[data-sort]")) {
+  th.addEventListener("click", () => {
+    state.desc = state.sort === th.dataset.sort ? !state.desc : true; state.sort = th.dataset.sort; render();
+  });
+}
+$("compare").addEventListener("click", () => { location.href = "/compare?ids=" + [...state.selected].join(","); });
+GW.live("/ws/runs", onLive, load);

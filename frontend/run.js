@@ -1,0 +1,206 @@
+// One run, live: charts that append as points are committed, alerts, heatmap, config, errors.
+"use strict";
+
+const RUN_ID = Number(location.pathname.split("/").pop());
+const $ = (id) => document.getElementById(id);
+const S = { run: null, keys: [], series: {}, alerts: [], loading: true, buffer: [], dirty: {}, t0: 0, heatDirty: true };
+const MAX_POINTS = 4000;
+
+const isLoss = (k) => k.split("/").pop().toLowerCase().includes("loss");
+const CHARTS = {
+  loss: { keys: (ks) => ks.filter(isLoss), smoothing: () => Number($("smoothing").value), log: () => $("loss-log").checked },
+  gnorm: { keys: (ks) => ks.filter((k) => k === "grad/global_norm"), log: () => true },
+  lr: { keys: (ks) => ks.filter((k) => k === "lr" || k.startsWith("lr/")) },
+  memory: { keys: (ks) => ks.filter((k) => k.startsWith("memory/cuda_") || k === "memory/rss"), bytes: true },
+  other: { keys: () => ($("other-key").value ? [$("other-key").value] : []) },
+};
+for (const [name, c] of Object.entries(CHARTS)) c.chart = new LiveChart($("chart-" + name), Object.assign({ t0: () => S.t0 }, c));
+
+const xMode = () => $("x-mode").value;
+const entriesFor = (c) => c.keys(S.keys).filter((k) => S.series[k]).map((k) => ({ label: k, series: S.series[k] }));
+
+async function fetchSeries(key) {
+  const s = await GW.getJSON(`/api/runs/${RUN_ID}/series?key=${encodeURIComponent(key)}&max_points=${MAX_POINTS}`);
+  return { steps: s.steps, values: s.values.map(GW.num), walls: s.wall_times };
+}
+
+async function load() {
+  S.loading = true; S.buffer = [];
+  try {
+    const [run, keys, alerts] = await Promise.all([GW.getJSON(`/api/runs/${RUN_ID}`), GW.getJSON(`/api/runs/${RUN_ID}/keys`), GW.getJSON(`/api/runs/${RUN_ID}/alerts`)]);
+    S.run = run; S.keys = keys; S.alerts = alerts; S.t0 = run.created_at;
+    renderOtherKeys();
+    const wanted = new Set(Object.values(CHARTS).flatMap((c) => c.keys(keys)));
+    const fetched = await Promise.all([...wanted].map(async (k) => [k, await fetchSeries(k)]));
+    S.series = Object.fromEntries(fetched);
+  } catch (e) {
+    $("alerts").replaceChildren(GW.el("div", { class: "alert critical" }, "Could not load run: " + e.message));
+    return;
+  } finally { S.loading = false; }
+  renderHeader(); renderAlerts(); renderError(); renderConfig(); renderOtherKeys(); renderAll(); loadHeatmap();
+  for (const msg of S.buffer) onLive(msg);
+  S.buffer = [];
+}
+
+function renderAll() {
+  for (const c of Object.values(CHARTS)) c.chart.render(entriesFor(c), xMode());
+  renderAlertLines(); renderMemoryBreakdown();
+}
+
+function renderHeader() {
+  const r = S.run;
+  document.title = "gradwatch - " + r.name;
+  $("run-name").textContent = r.name; $("run-project").textContent = r.project;
+  $("run-status").textContent = r.status; $("run-status").className = "status " + r.status;
+  $("run-step").textContent = r.last_step === null ? "" : "step " + r.last_step;
+}
+
+function renderAlerts() {
+  $("alerts").replaceChildren(...S.alerts.slice(-20).reverse().map((a) => GW.el("div", { class: "alert " + a.severity, "data-kind": a.kind },
+    GW.el("b", {}, a.kind), GW.el("span", { class: "muted" }, "step " + (a.step ?? "?") + (a.layer ? " · " + a.layer : "") + " · "), a.message)));
+  renderAlertLines();
+}
+
+function alertX(step) {
+  if (xMode() === "step") return step;
+  const s = S.series["grad/global_norm"] || Object.values(S.series)[0];
+  if (!s || !s.steps.length) return null;
+  let i = s.steps.findIndex((x) => x >= step); if (i < 0) i = s.steps.length - 1;
+  return xMode() === "wall" ? new Date(s.walls[i] * 1000) : s.walls[i] - S.t0;
+}
+
+function renderAlertLines() {
+  const xs = S.alerts.filter((a) => a.step !== null).map((a) => alertX(a.step)).filter((x) => x !== null);
+  for (const c of Object.values(CHARTS)) c.chart.setAlertLines(xs);
+}
+
+function renderError() {
+  const err = S.run.error, box = $("error");
+  if (!err) { box.hidden = true; return; }
+  box.hidden = false;
+  box.replaceChildren(GW.el("h3", {}, "The training script failed: " + err.exc_type),
+    GW.el("p", {}, err.message),
+    err.diagnosis ? GW.el("p", {}, GW.el("b", {}, err.diagnosis.title + ". "), err.diagnosis.advice) : null,
+    GW.el("pre", {}, err.traceback || ""));
+}
+
+function kv(dl, obj) {
+  dl.replaceChildren(...Object.entries(obj).flatMap(([k, v]) => [GW.el("dt", {}, k), GW.el("dd", {}, typeof v === "object" && v !== null ? JSON.stringify(v) : String(v))]));
+}
+function renderConfig() {
+  kv($("config"), S.run.config || {});
+  const m = S.run.meta || {};
+  kv($("meta"), { id: S.run.id, started: GW.fmtTime(S.run.created_at), host: m.host, pid: m.pid, device: m.device,
+    python: m.python, torch: m.torch, git: m.git_commit, command: (m.command || []).join(" "), tags: (S.run.tags || []).join(", "), notes: S.run.notes });
+}
+
+function renderOtherKeys() {
+  const sel = $("other-key"), current = sel.value;
+  sel.replaceChildren(...S.keys.map((k) => GW.el("option", { value: k }, k)));
+  const preferred = S.keys.find((k) => !isLoss(k) && !k.startsWith("memory/") && !k.startsWith("lr") && !k.startsWith("grad/")) || S.keys[0];
+  sel.value = S.keys.includes(current) ? current : preferred || "";
+}
+
+function renderMemoryBreakdown() {
+  const last = (k) => { const s = S.series[k]; return s && s.values.length ? s.values[s.values.length - 1] : null; };
+  const parts = [["parameters", last("memory/params")], ["gradients", last("memory/grads")], ["optimizer state", last("memory/optimizer_state")]];
+  const total = last("memory/cuda_allocated") ?? last("memory/rss");
+  if (parts.every(([, v]) => v === null)) { $("memory-breakdown").replaceChildren(); return; }
+  const known = parts.reduce((a, [, v]) => a + (v || 0), 0);
+  if (total !== null) parts.push([S.series["memory/cuda_allocated"] ? "activations, cache & rest" : "rest of the process", Math.max(0, total - known)]);
+  $("memory-breakdown").replaceChildren(GW.el("table", {}, ...parts.map(([n, v]) => GW.el("tr", {}, GW.el("td", {}, n), GW.el("td", {}, GW.fmtBytes(v))))));
+}
+
+async function loadHeatmap() {
+  if (!S.heatDirty) return; S.heatDirty = false;
+  let h;
+  try { h = await GW.getJSON(`/api/runs/${RUN_ID}/heatmap?key=grad&max_steps=400`); } catch (e) { return; }
+  const z = [], text = [], bad = { x: [], y: [], text: [] };
+  h.values.forEach((row, j) => {
+    z.push(row.map((v) => { v = GW.num(v); return v === null || !isFinite(v) || v <= 0 ? null : Math.log10(v); }));
+    text.push(row.map((v, i) => {
+      const n = GW.num(v);
+      if (n !== null && !isFinite(n)) { bad.x.push(h.steps[i]); bad.y.push(h.layers[j]); bad.text.push(h.layers[j] + ": " + GW.fmtNum(n)); }
+      return h.layers[j] + " @ " + h.steps[i] + ": " + (v === null ? "no grad (None)" : GW.fmtNum(n));
+    }));
+  });
+  const traces = [{ type: "heatmap", x: h.steps, y: h.layers, z, text, hoverinfo: "text", colorscale: "Viridis", colorbar: { title: { text: "log10" } } },
+    { type: "scatter", mode: "markers", x: bad.x, y: bad.y, text: bad.text, hoverinfo: "text", marker: { symbol: "x", color: "#d92d20", size: 8 }, name: "NaN / inf", showlegend: false }];
+  Plotly.react($("heatmap"), traces, GW.plotLayout({ showlegend: false, margin: { l: 160, r: 16, t: 8, b: 36 },
+    yaxis: { autorange: "reversed", type: "category", automargin: true } }), { responsive: true, displaylogo: false });
+}
+
+function onLive(msg) {
+  if (S.loading) { S.buffer.push(msg); return; }
+  if (msg.type === "points") {
+    for (const [k, s] of Object.entries(msg.series)) {
+      if (!S.keys.includes(k)) { S.keys.push(k); S.keys.sort(); renderOtherKeys(); }
+      const store = S.series[k] || (S.series[k] = { steps: [], values: [], walls: [] });
+      const lastStep = store.steps.length ? store.steps[store.steps.length - 1] : -1;
+      const from = store.steps.length;
+      s.steps.forEach((step, i) => { if (step > lastStep || store.steps.length > from) { store.steps.push(step); store.values.push(GW.num(s.values[i])); store.walls.push(s.wall_times[i]); } });
+      if (store.steps.length > from && S.dirty[k] === undefined) S.dirty[k] = from;
+    }
+    if (Object.keys(msg.vectors || {}).length) S.heatDirty = true;
+    if (msg.last_step !== null && S.run) { S.run.last_step = msg.last_step; renderHeader(); }
+    scheduleFlush();
+  } else if (msg.type === "alert") {
+    S.alerts.push(msg.alert); renderAlerts(); notify(msg.alert);
+  } else if (msg.type === "run") {
+    S.run = Object.assign(S.run || {}, msg.run); renderHeader(); if (msg.run.error) renderError();
+    if (msg.run.error === undefined) GW.getJSON(`/api/runs/${RUN_ID}`).then((r) => { S.run = r; renderError(); });
+  } else if (msg.type === "resync") load();
+}
+
+let flushTimer = null;
+function scheduleFlush() { if (!flushTimer) flushTimer = setTimeout(() => requestAnimationFrame(flush), 150); }
+function flush() {
+  flushTimer = null;
+  const fresh = S.dirty; S.dirty = {};
+  for (const c of Object.values(CHARTS)) {
+    const entries = entriesFor(c);
+    if (entries.some((e) => fresh[e.label] !== undefined)) c.chart.extend(entries, fresh, xMode());
+  }
+  renderMemoryBreakdown();
+}
+setInterval(loadHeatmap, 2000);
+
+function notify(alert) {
+  if (!document.hidden || !("Notification" in window) || Notification.permission !== "granted") return;
+  new Notification("gradwatch: " + alert.kind + " in " + (S.run ? S.run.name : "run " + RUN_ID), { body: alert.message });
+}
+$("notify").addEventListener("click", async () => {
+  if ("Notification" in window) $("notify").textContent = "Notifications: " + (await Notification.requestPermission());
+});
+
+// Zoom: fetch full-resolution points for the visible step range.
+for (const [name, c] of Object.entries(CHARTS)) {
+  const attach = () => c.chart.div.on && c.chart.div.on("plotly_relayout", async (ev) => {
+    if (xMode() !== "step" || c.ignoreRelayout) return;
+    if (ev["xaxis.autorange"]) return c.chart.render(entriesFor(c), xMode());
+    const lo = ev["xaxis.range[0]"], hi = ev["xaxis.range[1]"];
+    if (lo === undefined || hi === undefined) return;
+    const detail = await Promise.all(c.keys(S.keys).map(async (k) => {
+      const s = await GW.getJSON(`/api/runs/${RUN_ID}/series?key=${encodeURIComponent(k)}&start=${Math.floor(lo)}&end=${Math.ceil(hi)}&max_points=${MAX_POINTS}`);
+      return { label: k, series: { steps: s.steps, values: s.values.map(GW.num), walls: s.wall_times } };
+    }));
+    c.ignoreRelayout = true;
+    try { c.chart.render(detail, "step"); await Plotly.relayout(c.chart.div, { "xaxis.range": [lo, hi] }); }
+    finally { c.ignoreRelayout = false; }
+  });
+  c.attach = attach;
+}
+const attachAll = () => { for (const c of Object.values(CHARTS)) if (!c.attached && c.chart.div.on) { c.attach(); c.attached = true; } };
+setInterval(attachAll, 500);
+
+for (const a of document.querySelectorAll("a.csv[data-key]")) a.href = `/api/runs/${RUN_ID}/series.csv?key=${encodeURIComponent(a.dataset.key)}`;
+$("other-key").addEventListener("change", async () => {
+  const k = $("other-key").value;
+  if (k && !S.series[k]) S.series[k] = await fetchSeries(k);
+  $("other-csv").href = `/api/runs/${RUN_ID}/series.csv?key=${encodeURIComponent(k)}`;
+  CHARTS.other.chart.render(entriesFor(CHARTS.other), xMode());
+});
+$("x-mode").addEventListener("change", renderAll);
+$("loss-log").addEventListener("change", renderAll);
+$("smoothing").addEventListener("input", () => { $("smoothing-value").textContent = Number($("smoothing").value).toFixed(2); CHARTS.loss.chart.render(entriesFor(CHARTS.loss), xMode()); });
+GW.live("/ws/runs/" + RUN_ID, onLive, load);

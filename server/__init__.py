@@ -1,0 +1,1 @@
+"""gradwatch server: ingest over websockets, store with SQLAlchemy, serve the dashboard."""

@@ -1,0 +1,172 @@
+"""What happens to a run's data on its way in: plain functions run on the writer thread."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from gradwatch import protocol
+from sqlalchemy import select, update
+
+from . import db, health
+from .diagnose import diagnose
+
+
+@dataclass
+class RunState:
+    """Writer-side cache for one run: key ids, vector layouts and the health monitor."""
+
+    run_id: int
+    key_ids: dict = field(default_factory=dict)
+    layouts: dict = field(default_factory=dict)
+    monitor: health.Monitor | None = None
+
+
+def open_run(conn, info: dict, server_alerts: dict, now: float | None = None) -> dict:
+    """Create the run for a hello, or resume it (reconnect); returns run_id and acked_seq."""
+    now = now or time.time()
+    row = conn.execute(select(db.runs.c.id, db.runs.c.last_seq, db.runs.c.status)
+                       .where(db.runs.c.uid == info["uid"])).first()
+    if row is not None:
+        if row.status == "crashed":
+            conn.execute(update(db.runs).where(db.runs.c.id == row.id).values(status="running", updated_at=now))
+        return {"run_id": row.id, "acked_seq": row.last_seq, "created": False}
+    alerts = info.get("alerts") if isinstance(info.get("alerts"), dict) else {}
+    result = conn.execute(db.runs.insert().values(
+        uid=info["uid"], project=str(info.get("project") or "default")[:200],
+        name=str(info.get("name") or info["uid"][:8])[:200], status="running", created_at=now, updated_at=now,
+        last_seq=0, config=json.dumps(info.get("config") or {}), meta=json.dumps(info.get("meta") or {}),
+        alert_config=json.dumps({**server_alerts, **alerts}),
+        tags=json.dumps([str(t) for t in info.get("tags") or []]), notes=""))
+    return {"run_id": result.inserted_primary_key[0], "acked_seq": 0, "created": True}
+
+
+def load_state(conn, run_id: int) -> RunState:
+    """Rebuild the writer cache of a run from the database (after a server restart)."""
+    state = RunState(run_id)
+    for row in conn.execute(select(db.metric_keys).where(db.metric_keys.c.run_id == run_id)):
+        state.key_ids[row.key] = row.id
+        if row.layers is not None:
+            state.layouts[row.key] = json.loads(row.layers)
+    cfg, meta = conn.execute(select(db.runs.c.alert_config, db.runs.c.meta).where(db.runs.c.id == run_id)).one()
+    state.monitor = health.Monitor(health.thresholds(json.loads(cfg or "{}")), meta=json.loads(meta or "{}"))
+    return state
+
+
+def _key_id(conn, state: RunState, key: str, layers: list | None = None) -> int:
+    key_id = state.key_ids.get(key)
+    if key_id is None:
+        key_id = conn.execute(db.metric_keys.insert().values(
+            run_id=state.run_id, key=key, layers=json.dumps(layers) if layers is not None else None
+        )).inserted_primary_key[0]
+        state.key_ids[key] = key_id
+    return key_id
+
+
+def apply_batch(conn, state: RunState, message: dict, now: float | None = None) -> dict:
+    """Store one batch (already checked to be the next seq); returns what to push to pages."""
+    now = now or time.time()
+    for key, names in (message.get("layouts") or {}).items():
+        protocol.check_key(key)
+        if not isinstance(names, list):
+            raise protocol.ProtocolError(f"layout of {key!r} must be a list of names")
+        names = [str(n) for n in names]
+        key_id = _key_id(conn, state, key, names)
+        conn.execute(update(db.metric_keys).where(db.metric_keys.c.id == key_id).values(layers=json.dumps(names)))
+        state.layouts[key] = names
+    records = message.get("records") or []
+    if not isinstance(records, list):
+        raise protocol.ProtocolError("batch.records must be a list")
+    decoded = [protocol.decode_record(r) for r in records]
+    push = _store_records(conn, state, decoded)
+    new_alerts = []
+    for step, _wall, scalars, vecs in decoded:
+        new_alerts += state.monitor.observe(step, scalars, {k: (state.layouts.get(k), v) for k, v in vecs.items()})
+    run_changes: dict = {"updated_at": now, "last_seq": message["seq"]}
+    for ev in message.get("events") or []:
+        new_alerts += _apply_event(conn, state, ev, run_changes, now)
+    stored_alerts = [insert_alert(conn, state.run_id, a, now) for a in new_alerts]
+    steps = [d[0] for d in decoded]
+    if steps:
+        run_changes["last_step"] = max(steps)
+        current = conn.execute(select(db.runs.c.last_step).where(db.runs.c.id == state.run_id)).scalar()
+        if current is not None and current > run_changes["last_step"]:
+            run_changes["last_step"] = current
+    conn.execute(update(db.runs).where(db.runs.c.id == state.run_id).values(**run_changes))
+    push.update(alerts=stored_alerts, status=run_changes.get("status"), last_step=run_changes.get("last_step"))
+    return push
+
+
+def _store_records(conn, state: RunState, decoded: list) -> dict:
+    point_rows, vector_rows = [], []
+    series: dict = {}
+    vec_push: dict = {}
+    for step, wall, scalars, vecs in decoded:
+        for key, value in scalars.items():
+            point_rows.append({"key_id": _key_id(conn, state, key), "step": step, "wall_time": wall,
+                               "value": db.to_db_float(value)})
+            s = series.setdefault(key, {"steps": [], "values": [], "wall_times": []})
+            s["steps"].append(step)
+            s["values"].append(protocol.encode_float(value))
+            s["wall_times"].append(wall)
+        for key, values in vecs.items():
+            layout = state.layouts.get(key)
+            if layout is not None and len(layout) != len(values):
+                raise protocol.ProtocolError(f"vector {key!r} has {len(values)} values, layout has {len(layout)}")
+            data, missing = db.pack_vector(values)
+            vector_rows.append({"key_id": _key_id(conn, state, key, layout), "step": step, "wall_time": wall,
+                                "data": data, "missing": missing})
+            v = vec_push.setdefault(key, {"steps": [], "values": []})
+            v["steps"].append(step)
+            v["values"].append([protocol.encode_float(x) for x in values])
+    if point_rows:
+        conn.execute(db.points.insert(), point_rows)
+    if vector_rows:
+        conn.execute(db.vectors.insert(), vector_rows)
+    return {"series": series, "vectors": vec_push}
+
+
+def _apply_event(conn, state: RunState, ev: dict, changes: dict, now: float) -> list:
+    """Apply a run-level event; returns alerts it implies."""
+    if not isinstance(ev, dict):
+        raise protocol.ProtocolError("event must be an object")
+    kind = ev.get("type")
+    if kind == "status":
+        status = ev.get("status")
+        if status not in ("running", "finished", "failed"):
+            raise protocol.ProtocolError(f"unknown status {status!r}")
+        changes["status"] = status
+        if status in ("finished", "failed"):
+            changes["finished_at"] = now
+        return []
+    if kind == "exception":
+        error = {k: ev.get(k) for k in ("exc_type", "message", "traceback", "step", "memory")}
+        error["diagnosis"] = diagnose(str(ev.get("exc_type")), str(ev.get("message")), ev.get("memory"))
+        changes["error"] = json.dumps(error)
+        return state.monitor.on_exception(error)
+    if kind == "alert":
+        return [health.Alert(kind=str(ev.get("kind")), step=ev.get("step"), layer=ev.get("layer"),
+                             value=protocol.decode_float(ev.get("value")), severity=str(ev.get("severity", "warning")),
+                             message=str(ev.get("message", "")), key=ev.get("key"))]
+    raise protocol.ProtocolError(f"unknown event type {kind!r}")
+
+
+def insert_alert(conn, run_id: int, alert: "health.Alert", now: float) -> dict:
+    """Store one alert; returns it in API form."""
+    row = {"run_id": run_id, "kind": alert.kind, "step": alert.step, "key": alert.key, "layer": alert.layer,
+           "value": None if alert.value is None else db.to_db_float(alert.value), "severity": alert.severity,
+           "message": alert.message, "created_at": now}
+    alert_id = conn.execute(db.alerts.insert().values(**row)).inserted_primary_key[0]
+    row["id"] = alert_id
+    row["value"] = protocol.encode_float(alert.value) if alert.value is not None else None
+    return row
+
+
+def mark_crashed(conn, run_ids: list[int], now: float | None = None) -> list[int]:
+    """Mark running runs as crashed (their process went away without finishing)."""
+    if not run_ids:
+        return []
+    conn.execute(update(db.runs).where(db.runs.c.id.in_(run_ids), db.runs.c.status == "running")
+                 .values(status="crashed", updated_at=now or time.time()))
+    return run_ids

@@ -1,0 +1,113 @@
+"""Every server setting in one table: it drives the env vars, ``gradwatch serve --help`` and docs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+
+def default_db_url() -> str:
+    """A SQLite file in the per-user data directory ($XDG_DATA_HOME or ~/.local/share)."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
+    return f"sqlite:///{Path(base) / 'gradwatch' / 'gradwatch.db'}"
+
+
+@dataclass
+class Setting:
+    name: str
+    default: object
+    help: str
+    type: type = str
+
+    @property
+    def env(self) -> str:
+        return "GRADWATCH_" + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+SETTINGS: list[Setting] = [
+    Setting("host", "127.0.0.1", "Interface to listen on (0.0.0.0 to accept other machines)."),
+    Setting("port", 8765, "TCP port for the dashboard, the API and the ingest websocket (0 picks a free one).", int),
+    Setting("db", "", "SQLAlchemy database URL: sqlite:///path/file.db or postgresql://user:pw@host/db. "
+                      "Empty means a SQLite file in ~/.local/share/gradwatch/."),
+    Setting("webhook", "", "URL that receives every alert as a JSON POST (Slack-compatible 'text' field)."),
+    Setting("crash_timeout", 120.0, "Seconds a running run may stay disconnected before it is marked crashed.",
+            float),
+    Setting("alerts", "", "Server-wide health-rule thresholds as JSON, e.g. "
+                          "'{\"exploding_gradients.ceiling\": 1000}'; a run's own init(alerts=...) wins."),
+    Setting("log_level", "warning", "Server log level (debug, info, warning, error)."),
+]
+
+
+@dataclass
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    db: str = ""
+    webhook: str = ""
+    crash_timeout: float = 120.0
+    alerts: str = ""
+    log_level: str = "warning"
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def db_url(self) -> str:
+        return self.db or default_db_url()
+
+    @property
+    def alert_overrides(self) -> dict:
+        """The parsed ``alerts`` setting (validated in ``validate``)."""
+        return json.loads(self.alerts) if self.alerts else {}
+
+    def validate(self) -> "Settings":
+        """Raise ValueError with a readable message for a bad value."""
+        if not (0 <= self.port <= 65535):
+            raise ValueError(f"port must be 0-65535, got {self.port}")
+        if self.crash_timeout <= 0:
+            raise ValueError("crash_timeout must be > 0")
+        if self.alerts:
+            try:
+                parsed = json.loads(self.alerts)
+            except ValueError as exc:
+                raise ValueError(f"alerts must be a JSON object: {exc}") from None
+            if not isinstance(parsed, dict):
+                raise ValueError("alerts must be a JSON object")
+        if self.webhook and not self.webhook.startswith(("http://", "https://")):
+            raise ValueError("webhook must be an http(s) URL")
+        return self
+
+
+def from_env(environ=None, **overrides) -> Settings:
+    """Settings from GRADWATCH_* variables, then keyword overrides."""
+    environ = os.environ if environ is None else environ
+    values = {}
+    for s in SETTINGS:
+        if s.env in environ:
+            try:
+                values[s.name] = s.type(environ[s.env])
+            except ValueError:
+                raise ValueError(f"{s.env}={environ[s.env]!r} is not a valid {s.type.__name__}") from None
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in fields(Settings)}
+    return Settings(**{k: v for k, v in values.items() if k in known}).validate()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting; defaults stay None so env vars can fill in."""
+    for s in SETTINGS:
+        parser.add_argument(s.flag, dest=s.name, type=s.type, default=None,
+                            help=f"{s.help} [env {s.env}; default {s.default!r}]")
+
+
+def markdown_table() -> str:
+    """The settings table as Markdown (used by docs/settings.md; a test keeps them equal)."""
+    rows = ["| Setting | Flag | Env var | Default | What it does |", "|---|---|---|---|---|"]
+    for s in SETTINGS:
+        rows.append(f"| `{s.name}` | `{s.flag}` | `{s.env}` | `{s.default!r}` | {s.help} |")
+    return "\n".join(rows)

@@ -1,0 +1,171 @@
+"""Read side: plain functions that turn database rows into API data."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from gradwatch import protocol
+from sqlalchemy import func, select
+
+from . import db
+from .downsample import envelope
+
+
+class NotFound(LookupError):
+    """An unknown run or key (the API answers 404)."""
+
+
+def _summary(row, alert_count: int) -> dict:
+    return {"id": row.id, "project": row.project, "name": row.name, "status": row.status,
+            "created_at": row.created_at, "updated_at": row.updated_at, "finished_at": row.finished_at,
+            "last_step": row.last_step, "alert_count": alert_count, "tags": json.loads(row.tags or "[]"),
+            "notes": row.notes or ""}
+
+
+def list_runs(conn, project: str | None = None, status: str | None = None, q: str | None = None,
+              tag: str | None = None) -> list[dict]:
+    """Runs, newest first, with their alert counts; optional filters."""
+    counts = (select(db.alerts.c.run_id, func.count().label("n")).group_by(db.alerts.c.run_id).subquery())
+    query = (select(db.runs, func.coalesce(counts.c.n, 0).label("alert_count"))
+             .outerjoin(counts, counts.c.run_id == db.runs.c.id).order_by(db.runs.c.id.desc()))
+    if project:
+        query = query.where(db.runs.c.project == project)
+    if status:
+        query = query.where(db.runs.c.status == status)
+    if q:
+        query = query.where(db.runs.c.name.contains(q, autoescape=True))
+    out = [_summary(r, r.alert_count) for r in conn.execute(query)]
+    if tag:
+        out = [r for r in out if tag in r["tags"]]
+    return out
+
+
+def get_run(conn, run_id: int) -> dict:
+    """One run with config, metadata and the recorded exception (if any)."""
+    row = conn.execute(select(db.runs).where(db.runs.c.id == run_id)).first()
+    if row is None:
+        raise NotFound(f"run {run_id} not found")
+    count = conn.execute(select(func.count()).select_from(db.alerts).where(db.alerts.c.run_id == run_id)).scalar()
+    out = _summary(row, count)
+    out.update(uid=row.uid, config=json.loads(row.config or "{}"), meta=json.loads(row.meta or "{}"),
+               error=json.loads(row.error) if row.error else None,
+               alert_config=json.loads(row.alert_config or "{}"))
+    return out
+
+
+def _require_run(conn, run_id: int) -> None:
+    if conn.execute(select(db.runs.c.id).where(db.runs.c.id == run_id)).first() is None:
+        raise NotFound(f"run {run_id} not found")
+
+
+def list_keys(conn, run_id: int) -> list[str]:
+    """Scalar keys, then one ``<vector>/<layer>`` key per slot of each vector key."""
+    _require_run(conn, run_id)
+    scalars, expanded = [], []
+    for row in conn.execute(select(db.metric_keys).where(db.metric_keys.c.run_id == run_id)
+                            .order_by(db.metric_keys.c.id)):
+        if row.layers is None:
+            scalars.append(row.key)
+        else:
+            expanded += [f"{row.key}/{name}" for name in json.loads(row.layers)]
+    return sorted(scalars) + expanded
+
+
+def vector_layouts(conn, run_id: int) -> dict:
+    """Vector key -> slot names (input to output)."""
+    _require_run(conn, run_id)
+    rows = conn.execute(select(db.metric_keys.c.key, db.metric_keys.c.layers)
+                        .where(db.metric_keys.c.run_id == run_id, db.metric_keys.c.layers.is_not(None)))
+    return {r.key: json.loads(r.layers) for r in rows}
+
+
+def _resolve_key(conn, run_id: int, key: str):
+    """('scalar', key_id, None) or ('slot', vector key_id, slot index); NotFound otherwise."""
+    rows = {r.key: r for r in conn.execute(select(db.metric_keys).where(db.metric_keys.c.run_id == run_id))}
+    row = rows.get(key)
+    if row is not None and row.layers is None:
+        return "scalar", row.id, None
+    for vkey, vrow in rows.items():
+        if vrow.layers is not None and key.startswith(vkey + "/"):
+            names = json.loads(vrow.layers)
+            name = key[len(vkey) + 1:]
+            if name in names:
+                return "slot", vrow.id, names.index(name)
+    raise NotFound(f"key {key!r} not found in run {run_id}")
+
+
+def get_series(conn, run_id: int, key: str, max_points: int | None = None,
+               start: int | None = None, end: int | None = None) -> dict:
+    """Every point of one key in step order (or a min/max envelope when max_points is set)."""
+    _require_run(conn, run_id)
+    kind, key_id, slot = _resolve_key(conn, run_id, key)
+    table = db.points if kind == "scalar" else db.vectors
+    cols = [table.c.step, table.c.wall_time] + ([table.c.value] if kind == "scalar" else [table.c.data])
+    query = select(*cols).where(table.c.key_id == key_id)
+    if start is not None:
+        query = query.where(table.c.step >= start)
+    if end is not None:
+        query = query.where(table.c.step <= end)
+    rows = conn.execute(query.order_by(table.c.step)).all()
+    steps = [r[0] for r in rows]
+    walls = [r[1] for r in rows]
+    if kind == "scalar":
+        values = [db.from_db_float(r[2]) for r in rows]
+        missing = [False] * len(rows)
+    else:
+        values = [struct.unpack_from("<d", r[2], slot * 8)[0] for r in rows]
+        missing = _missing_flags(conn, key_id, slot, start, end) if rows else []
+    keep = envelope(steps, values, max_points) if max_points else range(len(steps))
+    return {"key": key, "steps": [steps[i] for i in keep],
+            "values": [None if missing[i] else protocol.encode_float(values[i]) for i in keep],
+            "wall_times": [walls[i] for i in keep], "total_points": len(steps)}
+
+
+def _missing_flags(conn, key_id: int, slot: int, start, end) -> list[bool]:
+    query = select(db.vectors.c.missing).where(db.vectors.c.key_id == key_id)
+    if start is not None:
+        query = query.where(db.vectors.c.step >= start)
+    if end is not None:
+        query = query.where(db.vectors.c.step <= end)
+    return [bool(m) and slot in json.loads(m) for (m,) in conn.execute(query.order_by(db.vectors.c.step))]
+
+
+def get_heatmap(conn, run_id: int, key: str = "grad", max_steps: int = 400) -> dict:
+    """Layer x step matrix of a vector key; each column is the max over its step bucket."""
+    layouts = vector_layouts(conn, run_id)
+    if key not in layouts:
+        raise NotFound(f"vector key {key!r} not found in run {run_id}")
+    key_id = conn.execute(select(db.metric_keys.c.id).where(db.metric_keys.c.run_id == run_id,
+                                                             db.metric_keys.c.key == key)).scalar()
+    rows = conn.execute(select(db.vectors.c.step, db.vectors.c.data, db.vectors.c.missing)
+                        .where(db.vectors.c.key_id == key_id).order_by(db.vectors.c.step)).all()
+    layers = layouts[key]
+    per = max(1, -(-len(rows) // max(1, max_steps)))
+    steps, columns = [], []
+    for i in range(0, len(rows), per):
+        chunk = [db.unpack_vector(r.data, r.missing) for r in rows[i:i + per]]
+        steps.append(rows[i].step)
+        columns.append([_bucket_max([c[j] for c in chunk]) for j in range(len(layers))])
+    z = [[protocol.encode_float(col[j]) if col[j] is not None else None for col in columns]
+         for j in range(len(layers))]
+    return {"key": key, "layers": layers, "steps": steps, "values": z, "bucket": per}
+
+
+def _bucket_max(values: list):
+    """Max of a bucket; a NaN/inf wins so it stays visible, None when no slot had a value."""
+    present = [v for v in values if v is not None]
+    if not present:
+        return None
+    bad = [v for v in present if v != v or v in (float("inf"), float("-inf"))]
+    return bad[0] if bad else max(present)
+
+
+def get_alerts(conn, run_id: int) -> list[dict]:
+    """A run's alerts in order of arrival."""
+    _require_run(conn, run_id)
+    rows = conn.execute(select(db.alerts).where(db.alerts.c.run_id == run_id).order_by(db.alerts.c.id))
+    return [{"id": r.id, "run_id": r.run_id, "kind": r.kind, "step": r.step, "key": r.key, "layer": r.layer,
+             "value": protocol.encode_float(db.from_db_float(r.value)) if r.value is not None or r.kind in
+             ("nan_loss", "nonfinite_gradients") else None, "severity": r.severity, "message": r.message,
+             "created_at": r.created_at} for r in rows]
