@@ -135,7 +135,7 @@ class Sender(threading.Thread):
         from websockets.sync.client import connect
 
         try:
-            conn = connect(self.url, open_timeout=3, close_timeout=1, max_size=None)
+            conn = connect(self.url, open_timeout=3, close_timeout=1, max_size=None).__enter__()
         except Exception:
             return None
         try:

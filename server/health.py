@@ -32,6 +32,7 @@ DEFAULTS: dict[str, float] = {
     "loss_spike.factor": 10.0,               # robust z-score (median / MAD) over the window
     "loss_spike.window": 100,
     "loss_spike.min_history": 20,
+    "loss_spike.cooldown": 20,               # steps back in range before a new spike episode
     "memory_pressure.fraction": 0.95,        # CUDA reserved / device total
     "amp_overflow.skips": 5,                 # skipped AMP steps ...
     "amp_overflow.window": 100,              # ... within this many scaler updates
@@ -244,13 +245,18 @@ def check_loss_spike(state: dict, obs: Observation, th: dict) -> list[Alert]:
             mad = statistics.median(abs(x - med) for x in window) * 1.4826
             scale = max(mad, 1e-12 + 1e-6 * abs(med))
             spike = (value - med) / scale > th["loss_spike.factor"] and value - med > 0.5 * abs(med)
-        if spike and not ks["open"]:
+        if spike and not ks["open"] and ks.get("quiet", 0) <= 0:
             out.append(Alert("loss_spike", obs.step, value, "warning", key=key, message=(
                 f"{key} jumped to {_fmt(value)} at step {obs.step}, far above its recent median {_fmt(med)}. "
                 "Often a bad batch, a learning-rate schedule step, or the start of divergence: watch the "
                 "gradient norm; consider clipping or a lower learning rate.")))
-        ks["open"] = spike
-        if not spike:
+        # The episode lasts until the loss has been back in range for a while (aftershocks of one
+        # bad batch are the same episode, not new alerts).
+        if spike:
+            ks["open"], ks["quiet"] = True, int(th["loss_spike.cooldown"])
+        else:
+            ks["quiet"] = ks.get("quiet", 0) - 1
+            ks["open"] = False
             window.append(value)
     return out
 

@@ -1,0 +1,89 @@
+"""Shared fixtures: settings passed in (never patched globals) and one real-server fixture."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import urllib.error
+import urllib.request
+
+import pytest
+
+from gradwatch_server.serve import BackgroundServer
+from gradwatch_server.settings import Settings
+
+CHROMIUM = os.environ.get("GRADWATCH_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    """A server configuration on a fresh SQLite file and a free port."""
+    return Settings(host="127.0.0.1", port=0, db=f"sqlite:///{tmp_path / 'gradwatch.db'}", crash_timeout=30.0)
+
+
+@pytest.fixture
+def server(settings):
+    """A real uvicorn server on port 0 with a real SQLite file."""
+    srv = BackgroundServer(settings).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(autouse=True)
+def _spool(tmp_path, monkeypatch):
+    """Client spool files go to the test's own directory."""
+    monkeypatch.setenv("GRADWATCH_SPOOL_DIR", str(tmp_path / "spool"))
+
+
+class Api:
+    """Tiny HTTP client for the JSON API of a running server."""
+
+    def __init__(self, base: str):
+        self.base = base
+
+    def request(self, method: str, path: str, body=None):
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read() or b"null")
+
+    def get(self, path: str):
+        status, body = self.request("GET", path)
+        assert status == 200, (path, status, body)
+        return body
+
+
+@pytest.fixture
+def api(server) -> Api:
+    return Api(server.url)
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Real Chromium (Debian's) driven by Playwright."""
+    from playwright.sync_api import sync_playwright
+
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f"Chromium not found at {CHROMIUM}; run .ci/setup (apt-get install chromium)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    errors: list = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    pg.js_errors = errors
+    yield pg
+    context.close()

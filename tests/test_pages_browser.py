@@ -1,0 +1,94 @@
+"""The pages in real Chromium: live charts grow, alerts show, user data stays text."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+import gradwatch
+from training import mlp
+
+pytestmark = pytest.mark.browser
+
+POINTS_JS = """() => { const d = document.getElementById('chart-loss').data;
+  return d ? d[0].x.length : 0; }"""
+
+
+def _train_slowly(server_url, steps, stop, name="live", nan_at=None):
+    run = gradwatch.init(project="browser", name=name, server=server_url, flush_interval=0.05)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run.watch(model, opt)
+    for step in range(steps):
+        if stop.is_set():
+            break
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        run.log({"loss": float("nan") if step == nan_at else loss})
+        time.sleep(0.02)
+    run.finish()
+
+
+def test_run_page_chart_grows_while_logging(server, page):
+    stop = threading.Event()
+    t = threading.Thread(target=_train_slowly, args=(server.url, 400, stop))
+    t.start()
+    try:
+        for _ in range(100):
+            time.sleep(0.05)
+            if server.services.read(lambda c: c.exec_driver_sql("select count(*) from runs").scalar()):
+                break
+        page.goto(server.url + "/runs/1")
+        page.wait_for_function("() => { const d = document.getElementById('chart-loss').data;"
+                               " return d && d[0] && d[0].x.length > 0; }", timeout=15000)
+        first = page.evaluate(POINTS_JS)
+        page.wait_for_function(f"() => document.getElementById('chart-loss').data[0].x.length > {first + 20}",
+                               timeout=15000)
+        assert page.evaluate(POINTS_JS) > first + 20
+        assert page.locator("#run-status").inner_text() == "running"
+    finally:
+        stop.set()
+        t.join()
+    page.wait_for_function("() => document.getElementById('run-status').textContent === 'finished'", timeout=15000)
+    heat_layers = page.evaluate("() => document.getElementById('heatmap').data[0].y")
+    assert heat_layers == ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+    assert not page.js_errors
+
+
+def test_nan_alert_appears_live_with_marker(server, page):
+    page.goto(server.url + "/")
+    stop = threading.Event()
+    t = threading.Thread(target=_train_slowly, args=(server.url, 60, stop, "nan-run", 30))
+    t.start()
+    page.wait_for_selector("tr[data-run='1'] a", timeout=15000)
+    page.goto(server.url + "/runs/1")
+    page.wait_for_selector(".alert[data-kind='nan_loss']", timeout=20000)
+    t.join()
+    text = page.locator(".alert[data-kind='nan_loss']").inner_text()
+    assert "step 30" in text and "NaN" in text
+    # The NaN point is drawn as a visible marker trace, not a silent gap.
+    page.wait_for_function("""() => { const d = document.getElementById('chart-loss').data;
+        return d && d[d.length - 1].x.includes(30); }""", timeout=10000)
+    assert not page.js_errors
+
+
+def test_runs_list_renders_user_data_as_text(server, page, api):
+    evil = "<img src=x onerror=window.pwned=1>"
+    run = gradwatch.init(project="<b>proj</b>", name=evil, config={"<script>": "<i>x</i>"}, server=server.url,
+                         tags=["<u>t</u>"])
+    run.log({"loss": 1.0})
+    run.finish()
+    page.goto(server.url + "/")
+    page.wait_for_selector("tr[data-run='1']")
+    assert page.locator("tr[data-run='1'] a").inner_text() == evil
+    assert page.evaluate("() => window.pwned") is None
+    page.goto(server.url + "/runs/1")
+    page.wait_for_selector("#config dt")
+    assert page.locator("#config dt").first.inner_text() == "<script>"
+    assert page.evaluate("() => window.pwned") is None
+    assert not page.js_errors
