@@ -10,6 +10,7 @@ from fastapi import APIRouter, Body, HTTPException, Query, Request
 from fastapi.responses import Response
 
 from .. import edits, store
+from ..live import RUNS_CHANNEL
 
 router = APIRouter()
 
@@ -53,7 +54,9 @@ async def edit_run(request: Request, run_id: int, body: dict = Body(...)) -> dic
 @router.delete("/api/runs/{run_id}")
 async def delete_run(request: Request, run_id: int) -> dict:
     """Delete a run with all its points and alerts."""
-    await _services(request).write(edits.delete_run, run_id)
+    services = _services(request)
+    await services.write(edits.delete_run, run_id)
+    services.hub.publish(RUNS_CHANNEL, {"type": "deleted", "id": run_id})
     return {"deleted": run_id}
 
 
