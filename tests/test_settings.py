@@ -31,8 +31,9 @@ def test_table_defaults_match_the_dataclass():
     assert {s.name: s.default for s in SETTINGS} == {k: v for k, v in defaults.items() if k != "extra"}
 
 
-def test_docs_table_is_in_step_with_code():
-    text = DOCS.read_text()
+@pytest.mark.parametrize("doc", [DOCS, DOCS.parent.parent / "README.md"])
+def test_docs_table_is_in_step_with_code(doc):
+    text = doc.read_text()
     table = re.search(r"<!-- settings-table:start -->\n(.*)\n<!-- settings-table:end -->", text, re.S).group(1)
     assert table == markdown_table()
 
