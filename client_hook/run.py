@@ -112,7 +112,7 @@ class Run:
             message, self._raise_pending = self._raise_pending, None
             raise TrainingDiverged(message)
 
-    def watch(self, model, optimizer=None, scaler=None) -> "Run":
+    def watch(self, model, optimizer=None, scaler=None, every: int = 1) -> "Run":
         """Record gradient norms (global and per parameter), missing grads, LR and memory.
 
         Args:
@@ -120,6 +120,8 @@ class Run:
             optimizer: its optimizer; norms are captured at each ``optimizer.step()``.
                 Without one, they are captured after every backward pass.
             scaler: a ``torch.amp.GradScaler``, to record the loss scale and skipped steps.
+            every: capture every N-th step (1 = all). Norms read every gradient once, which on
+                a CPU-only run costs about one memory pass over the gradients.
 
         Returns:
             The run, for chaining.
@@ -128,7 +130,7 @@ class Run:
 
         if self._watcher is not None:
             self._watcher.remove()
-        self._watcher = Watcher(self, model, optimizer, scaler)
+        self._watcher = Watcher(self, model, optimizer, scaler, every)
         return self
 
     def finish(self, status: str = "finished", timeout: float = 30.0) -> None:

@@ -19,9 +19,11 @@ GRAD_VECTOR = "grad"
 class Watcher:
     """Hooks one model (and optionally its optimizer and GradScaler) into a run."""
 
-    def __init__(self, run, model, optimizer=None, scaler=None):
+    def __init__(self, run, model, optimizer=None, scaler=None, every: int = 1):
         import torch
 
+        self.every = max(1, int(every))
+        self._calls = 0
         self.torch = torch
         self.run = run
         self.model = model
@@ -68,6 +70,9 @@ class Watcher:
     # -- what is captured ----------------------------------------------------------------
     def capture(self) -> None:
         """Record gradient norms, learning rates and memory for the current step."""
+        self._calls += 1
+        if (self._calls - 1) % self.every:
+            return
         scalars: dict[str, Any] = {}
         vectors = {}
         grads = [p.grad for _, p in self.params]

@@ -1,0 +1,113 @@
+"""Checks on real CUDA hardware (this machine has none; run it where there is a GPU).
+
+    python benchmarks/gpu_check.py
+
+1. No-sync hook path: with torch.cuda.set_sync_debug_mode("error"), a training loop with
+   run.watch + run.log(tensor loss) must not perform a single host-device sync on the
+   training thread (the sender reads values later, in batches, outside the checked window).
+2. CUDA memory tracking: memory/cuda_allocated, _reserved, _peak as stored by the server
+   match torch.cuda's own counters at the same steps.
+3. Overhead: median step time with and without watch+log, side by side.
+Exits non-zero on any failure.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+from torch import nn
+
+import gradwatch
+from gradwatch_server.serve import BackgroundServer
+from gradwatch_server.settings import Settings
+
+
+def step_fn(model, opt, x, y):
+    loss = nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to check here")
+        return 2
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(24)]).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    x, y = torch.randn(256, 1024, device=dev), torch.randn(256, 1024, device=dev)
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        server = BackgroundServer(Settings(port=0, db=f"sqlite:///{tmp}/gpu.db")).start()
+        import urllib.request, json  # noqa: E401
+        get = lambda p: json.load(urllib.request.urlopen(server.url + p))  # noqa: E731
+
+        # 1. no sync on the training thread
+        run = gradwatch.init(project="gpu", name="nosync", server=server.url, flush_interval=3600)
+        run.watch(model, opt)
+        for _ in range(5):
+            run.log({"loss": step_fn(model, opt, x, y)})
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(100):
+                run.log({"loss": step_fn(model, opt, x, y)})
+            print("OK   no host-device sync in 100 watched+logged steps")
+        except RuntimeError as exc:
+            failures.append(f"sync on the training thread: {exc}")
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        run._sender.flush_interval = 0.1
+        run.finish(timeout=60)
+
+        # 2. memory tracking
+        run_id = get("/api/runs")[0]["id"]
+        keys = get(f"/api/runs/{run_id}/keys")
+        for k in ("memory/cuda_allocated", "memory/cuda_reserved", "memory/cuda_peak", "grad/global_norm"):
+            if k not in keys:
+                failures.append(f"missing key {k}")
+        alloc = get(f"/api/runs/{run_id}/series?key=memory/cuda_allocated")["values"]
+        peak = get(f"/api/runs/{run_id}/series?key=memory/cuda_peak")["values"]
+        params = sum(p.numel() * p.element_size() for p in model.parameters())
+        print(f"     cuda_allocated last={alloc[-1] / 2**20:.0f} MiB, peak={peak[-1] / 2**20:.0f} MiB, "
+              f"params={params / 2**20:.0f} MiB, torch says peak={torch.cuda.max_memory_allocated() / 2**20:.0f} MiB")
+        if not (alloc[-1] >= params * 3 and peak[-1] <= torch.cuda.max_memory_allocated()):
+            failures.append("memory counters implausible (AdamW needs >= 4x params incl. grads and state)")
+        else:
+            print("OK   CUDA memory tracking")
+
+        # 3. overhead
+        def timed(run=None, n=200):
+            ts = []
+            for _ in range(n):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                loss = step_fn(model, opt, x, y)
+                if run is not None:
+                    run.log({"loss": loss})
+                torch.cuda.synchronize()
+                ts.append(time.perf_counter() - t)
+            return statistics.median(ts)
+
+        plain = timed()
+        run = gradwatch.init(project="gpu", name="overhead", server=server.url)
+        run.watch(model, opt)
+        watched = timed(run)
+        run.finish(timeout=60)
+        print(f"     step {plain * 1e3:.3f} ms plain, {watched * 1e3:.3f} ms watched (ratio {watched / plain:.3f}x) "
+              f"on {torch.cuda.get_device_name()}")
+        server.stop()
+    for f in failures:
+        print("FAIL", f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
