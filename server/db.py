@@ -103,9 +103,20 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
     else:
-        engine = create_engine(url, pool_pre_ping=True)
+        engine = create_engine(_postgres_driver(url), pool_pre_ping=True)
     metadata.create_all(engine)
     return engine
+
+
+def _postgres_driver(url: str) -> str:
+    """Plain postgresql:// uses whichever driver is installed (psycopg 3, else psycopg2)."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        return url
+    import importlib.util
+
+    rest = url.split("://", 1)[1]
+    driver = "psycopg" if importlib.util.find_spec("psycopg") else "psycopg2"
+    return f"postgresql+{driver}://{rest}"
 
 
 def pack_vector(values: list) -> tuple[bytes, str | None]:

@@ -180,20 +180,26 @@ def check_vanishing_gradients(state: dict, obs: Observation, th: dict) -> list[A
         "sigmoid/tanh, residual connections, normalization layers, or Kaiming/Xavier initialization."))]
 
 
-def check_zero_gradients(state: dict, obs: Observation, th: dict) -> list[Alert]:
-    """Parameters whose gradient is exactly zero for many consecutive steps (dead or disconnected)."""
+def _streaks(state: dict, obs: Observation, bad, patience: float) -> list:
+    """Layers whose per-step condition has just held for ``patience`` steps in a row."""
     counts = state.setdefault("counts", {})
     reported = state.setdefault("reported", set())
     newly = []
     for name, v in zip(obs.layers, obs.norms):
-        if v == 0.0:
+        if bad(v):
             counts[name] = counts.get(name, 0) + 1
-            if counts[name] >= th["zero_gradients.patience"] and name not in reported:
+            if counts[name] >= patience and name not in reported:
                 reported.add(name)
                 newly.append(name)
         else:
             counts.pop(name, None)
             reported.discard(name)
+    return newly
+
+
+def check_zero_gradients(state: dict, obs: Observation, th: dict) -> list[Alert]:
+    """Parameters whose gradient is exactly zero for many consecutive steps (dead or disconnected)."""
+    newly = _streaks(state, obs, lambda v: v == 0.0, th["zero_gradients.patience"])
     if not newly:
         return []
     everything = obs.scalars.get("grad/global_norm") == 0.0
@@ -210,18 +216,7 @@ def check_zero_gradients(state: dict, obs: Observation, th: dict) -> list[Alert]
 
 def check_missing_gradients(state: dict, obs: Observation, th: dict) -> list[Alert]:
     """Parameters that require grad but get no gradient at all (.grad is None) step after step."""
-    counts = state.setdefault("counts", {})
-    reported = state.setdefault("reported", set())
-    newly = []
-    for name, v in zip(obs.layers, obs.norms):
-        if v is None:
-            counts[name] = counts.get(name, 0) + 1
-            if counts[name] >= th["missing_gradients.patience"] and name not in reported:
-                reported.add(name)
-                newly.append(name)
-        else:
-            counts.pop(name, None)
-            reported.discard(name)
+    newly = _streaks(state, obs, lambda v: v is None, th["missing_gradients.patience"])
     if not newly:
         return []
     prefixes = sorted({n.rsplit(".", 1)[0] if "." in n else n for n in newly})
