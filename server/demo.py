@@ -29,6 +29,7 @@ def train(server: str, name: str, lr: float, steps: int, delay: float, project: 
     import gradwatch
 
     torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)  # per run: two demo threads must not share one RNG
     x, y = make_data()
     model = nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
     opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -37,7 +38,7 @@ def train(server: str, name: str, lr: float, steps: int, delay: float, project: 
                                                              "steps": steps}, server=server) as run:
         run.watch(model, opt)
         for step in range(steps):
-            idx = torch.randint(0, len(x), (128,))
+            idx = torch.randint(0, len(x), (128,), generator=g)
             loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
             opt.zero_grad()
             loss.backward()

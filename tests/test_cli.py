@@ -65,5 +65,6 @@ def test_demo_streams_real_training(tmp_path):
     con = sqlite3.connect(tmp_path / "demo.db")
     statuses = dict(con.execute("select name, status from runs"))
     assert statuses == {"baseline lr=3e-3": "finished", "too-high lr=3": "finished"}
-    kinds = {k for (k,) in con.execute("select kind from alerts")}
-    assert "nan_loss" in kinds or "exploding_gradients" in kinds
+    per_run = dict(con.execute("select r.name, count(a.id) from runs r left join alerts a on a.run_id = r.id "
+                               "group by r.name"))
+    assert per_run["too-high lr=3"] >= 1  # the diverging demo run is flagged
