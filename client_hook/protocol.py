@@ -69,6 +69,11 @@ def decode_float(value: Any) -> float | None:
     raise ProtocolError(f"expected a number or 'NaN'/'Infinity'/'-Infinity', got {value!r}")
 
 
+def is_loss_key(key: str) -> bool:
+    """Keys whose last path part mentions 'loss' are the ones watched for NaN/inf and spikes."""
+    return "loss" in key.rsplit("/", 1)[-1].lower()
+
+
 def dumps(message: dict) -> str:
     """Serialise a message as strict JSON (NaN must already be encoded)."""
     return json.dumps(message, allow_nan=False, separators=(",", ":"))

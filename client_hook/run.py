@@ -25,11 +25,6 @@ class TrainingDiverged(RuntimeError):
     """Raised by ``log`` when the loss went NaN/inf and the run was started with on_nan="raise"."""
 
 
-def is_loss_key(key: str) -> bool:
-    """Keys whose last path part mentions 'loss' are watched for NaN/inf."""
-    return "loss" in key.rsplit("/", 1)[-1].lower()
-
-
 def default_spool_root() -> Path:
     """Where undelivered batches wait on disk: $GRADWATCH_SPOOL_DIR or ~/.cache/gradwatch/spool."""
     if os.environ.get("GRADWATCH_SPOOL_DIR"):
@@ -72,6 +67,7 @@ class Run:
         self._watcher = None
         self._finished = False
         self._warned: set[str] = set()
+        self._key_is_loss: dict[str, bool] = {}  # keys already validated -> is it a loss?
         self._lock = threading.Lock()
         info = {"uid": self.uid, "project": self.project, "name": self.name, "config": _jsonable(self.config),
                 "meta": metadata.collect(), "alerts": dict(alerts or {}), "tags": list(tags or [])}
@@ -191,12 +187,14 @@ class Run:
         scalars = {}
         for key, value in data.items():
             try:
-                protocol.check_key(key)
+                is_loss = self._key_is_loss.get(key)
+                if is_loss is None:
+                    is_loss = self._key_is_loss[key] = protocol.is_loss_key(protocol.check_key(key))
                 scalars[key] = to_value(value)
             except (TypeError, ValueError, protocol.ProtocolError) as exc:
                 self._warn_once(f"key:{key}", f"gradwatch: not logging {key!r}: {exc}")
                 continue
-            if isinstance(scalars[key], float) and is_loss_key(key):
+            if is_loss and isinstance(scalars[key], float):
                 self._check_loss(step, key, scalars[key])
         if scalars:
             self._sender.put(("rec", step, time.time(), scalars, {}))
@@ -223,7 +221,7 @@ class Run:
     def _inspect_resolved(self, step: int, scalars: dict) -> None:
         """Sender-thread check of losses that were read off the device late."""
         for key, value in scalars.items():
-            if is_loss_key(key) and not math.isfinite(value):
+            if not math.isfinite(value) and protocol.is_loss_key(key):
                 self._check_loss(step, key, value)
 
     def _check_loss(self, step: int, key: str, value: float) -> None:

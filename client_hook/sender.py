@@ -45,7 +45,7 @@ class Sender(threading.Thread):
         self.inspect = inspect
         self.outbox = outbox or Outbox(spool_dir, max_memory_bytes)
         self._queue: collections.deque = collections.deque()
-        self._seq = self.outbox.first() and max(self.outbox.seqs_from(0)) or 0
+        self._seq = max(self.outbox.seqs_from(0), default=0)
         self._layouts: dict[str, list[str]] = {}
         self._acked = 0
         self._sent_upto = 0

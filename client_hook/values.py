@@ -7,7 +7,6 @@ on the background thread: one copy per device per flush instead of one sync per 
 
 from __future__ import annotations
 
-import math
 import numbers
 import sys
 from typing import Any
@@ -84,8 +83,3 @@ def resolve(items: list[Deferred]) -> list[list[float]]:
             out[i] = values[pos:pos + size]
             pos += size
     return out  # type: ignore[return-value]
-
-
-def is_bad(value: float) -> bool:
-    """True for NaN and +/-inf."""
-    return not math.isfinite(value)

@@ -181,10 +181,16 @@ class Watcher:
         self.run._put_record(self.run._current_step(), {"amp/scale": defer_vector(scale.detach().clone().reshape(()))}, {})
 
 
+_STATM: dict = {}  # pid -> open fd: each step costs one pread, not an open() (pid: forks reopen)
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
 def process_rss() -> int | None:
     """Resident set size of this process in bytes (Linux /proc; None elsewhere)."""
     try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
+        pid = os.getpid()
+        if pid not in _STATM:
+            _STATM[pid] = os.open("/proc/self/statm", os.O_RDONLY)
+        return int(os.pread(_STATM[pid], 128, 0).split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError, AttributeError):
         return None

@@ -45,6 +45,7 @@ async function load() {
 function renderAll() {
   for (const c of Object.values(CHARTS)) c.chart.render(entriesFor(c), xMode());
   renderAlertLines(); renderMemoryBreakdown();
+  attachAll();
 }
 
 function renderHeader() {
@@ -190,8 +191,8 @@ for (const [name, c] of Object.entries(CHARTS)) {
   });
   c.attach = attach;
 }
-const attachAll = () => { for (const c of Object.values(CHARTS)) if (!c.attached && c.chart.div.on) { c.attach(); c.attached = true; } };
-setInterval(attachAll, 500);
+// Plotly adds .on() to a div when it first draws it; renderAll attaches the zoom handler then, once.
+function attachAll() { for (const c of Object.values(CHARTS)) if (!c.attached && c.chart.div.on) { c.attach(); c.attached = true; } }
 
 for (const a of document.querySelectorAll("a.csv[data-key]")) a.href = `/api/runs/${RUN_ID}/series.csv?key=${encodeURIComponent(a.dataset.key)}`;
 $("other-key").addEventListener("change", async () => {

@@ -36,10 +36,10 @@ def check_changes(body: dict) -> dict:
 
 def update_run(conn, run_id: int, changes: dict) -> None:
     """Apply validated changes; NotFound for an unknown run."""
-    result = conn.execute(update(db.runs).where(db.runs.c.id == run_id).values(**changes)) if changes else None
-    if result is not None and result.rowcount == 0 or result is None and conn.execute(
-            select(db.runs.c.id).where(db.runs.c.id == run_id)).first() is None:
+    if conn.execute(select(db.runs.c.id).where(db.runs.c.id == run_id)).first() is None:
         raise NotFound(f"run {run_id} not found")
+    if changes:
+        conn.execute(update(db.runs).where(db.runs.c.id == run_id).values(**changes))
 
 
 def delete_run(conn, run_id: int) -> None:

@@ -20,6 +20,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+from gradwatch.protocol import is_loss_key
+
 DEFAULTS: dict[str, float] = {
     "exploding_gradients.ceiling": 1000.0,   # absolute global-norm warning level
     "exploding_gradients.factor": 100.0,     # x over the rolling median of the run's own norms
@@ -72,10 +74,6 @@ def thresholds(overrides: dict | None = None) -> dict:
             except (TypeError, ValueError):
                 pass
     return th
-
-
-def is_loss_key(key: str) -> bool:
-    return "loss" in key.rsplit("/", 1)[-1].lower()
 
 
 def _fmt(x: float) -> str:
@@ -304,7 +302,6 @@ class Monitor:
         self.th = th or thresholds()
         self.total_memory = (meta or {}).get("cuda_total_memory")
         self.states: dict[str, dict] = {}
-        self.layers: list = []
 
     def observe(self, step: int, scalars: dict, vectors: dict) -> list[Alert]:
         """Feed one record; ``vectors`` maps key -> (layout names, values)."""

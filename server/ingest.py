@@ -21,6 +21,7 @@ class RunState:
     key_ids: dict = field(default_factory=dict)
     layouts: dict = field(default_factory=dict)
     monitor: health.Monitor | None = None
+    last_step: int | None = None
 
 
 def open_run(conn, info: dict, server_alerts: dict, now: float | None = None) -> dict:
@@ -49,7 +50,8 @@ def load_state(conn, run_id: int) -> RunState:
         state.key_ids[row.key] = row.id
         if row.layers is not None:
             state.layouts[row.key] = json.loads(row.layers)
-    cfg, meta = conn.execute(select(db.runs.c.alert_config, db.runs.c.meta).where(db.runs.c.id == run_id)).one()
+    cfg, meta, state.last_step = conn.execute(select(db.runs.c.alert_config, db.runs.c.meta, db.runs.c.last_step)
+                                              .where(db.runs.c.id == run_id)).one()
     state.monitor = health.Monitor(health.thresholds(json.loads(cfg or "{}")), meta=json.loads(meta or "{}"))
     return state
 
@@ -89,11 +91,9 @@ def apply_batch(conn, state: RunState, message: dict, now: float | None = None) 
     stored_alerts = [insert_alert(conn, state.run_id, a, now) for a in new_alerts]
     steps = [d[0] for d in decoded]
     if steps:
-        run_changes["last_step"] = max(steps)
-        current = conn.execute(select(db.runs.c.last_step).where(db.runs.c.id == state.run_id)).scalar()
-        if current is not None and current > run_changes["last_step"]:
-            run_changes["last_step"] = current
+        run_changes["last_step"] = max(steps if state.last_step is None else [*steps, state.last_step])
     conn.execute(update(db.runs).where(db.runs.c.id == state.run_id).values(**run_changes))
+    state.last_step = run_changes.get("last_step", state.last_step)
     push.update(alerts=stored_alerts, status=run_changes.get("status"), last_step=run_changes.get("last_step"))
     return push
 

@@ -62,7 +62,7 @@ class Services:
             self.hub.publish(run_id, {"type": "alert", "alert": alert})
             if self.webhook is not None:
                 self.webhook.send(payload(alert, self._run_brief(run_id), self.base_url))
-        if push["alerts"] or push["status"] or push.get("created"):
+        if push["alerts"] or push["status"]:
             self._publish_run(run_id)
         else:
             self.hub.publish(RUNS_CHANNEL, {"type": "progress", "id": run_id, "last_step": push["last_step"]})

@@ -101,7 +101,8 @@ def get_series(conn, run_id: int, key: str, max_points: int | None = None,
     _require_run(conn, run_id)
     kind, key_id, slot = _resolve_key(conn, run_id, key)
     table = db.points if kind == "scalar" else db.vectors
-    cols = [table.c.step, table.c.wall_time] + ([table.c.value] if kind == "scalar" else [table.c.data])
+    cols = [table.c.step, table.c.wall_time] + (
+        [table.c.value] if kind == "scalar" else [table.c.data, table.c.missing])
     query = select(*cols).where(table.c.key_id == key_id)
     if start is not None:
         query = query.where(table.c.step >= start)
@@ -115,20 +116,11 @@ def get_series(conn, run_id: int, key: str, max_points: int | None = None,
         missing = [False] * len(rows)
     else:
         values = [struct.unpack_from("<d", r[2], slot * 8)[0] for r in rows]
-        missing = _missing_flags(conn, key_id, slot, start, end) if rows else []
+        missing = [bool(r[3]) and slot in json.loads(r[3]) for r in rows]
     keep = envelope(steps, values, max_points) if max_points else range(len(steps))
     return {"key": key, "steps": [steps[i] for i in keep],
             "values": [None if missing[i] else protocol.encode_float(values[i]) for i in keep],
             "wall_times": [walls[i] for i in keep], "total_points": len(steps)}
-
-
-def _missing_flags(conn, key_id: int, slot: int, start, end) -> list[bool]:
-    query = select(db.vectors.c.missing).where(db.vectors.c.key_id == key_id)
-    if start is not None:
-        query = query.where(db.vectors.c.step >= start)
-    if end is not None:
-        query = query.where(db.vectors.c.step <= end)
-    return [bool(m) and slot in json.loads(m) for (m,) in conn.execute(query.order_by(db.vectors.c.step))]
 
 
 def get_heatmap(conn, run_id: int, key: str = "grad", max_steps: int = 400) -> dict:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import gradwatch
-from training import mlp, regression_data, train
+from training import fit, mlp, regression_data, train
 
 
 def alerts_of(api, run_id=1):
@@ -24,14 +24,7 @@ def test_healthy_regression_converging_to_tiny_loss(server, api):
     x, _ = regression_data()
     model = nn.Linear(4, 1)
     y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])  # noise-free: loss goes to ~0, so do the grads
-    opt = torch.optim.Adam(model.parameters(), lr=0.05)
-    run.watch(model, opt)
-    for _ in range(400):
-        loss = ((model(x) - y) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        run.log({"loss": loss})
+    loss = fit(run, model, torch.optim.Adam(model.parameters(), lr=0.05), x, y, 400)
     run.finish()
     assert loss.item() < 1e-6
     assert alerts_of(api) == []
@@ -147,14 +140,7 @@ def test_detach_in_forward_gives_missing_gradients(server, api):
     run = gradwatch.init(project="sick", name="detached", server=server.url)
     model = Cut()
     x, y = regression_data()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    run.watch(model, opt)
-    for _ in range(10):
-        loss = ((model(x) - y) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        run.log({"loss": loss})
+    fit(run, model, torch.optim.SGD(model.parameters(), lr=0.01), x, y, 10)
     run.finish()
     found = {a["kind"]: a for a in alerts_of(api)}
     assert list(found) == ["missing_gradients"]

@@ -37,3 +37,15 @@ def train(run, steps=50, lr=0.05, model=None, opt_cls=torch.optim.SGD, watch=Tru
         opt.step()
         run.log({"loss": loss})
     return model
+
+
+def fit(run, model, opt, x, y, steps):
+    """Full-batch MSE steps with watch on; returns the last loss tensor."""
+    run.watch(model, opt)
+    for _ in range(steps):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        run.log({"loss": loss})
+    return loss

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 
-
 from fastapi import APIRouter, Body, HTTPException, Query, Request
 from fastapi.responses import Response
 
