@@ -21,17 +21,26 @@ def make_data(n: int = 1024, seed: int = 0):
     return x + 0.05 * torch.randn(x.shape, generator=g), label
 
 
-def train(server: str, name: str, lr: float, steps: int, delay: float, project: str = "demo-spirals") -> None:
+def make_model():
+    """The demo MLP, initialised from a fixed seed (call it from one thread: the seed is global)."""
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
+
+
+def train(server: str, name: str, lr: float, steps: int, delay: float, model=None,
+          project: str = "demo-spirals") -> None:
     """One real training run: an MLP trained with Adam on the spirals, watched by gradwatch."""
     import torch
     from torch import nn
 
     import gradwatch
 
-    torch.manual_seed(0)
+    model = model if model is not None else make_model()
     g = torch.Generator().manual_seed(1)  # per run: two demo threads must not share one RNG
     x, y = make_data()
-    model = nn.Sequential(nn.Linear(2, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 2))
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
     with gradwatch.init(project=project, name=name, config={"lr": lr, "optimizer": "Adam", "hidden": 64,
@@ -54,7 +63,10 @@ def run_demo(settings, steps: int = 600, delay: float = 0.05, keep_serving: bool
     server = BackgroundServer(settings).start()
     print(f"gradwatch demo: open {server.url} in your browser (database: {settings.db_url})", flush=True)
     runs = [("baseline lr=3e-3", 3e-3), ("too-high lr=3", 3.0)]
-    threads = [threading.Thread(target=train, args=(server.url, name, lr, steps, delay)) for name, lr in runs]
+    # Models are built here, one after the other, because weight init draws from torch's global RNG;
+    # building them inside the threads made the runs (and whether the bad one diverged) a race.
+    threads = [threading.Thread(target=train, args=(server.url, name, lr, steps, delay, make_model()))
+               for name, lr in runs]
     for t in threads:
         t.start()
     for t in threads:

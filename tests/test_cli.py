@@ -55,7 +55,7 @@ def test_bad_setting_is_a_one_line_error():
 @pytest.mark.slow
 def test_demo_streams_real_training(tmp_path):
     port = free_port()
-    proc = subprocess.run([sys.executable, "-m", "gradwatch_server.cli", "demo", "--port", str(port), "--steps", "80",
+    proc = subprocess.run([sys.executable, "-m", "gradwatch_server.cli", "demo", "--port", str(port), "--steps", "120",
                            "--delay", "0", "--exit", "--db", f"sqlite:///{tmp_path / 'demo.db'}"],
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr
