@@ -16,6 +16,8 @@ class LiveChart {
 
   // Full draw from the stores (first draw, axis/smoothing changes, new keys).
   render(entries, mode) {
+    if (!entries.length && this.opts.empty) return this.showEmpty();
+    if (this.empty) { this.div.replaceChildren(); this.empty = false; }
     const traces = []; this.traceOf = {};
     const nan = { x: [], y: [], text: [], type: "scatter", mode: "markers", yaxis: "y2", name: "NaN / inf",
       marker: { symbol: "x", size: 11, color: "#d92d20", line: { width: 2 } }, hoverinfo: "text", showlegend: false };
@@ -44,6 +46,13 @@ class LiveChart {
     });
     Plotly.react(this.div, traces, layout, { responsive: true, displaylogo: false });
     this.drawn = true; this.mode = mode; this.labels = entries.map((e) => e.label).join("|");
+  }
+
+  // No data for this chart (yet): say why and what records it, instead of drawing empty axes.
+  showEmpty() {
+    if (this.drawn) Plotly.purge(this.div);
+    this.div.replaceChildren(GW.el("p", { class: "empty muted" }, this.opts.empty));
+    this.drawn = false; this.empty = true;
   }
 
   addNan(nan, label, step, v, x) {
@@ -81,6 +90,6 @@ class LiveChart {
   setAlertLines(xs) {
     this.shapes = xs.map((x) => ({ type: "line", xref: "x", yref: "paper", x0: x, x1: x, y0: 0, y1: 1,
       line: { color: "#d92d20", width: 1, dash: "dot" } }));
-    if (this.drawn) Plotly.relayout(this.div, { shapes: this.shapes });
+    if (this.drawn && !this.empty) Plotly.relayout(this.div, { shapes: this.shapes });
   }
 }

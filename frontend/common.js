@@ -72,6 +72,9 @@ GW.plotLayout = (extra = {}) => {
   }, extra);
 };
 
+// The new x range of a plotly_relayout event (a drag sends range[0]/[1], code may send the array).
+GW.xRange = (ev) => ev["xaxis.range"] || [ev["xaxis.range[0]"], ev["xaxis.range[1]"]];
+
 // TensorBoard-style EMA with debiasing, skipping non-finite values.
 GW.ema = (values, weight) => {
   const out = []; let last = 0, n = 0;

@@ -3,16 +3,19 @@
 
 const RUN_ID = Number(location.pathname.split("/").pop());
 const $ = (id) => document.getElementById(id);
-const S = { run: null, keys: [], series: {}, alerts: [], loading: true, buffer: [], dirty: {}, t0: 0, heatDirty: true };
+const S = { run: null, keys: [], series: {}, alerts: [], loading: true, buffer: [], dirty: {}, t0: 0 };
 const MAX_POINTS = 4000;
+const HEAT = new LiveHeatmap($("heatmap"), RUN_ID, "grad");
 
 const isLoss = (k) => k.split("/").pop().toLowerCase().includes("loss");
+const WATCH_HINT = (what) => `No ${what} yet. run.watch(model, optimizer) records it at every optimizer step.`;
 const CHARTS = {
-  loss: { keys: (ks) => ks.filter(isLoss), smoothing: () => Number($("smoothing").value), log: () => $("loss-log").checked },
-  gnorm: { keys: (ks) => ks.filter((k) => k === "grad/global_norm"), log: () => true },
-  lr: { keys: (ks) => ks.filter((k) => k === "lr" || k.startsWith("lr/")) },
-  memory: { keys: (ks) => ks.filter((k) => k.startsWith("memory/cuda_") || k === "memory/rss"), bytes: true },
-  other: { keys: () => ($("other-key").value ? [$("other-key").value] : []) },
+  loss: { keys: (ks) => ks.filter(isLoss), smoothing: () => Number($("smoothing").value), log: () => $("loss-log").checked,
+    empty: "No loss logged yet: run.log({\"loss\": loss})." },
+  gnorm: { keys: (ks) => ks.filter((k) => k === "grad/global_norm"), log: () => true, empty: WATCH_HINT("gradient norm") },
+  lr: { keys: (ks) => ks.filter((k) => k === "lr" || k.startsWith("lr/")), empty: WATCH_HINT("learning rate") },
+  memory: { keys: (ks) => ks.filter((k) => k.startsWith("memory/cuda_") || k === "memory/rss"), bytes: true, empty: WATCH_HINT("memory") },
+  other: { keys: () => ($("other-key").value ? [$("other-key").value] : []), empty: "No metrics logged yet." },
 };
 for (const [name, c] of Object.entries(CHARTS)) c.chart = new LiveChart($("chart-" + name), Object.assign({ t0: () => S.t0 }, c));
 
@@ -37,7 +40,7 @@ async function load() {
     $("alerts").replaceChildren(GW.el("div", { class: "alert critical" }, "Could not load run: " + e.message));
     return;
   } finally { S.loading = false; }
-  renderHeader(); renderAlerts(); renderError(); renderConfig(); renderOtherKeys(); renderAll(); loadHeatmap();
+  renderHeader(); renderAlerts(); renderError(); renderConfig(); renderOtherKeys(); renderAll(); if (!HEAT.zoomed) HEAT.load();
   for (const msg of S.buffer) onLive(msg);
   S.buffer = [];
 }
@@ -112,25 +115,6 @@ function renderMemoryBreakdown() {
   $("memory-breakdown").replaceChildren(GW.el("table", {}, ...parts.map(([n, v]) => GW.el("tr", {}, GW.el("td", {}, n), GW.el("td", {}, GW.fmtBytes(v))))));
 }
 
-async function loadHeatmap() {
-  if (!S.heatDirty) return; S.heatDirty = false;
-  let h;
-  try { h = await GW.getJSON(`/api/runs/${RUN_ID}/heatmap?key=grad&max_steps=400`); } catch (e) { return; }
-  const z = [], text = [], bad = { x: [], y: [], text: [] };
-  h.values.forEach((row, j) => {
-    z.push(row.map((v) => { v = GW.num(v); return v === null || !isFinite(v) || v <= 0 ? null : Math.log10(v); }));
-    text.push(row.map((v, i) => {
-      const n = GW.num(v);
-      if (n !== null && !isFinite(n)) { bad.x.push(h.steps[i]); bad.y.push(h.layers[j]); bad.text.push(h.layers[j] + ": " + GW.fmtNum(n)); }
-      return h.layers[j] + " @ " + h.steps[i] + ": " + (v === null ? "no grad (None)" : GW.fmtNum(n));
-    }));
-  });
-  const traces = [{ type: "heatmap", x: h.steps, y: h.layers, z, text, hoverinfo: "text", colorscale: "Viridis", colorbar: { title: { text: "log10" } } },
-    { type: "scatter", mode: "markers", x: bad.x, y: bad.y, text: bad.text, hoverinfo: "text", marker: { symbol: "x", color: "#d92d20", size: 8 }, name: "NaN / inf", showlegend: false }];
-  Plotly.react($("heatmap"), traces, GW.plotLayout({ showlegend: false, margin: { l: 160, r: 16, t: 8, b: 36 },
-    yaxis: { autorange: "reversed", type: "category", automargin: true } }), { responsive: true, displaylogo: false });
-}
-
 function onLive(msg) {
   if (S.loading) { S.buffer.push(msg); return; }
   if (msg.type === "points") {
@@ -142,7 +126,7 @@ function onLive(msg) {
       s.steps.forEach((step, i) => { if (step > lastStep || store.steps.length > from) { store.steps.push(step); store.values.push(GW.num(s.values[i])); store.walls.push(s.wall_times[i]); } });
       if (store.steps.length > from && S.dirty[k] === undefined) S.dirty[k] = from;
     }
-    if (Object.keys(msg.vectors || {}).length) S.heatDirty = true;
+    if (msg.vectors && msg.vectors.grad) HEAT.append(msg.vectors.grad);
     if (msg.last_step !== null && S.run) { S.run.last_step = msg.last_step; renderHeader(); }
     scheduleFlush();
   } else if (msg.type === "alert") {
@@ -164,7 +148,6 @@ function flush() {
   }
   renderMemoryBreakdown();
 }
-setInterval(loadHeatmap, 2000);
 
 function notify(alert) {
   if (!document.hidden || !("Notification" in window) || Notification.permission !== "granted") return;
@@ -179,7 +162,7 @@ for (const [name, c] of Object.entries(CHARTS)) {
   const attach = () => c.chart.div.on && c.chart.div.on("plotly_relayout", async (ev) => {
     if (xMode() !== "step" || c.ignoreRelayout) return;
     if (ev["xaxis.autorange"]) return c.chart.render(entriesFor(c), xMode());
-    const lo = ev["xaxis.range[0]"], hi = ev["xaxis.range[1]"];
+    const [lo, hi] = GW.xRange(ev);
     if (lo === undefined || hi === undefined) return;
     const detail = await Promise.all(c.keys(S.keys).map(async (k) => {
       const s = await GW.getJSON(`/api/runs/${RUN_ID}/series?key=${encodeURIComponent(k)}&start=${Math.floor(lo)}&end=${Math.ceil(hi)}&max_points=${MAX_POINTS}`);

@@ -8,6 +8,8 @@ Storage notes:
   slots that had no value (``.grad is None``). A transformer's ~300 per-layer norms cost
   one row per step instead of 300.
 - Both are indexed by (key_id, step): "one key of one run, ordered by step" is a range read.
+- ``rollups`` summarises every block of 16, 64, ... 65536 steps per key (see rollup.py), so a
+  chart of a million-step run reads a few thousand rows and still shows every spike and NaN.
 """
 
 from __future__ import annotations
@@ -70,6 +72,16 @@ vectors = Table(
     Column("data", LargeBinary, nullable=False),
     Column("missing", Text),  # JSON list of slot indices without a value, NULL when none
     Index("ix_vectors_key_step", "key_id", "step"),
+)
+
+rollups = Table(  # per-block summaries for fast, spike-preserving reads of big runs (see rollup.py)
+    "rollups", metadata,
+    Column("key_id", Integer, nullable=False),
+    Column("level", Integer, nullable=False),
+    Column("block", Integer, nullable=False),
+    Column("n", Integer, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    UniqueConstraint("key_id", "level", "block", name="uq_rollups_key_level_block"),
 )
 
 alerts = Table(

@@ -43,12 +43,13 @@ def update_run(conn, run_id: int, changes: dict) -> None:
 
 
 def delete_run(conn, run_id: int) -> None:
-    """Remove a run and every point, vector and alert it owns."""
+    """Remove a run and every point, vector, rollup and alert it owns."""
     if conn.execute(select(db.runs.c.id).where(db.runs.c.id == run_id)).first() is None:
         raise NotFound(f"run {run_id} not found")
     key_ids = select(db.metric_keys.c.id).where(db.metric_keys.c.run_id == run_id).scalar_subquery()
     conn.execute(delete(db.points).where(db.points.c.key_id.in_(key_ids)))
     conn.execute(delete(db.vectors).where(db.vectors.c.key_id.in_(key_ids)))
+    conn.execute(delete(db.rollups).where(db.rollups.c.key_id.in_(key_ids)))
     conn.execute(delete(db.metric_keys).where(db.metric_keys.c.run_id == run_id))
     conn.execute(delete(db.alerts).where(db.alerts.c.run_id == run_id))
     conn.execute(delete(db.runs).where(db.runs.c.id == run_id))

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from gradwatch import protocol
 from sqlalchemy import select, update
 
-from . import db, health
+from . import db, health, rollup
 from .diagnose import diagnose
 
 
@@ -22,6 +22,7 @@ class RunState:
     layouts: dict = field(default_factory=dict)
     monitor: health.Monitor | None = None
     last_step: int | None = None
+    rollups: dict = field(default_factory=dict)
 
 
 def open_run(conn, info: dict, server_alerts: dict, now: float | None = None) -> dict:
@@ -102,21 +103,26 @@ def _store_records(conn, state: RunState, decoded: list) -> dict:
     point_rows, vector_rows = [], []
     series: dict = {}
     vec_push: dict = {}
+    raw: dict = {}  # key -> one list of values per step, for the rollups
     for step, wall, scalars, vecs in decoded:
         for key, value in scalars.items():
             point_rows.append({"key_id": _key_id(conn, state, key), "step": step, "wall_time": wall,
                                "value": db.to_db_float(value)})
+            raw.setdefault(key, []).append([value])
             s = series.setdefault(key, {"steps": [], "values": [], "wall_times": []})
             s["steps"].append(step)
             s["values"].append(protocol.encode_float(value))
             s["wall_times"].append(wall)
         for key, values in vecs.items():
             layout = state.layouts.get(key)
-            if layout is not None and len(layout) != len(values):
+            if layout is None:
+                raise protocol.ProtocolError(f"vector {key!r} arrived before its layout (send layouts first)")
+            if len(layout) != len(values):
                 raise protocol.ProtocolError(f"vector {key!r} has {len(values)} values, layout has {len(layout)}")
             data, missing = db.pack_vector(values)
             vector_rows.append({"key_id": _key_id(conn, state, key, layout), "step": step, "wall_time": wall,
                                 "data": data, "missing": missing})
+            raw.setdefault(key, []).append(values)
             v = vec_push.setdefault(key, {"steps": [], "values": []})
             v["steps"].append(step)
             v["values"].append([protocol.encode_float(x) for x in values])
@@ -124,6 +130,10 @@ def _store_records(conn, state: RunState, decoded: list) -> dict:
         conn.execute(db.points.insert(), point_rows)
     if vector_rows:
         conn.execute(db.vectors.insert(), vector_rows)
+    for key, s in series.items():
+        rollup.update_rollups(conn, state.rollups, state.key_ids[key], s["steps"], raw[key])
+    for key, v in vec_push.items():
+        rollup.update_rollups(conn, state.rollups, state.key_ids[key], v["steps"], raw[key])
     return {"series": series, "vectors": vec_push}
 
 

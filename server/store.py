@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import struct
 
 from gradwatch import protocol
 from sqlalchemy import func, select
 
-from . import db
-from .downsample import envelope
+from . import db, series
 
 
 class NotFound(LookupError):
@@ -81,17 +79,17 @@ def vector_layouts(conn, run_id: int) -> dict:
 
 
 def _resolve_key(conn, run_id: int, key: str):
-    """('scalar', key_id, None) or ('slot', vector key_id, slot index); NotFound otherwise."""
+    """('scalar', key_id, None, 1) or ('slot', vector key_id, slot index, slots); NotFound otherwise."""
     rows = {r.key: r for r in conn.execute(select(db.metric_keys).where(db.metric_keys.c.run_id == run_id))}
     row = rows.get(key)
     if row is not None and row.layers is None:
-        return "scalar", row.id, None
+        return "scalar", row.id, None, 1
     for vkey, vrow in rows.items():
         if vrow.layers is not None and key.startswith(vkey + "/"):
             names = json.loads(vrow.layers)
             name = key[len(vkey) + 1:]
             if name in names:
-                return "slot", vrow.id, names.index(name)
+                return "slot", vrow.id, names.index(name), len(names)
     raise NotFound(f"key {key!r} not found in run {run_id}")
 
 
@@ -99,58 +97,21 @@ def get_series(conn, run_id: int, key: str, max_points: int | None = None,
                start: int | None = None, end: int | None = None) -> dict:
     """Every point of one key in step order (or a min/max envelope when max_points is set)."""
     _require_run(conn, run_id)
-    kind, key_id, slot = _resolve_key(conn, run_id, key)
+    kind, key_id, slot, slots = _resolve_key(conn, run_id, key)
     table = db.points if kind == "scalar" else db.vectors
-    cols = [table.c.step, table.c.wall_time] + (
-        [table.c.value] if kind == "scalar" else [table.c.data, table.c.missing])
-    query = select(*cols).where(table.c.key_id == key_id)
-    if start is not None:
-        query = query.where(table.c.step >= start)
-    if end is not None:
-        query = query.where(table.c.step <= end)
-    rows = conn.execute(query.order_by(table.c.step)).all()
-    steps = [r[0] for r in rows]
-    walls = [r[1] for r in rows]
-    if kind == "scalar":
-        values = [db.from_db_float(r[2]) for r in rows]
-        missing = [False] * len(rows)
-    else:
-        values = [struct.unpack_from("<d", r[2], slot * 8)[0] for r in rows]
-        missing = [bool(r[3]) and slot in json.loads(r[3]) for r in rows]
-    keep = envelope(steps, values, max_points) if max_points else range(len(steps))
-    return {"key": key, "steps": [steps[i] for i in keep],
-            "values": [None if missing[i] else protocol.encode_float(values[i]) for i in keep],
-            "wall_times": [walls[i] for i in keep], "total_points": len(steps)}
+    return {"key": key, **series.read_series(conn, table, key_id, slot, slots, max_points, start, end)}
 
 
-def get_heatmap(conn, run_id: int, key: str = "grad", max_steps: int = 400) -> dict:
+def get_heatmap(conn, run_id: int, key: str = "grad", max_steps: int = 400,
+                start: int | None = None, end: int | None = None) -> dict:
     """Layer x step matrix of a vector key; each column is the max over its step bucket."""
     layouts = vector_layouts(conn, run_id)
     if key not in layouts:
         raise NotFound(f"vector key {key!r} not found in run {run_id}")
     key_id = conn.execute(select(db.metric_keys.c.id).where(db.metric_keys.c.run_id == run_id,
                                                              db.metric_keys.c.key == key)).scalar()
-    rows = conn.execute(select(db.vectors.c.step, db.vectors.c.data, db.vectors.c.missing)
-                        .where(db.vectors.c.key_id == key_id).order_by(db.vectors.c.step)).all()
     layers = layouts[key]
-    per = max(1, -(-len(rows) // max(1, max_steps)))
-    steps, columns = [], []
-    for i in range(0, len(rows), per):
-        chunk = [db.unpack_vector(r.data, r.missing) for r in rows[i:i + per]]
-        steps.append(rows[i].step)
-        columns.append([_bucket_max([c[j] for c in chunk]) for j in range(len(layers))])
-    z = [[protocol.encode_float(col[j]) if col[j] is not None else None for col in columns]
-         for j in range(len(layers))]
-    return {"key": key, "layers": layers, "steps": steps, "values": z, "bucket": per}
-
-
-def _bucket_max(values: list):
-    """Max of a bucket; a NaN/inf wins so it stays visible, None when no slot had a value."""
-    present = [v for v in values if v is not None]
-    if not present:
-        return None
-    bad = [v for v in present if v != v or v in (float("inf"), float("-inf"))]
-    return bad[0] if bad else max(present)
+    return {"key": key, "layers": layers, **series.read_heatmap(conn, key_id, len(layers), max_steps, start, end)}
 
 
 def get_alerts(conn, run_id: int) -> list[dict]:

@@ -88,9 +88,10 @@ def get_series_csv(request: Request, run_id: int, key: str) -> Response:
 
 @router.get("/api/runs/{run_id}/heatmap")
 def get_heatmap(request: Request, run_id: int, key: str = "grad",
-                max_steps: int = Query(400, ge=1, le=5000)) -> dict:
-    """Per-layer gradient norms as a layer x step matrix (max per step bucket)."""
-    return _services(request).read(store.get_heatmap, run_id, key, max_steps)
+                max_steps: int = Query(400, ge=1, le=5000), start: int | None = None,
+                end: int | None = None) -> dict:
+    """Per-layer gradient norms as a layer x step matrix (max per step bucket), optionally for a step range."""
+    return _services(request).read(store.get_heatmap, run_id, key, max_steps, start, end)
 
 
 @router.get("/api/runs/{run_id}/alerts")

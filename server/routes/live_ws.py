@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -15,14 +16,28 @@ async def _pump(ws: WebSocket, channel) -> None:
     hub = ws.app.state.services.hub
     await ws.accept()
     queue = hub.subscribe(channel)
+    # Watch the socket while waiting for data: a page that goes away (or a server shutting down)
+    # ends this loop at once instead of when the next send fails.
+    closed = asyncio.ensure_future(_until_closed(ws))
     try:
         await ws.send_text(json.dumps({"type": "subscribed", "channel": channel}))
         while True:
-            await ws.send_text(json.dumps(await queue.get(), allow_nan=False))
+            get = asyncio.ensure_future(queue.get())
+            await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
+            if closed.done():
+                get.cancel()
+                return
+            await ws.send_text(json.dumps(get.result(), allow_nan=False))
     except (WebSocketDisconnect, RuntimeError):
         pass
     finally:
+        closed.cancel()
         hub.unsubscribe(channel, queue)
+
+
+async def _until_closed(ws: WebSocket) -> None:
+    while (await ws.receive())["type"] != "websocket.disconnect":
+        pass
 
 
 @router.websocket("/ws/runs")

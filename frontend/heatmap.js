@@ -1,0 +1,93 @@
+// Per-layer gradient norm heatmap (layer x step, log10 colour) that appends live pushes locally.
+"use strict";
+
+// NaN beats +inf beats -inf beats any finite value: a bad value in a bucket must stay visible.
+const heatRank = (v) => (v === null ? 0 : Number.isNaN(v) ? 4 : v === Infinity ? 3 : v === -Infinity ? 2 : 1);
+const heatMax = (a, b) => { const ra = heatRank(a), rb = heatRank(b); return ra !== rb ? (ra > rb ? a : b) : ra === 1 ? Math.max(a, b) : a; };
+
+class LiveHeatmap {
+  constructor(div, runId, key, maxCols = 400) {
+    Object.assign(this, { div, runId, key, maxCols, layers: [], steps: [], cols: [], bucket: 1, zoomed: null, timer: null });
+  }
+
+  // Full fetch: the whole run, or the zoomed step range at full detail.
+  async load(range) {
+    const q = range ? `&start=${Math.floor(range[0])}&end=${Math.ceil(range[1])}` : "";
+    let h;
+    this.loading = true; this.pending = [];
+    try { h = await GW.getJSON(`/api/runs/${this.runId}/heatmap?key=${encodeURIComponent(this.key)}&max_steps=${this.maxCols}${q}`); }
+    catch (e) {  // no per-layer norms (yet): say what records them
+      if (!this.loaded) this.div.replaceChildren(GW.el("p", { class: "empty muted" }, "No per-layer gradient norms yet. run.watch(model) records them after every backward pass or optimizer step."));
+      return;
+    } finally { this.loading = false; }
+    if (!this.loaded) this.div.replaceChildren();
+    Object.assign(this, { layers: h.layers, steps: h.steps, bucket: h.bucket, loaded: true,
+      cols: h.steps.map((_, i) => h.layers.map((_, j) => GW.num(h.values[j][i]))) });
+    this.draw(range);
+    // Pushes that arrived during the fetch: re-merging a step already counted changes nothing (max).
+    for (const push of this.pending) this.append(push);
+  }
+
+  // Live push {steps, values: [[per layer]]}: merge into the last bucket or open a new one.
+  append(push) {
+    if (this.loading) { this.pending.push(push); return; }
+    if (this.zoomed) return;
+    if (!this.loaded || (push.values[0] && push.values[0].length !== this.layers.length)) { this.load(); return; }
+    push.steps.forEach((step, i) => {
+      const col = push.values[i].map(GW.num), last = this.steps.length - 1;
+      if (last >= 0 && step < this.steps[last]) return;  // already in the fetched matrix
+      if (last >= 0 && step >= this.steps[last] && step < this.steps[last] + this.bucket) {
+        this.cols[last] = this.cols[last].map((v, j) => heatMax(v, col[j]));
+      } else {
+        const s0 = this.steps.length ? this.steps[0] : step;
+        this.steps.push(this.bucket > 1 ? s0 + Math.floor((step - s0) / this.bucket) * this.bucket : step);
+        this.cols.push(col);
+      }
+    });
+    if (this.cols.length > 2 * this.maxCols) this.coarsen();
+    if (!this.timer) this.timer = setTimeout(() => { this.timer = null; if (!this.zoomed) this.draw(); }, 400);
+  }
+
+  // Twice the bucket width, half the columns (keeps memory and redraw cost flat on long runs).
+  coarsen() {
+    const s0 = this.steps[0], width = this.bucket * 2, steps = [], cols = [];
+    this.steps.forEach((s, i) => {
+      const start = s0 + Math.floor((s - s0) / width) * width;
+      if (steps.length && steps[steps.length - 1] === start) cols[cols.length - 1] = cols[cols.length - 1].map((v, j) => heatMax(v, this.cols[i][j]));
+      else { steps.push(start); cols.push(this.cols[i]); }
+    });
+    Object.assign(this, { steps, cols, bucket: width });
+  }
+
+  draw(range) {
+    const z = this.layers.map(() => []), zero = this.layers.map(() => []), text = this.layers.map(() => []), bad = { x: [], y: [], text: [] };
+    this.cols.forEach((col, i) => col.forEach((v, j) => {
+      z[j].push(v === null || !isFinite(v) || v <= 0 ? null : Math.log10(v));
+      zero[j].push(v === 0 ? 1 : null);  // exactly zero (dead or disconnected) is grey, not blank like "no grad"
+      const where = this.layers[j] + " @ " + this.steps[i] + (this.bucket > 1 ? "+" + (this.bucket - 1) : "");
+      text[j].push(where + ": " + (v === null ? "no grad (None)" : GW.fmtNum(v)));
+      if (v !== null && !isFinite(v)) { bad.x.push(this.steps[i]); bad.y.push(this.layers[j]); bad.text.push(where + ": " + GW.fmtNum(v)); }
+    }));
+    const traces = [{ type: "heatmap", x: this.steps, y: this.layers, z, text, hoverinfo: "text", colorscale: "Viridis", colorbar: { title: { text: "log10" } } },
+      { type: "heatmap", x: this.steps, y: this.layers, z: zero, text, hoverinfo: "text", showscale: false, colorscale: [[0, "#98a2b3"], [1, "#98a2b3"]] },
+      { type: "scatter", mode: "markers", x: bad.x, y: bad.y, text: bad.text, hoverinfo: "text", marker: { symbol: "x", color: "#d92d20", size: 8 }, name: "NaN / inf", showlegend: false }];
+    const xaxis = range ? { range: [range[0], range[1]] } : { autorange: true };
+    this.ignore = true;
+    Plotly.react(this.div, traces, GW.plotLayout({ showlegend: false, margin: { l: 160, r: 16, t: 8, b: 36 }, xaxis: Object.assign(GW.plotLayout().xaxis, xaxis),
+      yaxis: { autorange: "reversed", type: "category", automargin: true } }), { responsive: true, displaylogo: false })
+      .then(() => { this.ignore = false; this.listen(); });
+  }
+
+  // Drag-zoom on the heatmap fetches that step range at full detail; double-click goes back to live.
+  listen() {
+    if (this.listening || !this.div.on) return;
+    this.listening = true;
+    this.div.on("plotly_relayout", (ev) => {
+      if (this.ignore) return;
+      if (ev["xaxis.autorange"]) { this.zoomed = null; this.load(); return; }
+      const [lo, hi] = GW.xRange(ev);
+      if (lo === undefined || hi === undefined) return;
+      this.zoomed = [lo, hi]; this.load(this.zoomed);
+    });
+  }
+}

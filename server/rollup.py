@@ -1,0 +1,168 @@
+"""Rollups: per-block summaries written with the data, so big runs read fast and still show every spike.
+
+For every key and every block of ``level`` consecutive steps (levels 16 to 65536, each 4x the last) one row
+keeps, per slot (a scalar has one slot, a per-layer vector one per layer): the finite minimum
+and maximum with the steps they occurred at, and the first step of each non-finite kind
+(NaN, +inf, -inf). Each of those is a real logged point, so an envelope computed over a range's
+block summaries is the envelope of its raw points, at a cost of a few rows per block.
+Blocks written under an older per-layer layout (the model gained or lost parameters) no
+longer match; readers then fall back to the raw points for that range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import func, select, update
+
+from . import db
+
+LEVELS = (16, 64, 256, 1024, 4096, 16384, 65536)
+MIN_V, MIN_S, MAX_V, MAX_S, NAN_S, PINF_S, NINF_S = range(7)
+NONE = -1.0  # "no such step" in the step rows
+
+
+@dataclass
+class Block:
+    """One block's summary: a (7, slots) float64 array, the point count and whether it is stored yet."""
+
+    data: np.ndarray
+    n: int = 0
+    stored: bool = False
+
+
+def empty(slots: int) -> Block:
+    data = np.full((7, slots), NONE)
+    data[MIN_V], data[MAX_V] = np.inf, -np.inf
+    return Block(data)
+
+
+def summarise(steps: np.ndarray, values: np.ndarray, present: np.ndarray, groups: np.ndarray):
+    """Per-group summaries of points sorted by group: (group ids, counts, (g, 7, slots) array)."""
+    k = len(steps)
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    seg = np.cumsum(np.r_[False, groups[1:] != groups[:-1]])  # row -> its group's position
+    rows = np.arange(k)[:, None]
+    out = np.empty((len(starts), 7, values.shape[1]))
+    finite = present & np.isfinite(values)
+    for sign, v_row, s_row in ((1.0, MIN_V, MIN_S), (-1.0, MAX_V, MAX_S)):
+        masked = np.where(finite, sign * values, np.inf)
+        best = np.minimum.reduceat(masked, starts, axis=0)
+        first = np.minimum.reduceat(np.where(finite & (masked == best[seg]), rows, k), starts, axis=0)
+        out[:, v_row] = sign * best
+        out[:, s_row] = np.where(first < k, steps[np.minimum(first, k - 1)], NONE)
+    for row, hit in ((NAN_S, np.isnan(values)), (PINF_S, values == np.inf), (NINF_S, values == -np.inf)):
+        first = np.minimum.reduceat(np.where(hit & present, rows, k), starts, axis=0)
+        out[:, row] = np.where(first < k, steps[np.minimum(first, k - 1)], NONE)
+    return groups[starts], np.diff(np.r_[starts, k]), out
+
+
+def merge(block: Block, data: np.ndarray, n: int) -> None:
+    """Fold a newer summary of the same block into ``block`` (the earlier point wins a tie)."""
+    d = block.data
+    for v_row, s_row, better in ((MIN_V, MIN_S, np.less), (MAX_V, MAX_S, np.greater)):
+        take = better(data[v_row], d[v_row]) | ((data[v_row] == d[v_row]) & (data[s_row] != NONE)
+                                                 & ((d[s_row] == NONE) | (data[s_row] < d[s_row])))
+        d[v_row] = np.where(take, data[v_row], d[v_row])
+        d[s_row] = np.where(take, data[s_row], d[s_row])
+    for row in (NAN_S, PINF_S, NINF_S):
+        take = (data[row] != NONE) & ((d[row] == NONE) | (data[row] < d[row]))
+        d[row] = np.where(take, data[row], d[row])
+    block.n += n
+
+
+def update_rollups(conn, cache: dict, key_id: int, steps: list[int], values: list[list]) -> None:
+    """Fold one batch of a key (values: one list per step; None = no value) into every level."""
+    if not steps:
+        return
+    order = np.argsort(np.asarray(steps), kind="stable")
+    st = np.asarray(steps, dtype=np.float64)[order]
+    present = np.array([[v is not None for v in row] for row in values], dtype=bool)[order]
+    vals = np.array([[np.nan if v is None else v for v in row] for row in values], dtype=np.float64)[order]
+    for level in LEVELS:
+        blocks, counts, summaries = summarise(st, vals, present, (st // level).astype(np.int64))
+        inserts = []
+        for b, n, data in zip(blocks.tolist(), counts.tolist(), summaries):
+            block = _cached(conn, cache, key_id, level, b, vals.shape[1])
+            merge(block, data, n)
+            if block.stored:
+                _update(conn, key_id, level, b, block)
+            else:
+                inserts.append({"key_id": key_id, "level": level, "block": b, "n": block.n, "data": encode(block.data)})
+                block.stored = True
+        if inserts:
+            conn.execute(db.rollups.insert(), inserts)
+
+
+def _cached(conn, cache: dict, key_id: int, level: int, b: int, slots: int) -> Block:
+    """The block being written; only the newest block per (key, level) stays in memory."""
+    hit = cache.get((key_id, level))
+    if hit is None:  # first write since the server started: where did this key's rollups end?
+        newest = conn.execute(select(func.max(db.rollups.c.block)).where(
+            db.rollups.c.key_id == key_id, db.rollups.c.level == level)).scalar()
+        hit = (None, None, -1 if newest is None else newest)
+    if hit[0] == b and hit[1].data.shape[1] == slots:
+        return hit[1]
+    row = None
+    if b <= hit[2]:  # steps went back (or a restart): the block may be on disk already
+        row = conn.execute(select(db.rollups.c.n, db.rollups.c.data).where(
+            db.rollups.c.key_id == key_id, db.rollups.c.level == level, db.rollups.c.block == b)).first()
+    if row is None:
+        block = empty(slots)
+    elif len(row.data) != 7 * slots * 8:  # the layout changed: summarise from here on under the new one
+        block = empty(slots)
+        block.stored = True
+    else:
+        block = Block(decode(row.data, slots), row.n, True)
+    cache[(key_id, level)] = (b, block, max(b, hit[2]))
+    return block
+
+
+def _update(conn, key_id: int, level: int, b: int, block: Block) -> None:
+    conn.execute(update(db.rollups).where(db.rollups.c.key_id == key_id, db.rollups.c.level == level,
+                                          db.rollups.c.block == b).values(n=block.n, data=encode(block.data)))
+
+
+def encode(data: np.ndarray) -> bytes:
+    return data.astype("<f8").tobytes()
+
+
+def decode(blob: bytes, slots: int) -> np.ndarray:
+    return np.frombuffer(blob, dtype="<f8").reshape(7, slots).astype(np.float64)
+
+
+def pick_level(width: float) -> int | None:
+    """The coarsest level whose blocks still fit in one bucket of ``width`` steps (None: read raw)."""
+    fitting = [lv for lv in LEVELS if lv <= width]
+    return fitting[-1] if fitting else None
+
+
+def read_blocks(conn, key_id: int, level: int, first: int, last: int, slots: int):
+    """Block numbers (k,), counts (k,) and summaries (k, 7, slots) of blocks first..last that exist."""
+    rows = conn.execute(select(db.rollups.c.block, db.rollups.c.n, db.rollups.c.data).where(
+        db.rollups.c.key_id == key_id, db.rollups.c.level == level, db.rollups.c.block >= first,
+        db.rollups.c.block <= last).order_by(db.rollups.c.block)).all()
+    if not rows:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, 7, slots))
+    if any(len(r.data) != 7 * slots * 8 for r in rows):
+        return None, None, None  # written under an older layout: the caller reads raw points instead
+    data = np.frombuffer(b"".join(r.data for r in rows), dtype="<f8").reshape(len(rows), 7, slots)
+    return (np.array([r.block for r in rows], dtype=np.int64), np.array([r.n for r in rows], dtype=np.int64),
+            data.astype(np.float64))
+
+
+def candidates(summaries: np.ndarray, slot: int) -> tuple[list[int], list[float]]:
+    """Every real point a set of block summaries names for one slot, in step order."""
+    d = summaries[:, :, slot]
+    pairs = []
+    for s_row, v in ((MIN_S, d[:, MIN_V]), (MAX_S, d[:, MAX_V]), (NAN_S, np.full(len(d), np.nan)),
+                     (PINF_S, np.full(len(d), np.inf)), (NINF_S, np.full(len(d), -np.inf))):
+        ok = d[:, s_row] != NONE
+        pairs.append(np.stack([d[ok, s_row], v[ok]], axis=1))
+    both = np.concatenate(pairs) if pairs else np.zeros((0, 2))
+    both = both[np.argsort(both[:, 0], kind="stable")]
+    # A block's min and max can be one point (a block of one step): keep each step once.
+    _, first = np.unique(both[:, 0], return_index=True)
+    both = both[np.sort(first)] if len(both) else both
+    return [int(s) for s in both[:, 0]], both[:, 1].tolist()

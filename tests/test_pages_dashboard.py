@@ -1,0 +1,205 @@
+"""Dashboard pages in real Chromium: edits, comparison, zoom detail, live heatmap, CSV, dark mode."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+import gradwatch
+from training import mlp
+
+pytestmark = pytest.mark.browser
+SHOTS = Path(os.environ.get("GRADWATCH_SCREENSHOTS", Path(__file__).resolve().parent.parent / "build" / "screenshots"))
+
+
+def _logged_run(url, name, steps, config=None, tags=None, values=None):
+    run = gradwatch.init(project="dash", name=name, config=config or {}, tags=tags, server=url)
+    for step in range(steps):
+        run.log({"loss": values(step) if values else 1.0 / (step + 1), "acc": step / steps}, step=step)
+    run.finish(timeout=60)
+    return run
+
+
+def _slow_watched_run(url, name, steps, stop, config=None):
+    run = gradwatch.init(project="dash", name=name, server=url, config=config or {}, flush_interval=0.05)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run.watch(model, opt)
+    for _ in range(steps):
+        if stop.is_set():
+            break
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        run.log({"loss": loss})
+        time.sleep(0.02)
+    run.finish()
+
+
+def _wait_runs(api, n):
+    for _ in range(200):
+        if len(api.get("/api/runs")) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} runs")
+
+
+def test_runs_list_rename_tag_note_filter_and_delete(server, page, api):
+    _logged_run(server.url, "first", 5)
+    _logged_run(server.url, "second", 5)
+    answers = iter(["renamed run", "vision, baseline", "lr was too high"])
+    page.on("dialog", lambda d: d.accept(next(answers, "")) if d.type == "prompt" else d.accept())
+    page.goto(server.url + "/")
+    row = page.locator("tr[data-run='1']")
+    row.get_by_role("button", name="Rename").click()
+    page.wait_for_function("() => document.querySelector(\"tr[data-run='1'] a\").textContent === 'renamed run'")
+    row.get_by_role("button", name="Tags").click()
+    page.wait_for_selector("tr[data-run='1'] .chip")
+    row.get_by_role("button", name="Note").click()
+    page.wait_for_function("() => document.querySelector(\"tr[data-run='1']\").textContent.includes('lr was too high')")
+    run = api.get("/api/runs/1")
+    assert (run["name"], run["tags"], run["notes"]) == ("renamed run", ["vision", "baseline"], "lr was too high")
+    page.fill("#f-tag", "vision")
+    assert page.locator("tbody tr").count() == 1 and page.locator("#count").inner_text() == "1 of 2 runs"
+    page.fill("#f-tag", "")
+    page.locator("tr[data-run='2']").get_by_role("button", name="Delete").click()
+    page.wait_for_function("() => !document.querySelector(\"tr[data-run='2']\")")
+    assert api.request("GET", "/api/runs/2")[0] == 404
+    assert api.request("GET", "/api/runs/2/series?key=loss")[0] == 404
+    page.reload()
+    page.wait_for_selector("tr[data-run='1']")
+    assert page.locator("tbody tr").count() == 1
+    assert not page.js_errors
+
+
+def test_compare_overlays_runs_diffs_configs_shares_and_appends_live(server, page, api):
+    _logged_run(server.url, "lr-1e-3", 50, config={"lr": 1e-3, "batch": 32})
+    stop = threading.Event()
+    live = threading.Thread(target=_slow_watched_run, args=(server.url, "lr-1e-2", 600, stop, {"lr": 1e-2, "batch": 32}))
+    live.start()
+    try:
+        _wait_runs(api, 2)
+        page.goto(server.url + "/")
+        page.wait_for_selector("tr[data-run='2']")
+        page.locator("tr[data-run='1'] input[type=checkbox]").check()
+        page.locator("tr[data-run='2'] input[type=checkbox]").check()
+        page.click("#compare")
+        page.wait_for_url("**/compare?ids=*")
+        page.wait_for_function("() => { const e = document.getElementById('chart-0'); return e && e.data && e.data.length >= 3; }")
+        lines = page.evaluate("() => document.getElementById('chart-0').data.filter(t => t.mode === 'lines')"
+                              ".map(t => [t.name, t.line.color])")
+        colors = page.evaluate("() => [GW.colorFor(1), GW.colorFor(2)]")
+        assert {tuple(x) for x in lines} == {("lr-1e-3 #1", colors[0]), ("lr-1e-2 #2", colors[1])}
+        differs = page.locator("#diff tr.differs td:first-child").all_inner_texts()
+        assert "lr" in differs and "batch" not in differs
+        # The live run keeps growing on the comparison chart.
+        grow = "() => document.getElementById('chart-0').data.find(t => t.name === 'lr-1e-2 #2').x.length"
+        before = page.evaluate(grow)
+        page.wait_for_function(f"() => ({grow})() > {before + 20}", timeout=20000)
+        # A second chart keeps each run's colour; the layout survives in the shared URL.
+        page.click("#add-chart")
+        page.locator("#chart-1").wait_for()
+        page.locator(".panel-key").nth(1).select_option("acc")
+        page.wait_for_function("() => { const d = document.getElementById('chart-1').data;"
+                               " return d && d.some(t => t.name === 'lr-1e-3 #1'); }")
+        acc = page.evaluate("() => document.getElementById('chart-1').data.filter(t => t.mode === 'lines')"
+                            ".map(t => [t.name, t.line.color])")
+        assert ["lr-1e-3 #1", colors[0]] in acc
+        page.check("#log")
+        page.wait_for_function("() => location.search.includes('keys=loss%2Cacc') && location.search.includes('log=1')")
+        page.goto(page.url)
+        page.wait_for_function("() => [...document.querySelectorAll('.panel-key')].map(s => s.value).join() === 'loss,acc'")
+        assert page.locator("#log").is_checked()
+        # The older single-metric link form still opens.
+        page.goto(server.url + "/compare?ids=1,2&key=acc")
+        page.wait_for_function("() => document.querySelector('.panel-key') && document.querySelector('.panel-key').value === 'acc'")
+    finally:
+        stop.set()
+        live.join()
+    assert not page.js_errors
+
+
+def test_spike_survives_overview_and_zoom_fetches_full_detail(server, page):
+    def value(step):
+        return {12_345: 1e6, 15_000: math.nan}.get(step, 1.0 + (step % 10) * 0.01)
+
+    _logged_run(server.url, "long", 20_000, values=value)
+    page.goto(server.url + "/runs/1")
+    page.wait_for_function("() => { const d = document.getElementById('chart-loss').data; return d && d[0].x.length; }")
+    xs, ys = page.evaluate("() => { const t = document.getElementById('chart-loss').data[0]; return [t.x, t.y]; }")
+    assert len(xs) <= 4100 and ys[xs.index(12_345)] == 1e6  # the one spike is in the overview
+    markers = page.evaluate("() => { const d = document.getElementById('chart-loss').data; return d[d.length - 1].x; }")
+    assert 15_000 in markers  # and the NaN is a visible marker
+    page.evaluate("() => Plotly.relayout('chart-loss', {'xaxis.range': [12000, 12600]})")
+    page.wait_for_function("() => document.getElementById('chart-loss').data[0].x.length === 601", timeout=10000)
+    xs = page.evaluate("() => document.getElementById('chart-loss').data[0].x")
+    assert xs == list(range(12_000, 12_601))
+    assert not page.js_errors
+
+
+def test_heatmap_appends_live_pushes_without_refetching(server, page, api):
+    heat_requests = []
+    page.on("request", lambda r: heat_requests.append(r.url) if "/heatmap" in r.url else None)
+    stop = threading.Event()
+    t = threading.Thread(target=_slow_watched_run, args=(server.url, "heat", 800, stop))
+    t.start()
+    try:
+        _wait_runs(api, 1)
+        page.goto(server.url + "/runs/1")
+        cols = "() => { const d = document.getElementById('heatmap').data; return d ? d[0].x.length : 0; }"
+        page.wait_for_function(f"() => ({cols})() > 5", timeout=20000)
+        fetched, before = len(heat_requests), page.evaluate(cols)
+        page.wait_for_function(f"() => ({cols})() > {before + 30}", timeout=20000)
+        assert len(heat_requests) == fetched  # the new columns came over the websocket
+        assert page.evaluate("() => document.getElementById('heatmap').data[0].y")[0] == "0.weight"
+    finally:
+        stop.set()
+        t.join()
+    assert not page.js_errors
+
+
+def test_csv_link_downloads_every_point(server, page):
+    _logged_run(server.url, "csv", 300)
+    page.goto(server.url + "/runs/1")
+    page.wait_for_function("() => document.querySelector('a.csv[data-key=loss]').href.includes('series.csv')")
+    href = page.locator("a.csv[data-key=loss]").get_attribute("href")
+    with urllib.request.urlopen(server.url + href) as resp:
+        lines = resp.read().decode().strip().splitlines()
+    assert lines[0] == "step,wall_time,value" and len(lines) == 301
+    first = lines[1].split(",")
+    assert first[0] == "0" and first[2] == "1.0" and float(first[1]) > 1e9
+
+
+@pytest.mark.parametrize("scheme,width,height", [("dark", 1280, 800), ("light", 2400, 1300)])
+def test_run_page_screenshots_follow_colour_scheme(server, browser, scheme, width, height):
+    _logged_run(server.url, "shot", 400, values=lambda s: math.nan if s == 300 else 2.0 / (1 + s * 0.05))
+    context = browser.new_context(viewport={"width": width, "height": height}, color_scheme=scheme)
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(server.url + "/runs/1")
+        page.wait_for_selector(".alert[data-kind='nan_loss']")
+        page.wait_for_function("() => document.getElementById('chart-loss').data")
+        bg = page.evaluate("() => getComputedStyle(document.body).backgroundColor")
+        r, g, b = (int(x) for x in bg[bg.index("(") + 1:bg.index(")")].split(",")[:3])
+        luminance = (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
+        assert (luminance < 0.25) if scheme == "dark" else (luminance > 0.75), bg
+        # Nothing may overflow the page sideways at either width.
+        assert page.evaluate("() => document.documentElement.scrollWidth <= window.innerWidth + 1")
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / f"run-{scheme}-{width}.png"), full_page=True)
+        page.goto(server.url + "/")
+        page.wait_for_selector("tr[data-run='1']")
+        page.screenshot(path=str(SHOTS / f"runs-{scheme}-{width}.png"))
+        assert not errors
+    finally:
+        context.close()

@@ -1,0 +1,62 @@
+"""Block summaries equal a brute-force scan, however a block's points are split across batches."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from gradwatch_server import rollup
+
+
+def _brute(steps, values, present):
+    """The summary of one block by looking at every point in order."""
+    out = []
+    for slot in range(values.shape[1]):
+        pts = [(s, v[slot]) for s, v, p in zip(steps, values, present) if p[slot]]
+        fin = [(s, v) for s, v in pts if math.isfinite(v)]
+        lo = min(fin, key=lambda t: (t[1], t[0])) if fin else (rollup.NONE, math.inf)
+        hi = min(fin, key=lambda t: (-t[1], t[0])) if fin else (rollup.NONE, -math.inf)
+
+        def first(pred):
+            return next((s for s, v in pts if pred(v)), rollup.NONE)
+
+        out.append([lo[1], lo[0], hi[1], hi[0], first(math.isnan), first(lambda v: v == math.inf),
+                    first(lambda v: v == -math.inf)])
+    return np.array(out).T
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_summaries_match_brute_force_across_batch_splits(seed):
+    rng = random.Random(seed)
+    k, slots = rng.randint(1, 60), rng.randint(1, 4)
+    steps = np.arange(k, dtype=np.float64) + rng.randint(0, 5)
+    pool = [0.5, 1.0, -2.0, 3.0, math.nan, math.inf, -math.inf]  # repeats make ties that must go to the first step
+    values = np.array([[rng.choice(pool) for _ in range(slots)] for _ in range(k)])
+    present = np.array([[rng.random() > 0.2 for _ in range(slots)] for _ in range(k)])
+    block = rollup.empty(slots)
+    cuts = sorted(rng.sample(range(1, k), min(k - 1, rng.randint(0, 3)))) if k > 1 else []
+    for lo, hi in zip([0, *cuts], [*cuts, k]):
+        groups = np.zeros(hi - lo, dtype=np.int64)
+        _, counts, data = rollup.summarise(steps[lo:hi], values[lo:hi], present[lo:hi], groups)
+        rollup.merge(block, data[0], int(counts[0]))
+    assert block.n == k
+    np.testing.assert_array_equal(block.data, _brute(steps, values, present))
+
+
+def test_summarise_splits_points_into_their_blocks():
+    steps = np.arange(40, dtype=np.float64)
+    values = steps[:, None].copy()
+    values[21, 0] = math.nan
+    ids, counts, data = rollup.summarise(steps, values, np.ones_like(values, dtype=bool), (steps // 16).astype(np.int64))
+    assert ids.tolist() == [0, 1, 2] and counts.tolist() == [16, 16, 8]
+    assert data[:, rollup.MAX_S, 0].tolist() == [15, 31, 39] and data[1, rollup.NAN_S, 0] == 21
+
+
+def test_candidates_are_the_named_points_in_step_order():
+    data = rollup.empty(1).data
+    data[:, 0] = [-1.0, 9, 5.0, 3, 7, rollup.NONE, rollup.NONE]
+    steps, values = rollup.candidates(data[None], 0)
+    assert steps == [3, 7, 9] and values[0] == 5.0 and math.isnan(values[1]) and values[2] == -1.0
