@@ -28,17 +28,15 @@ def _torch():
 
 def to_value(value: Any) -> float | Deferred:
     """Convert a logged scalar; raises TypeError/ValueError for things that are not scalars."""
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, numbers.Real):
+    if type(value) is float or type(value) is int or isinstance(value, (bool, numbers.Real)):
         return float(value)
     torch = _torch()
     if torch is not None and isinstance(value, torch.Tensor):
         if value.numel() != 1:
             raise ValueError(f"only single-value tensors can be logged, got shape {tuple(value.shape)}")
-        value = value.detach()
         if value.device.type == "cpu":
-            return float(value.reshape(()).item())
+            return float(value.item())  # no detach needed: .item() keeps no graph (and detach costs ~20 us)
+        value = value.detach()  # a device tensor is kept until the sender reads it: drop its graph
         return Deferred(value.reshape(()), _record_event(torch, value))
     # numpy scalars and anything else with __float__
     if hasattr(value, "__float__"):

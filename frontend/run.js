@@ -12,10 +12,10 @@ const WATCH_HINT = (what) => `No ${what} yet. run.watch(model, optimizer) record
 const CHARTS = {
   loss: { keys: (ks) => ks.filter(isLoss), smoothing: () => Number($("smoothing").value), log: () => $("loss-log").checked,
     empty: "No loss logged yet: run.log({\"loss\": loss})." },
-  gnorm: { keys: (ks) => ks.filter((k) => k === "grad/global_norm"), log: () => true, empty: WATCH_HINT("gradient norm") },
-  lr: { keys: (ks) => ks.filter((k) => k === "lr" || k.startsWith("lr/")), empty: WATCH_HINT("learning rate") },
-  memory: { keys: (ks) => ks.filter((k) => k.startsWith("memory/cuda_") || k === "memory/rss"), bytes: true, empty: WATCH_HINT("memory") },
-  other: { keys: () => ($("other-key").value ? [$("other-key").value] : []), empty: "No metrics logged yet." },
+  gnorm: { keys: (ks) => ks.filter((k) => k === "grad/global_norm"), log: () => $("gnorm-log").checked, empty: WATCH_HINT("gradient norm") },
+  lr: { keys: (ks) => ks.filter((k) => k === "lr" || k.startsWith("lr/")), log: () => $("lr-log").checked, empty: WATCH_HINT("learning rate") },
+  memory: { keys: (ks) => ks.filter((k) => k.startsWith("memory/cuda_") || k === "memory/rss"), bytes: true, log: () => $("memory-log").checked, empty: WATCH_HINT("memory") },
+  other: { keys: () => ($("other-key").value ? [$("other-key").value] : []), log: () => $("other-log").checked, empty: "No metrics logged yet." },
 };
 for (const [name, c] of Object.entries(CHARTS)) c.chart = new LiveChart($("chart-" + name), Object.assign({ t0: () => S.t0 }, c));
 
@@ -31,7 +31,7 @@ async function load() {
   S.loading = true; S.buffer = [];
   try {
     const [run, keys, alerts] = await Promise.all([GW.getJSON(`/api/runs/${RUN_ID}`), GW.getJSON(`/api/runs/${RUN_ID}/keys`), GW.getJSON(`/api/runs/${RUN_ID}/alerts`)]);
-    S.run = run; S.keys = keys; S.alerts = alerts; S.t0 = run.created_at;
+    S.run = run; S.keys = keys; S.alerts = alerts; S.t0 = (run.meta && run.meta.start_time) || run.created_at;  // the client clock, like the points
     renderOtherKeys();
     const wanted = new Set(Object.values(CHARTS).flatMap((c) => c.keys(keys)));
     const fetched = await Promise.all([...wanted].map(async (k) => [k, await fetchSeries(k)]));
@@ -185,6 +185,6 @@ $("other-key").addEventListener("change", async () => {
   CHARTS.other.chart.render(entriesFor(CHARTS.other), xMode());
 });
 $("x-mode").addEventListener("change", renderAll);
-$("loss-log").addEventListener("change", renderAll);
+for (const name of Object.keys(CHARTS)) $(name + "-log").addEventListener("change", () => CHARTS[name].chart.render(entriesFor(CHARTS[name]), xMode()));
 $("smoothing").addEventListener("input", () => { $("smoothing-value").textContent = Number($("smoothing").value).toFixed(2); CHARTS.loss.chart.render(entriesFor(CHARTS.loss), xMode()); });
 GW.live("/ws/runs/" + RUN_ID, onLive, load);

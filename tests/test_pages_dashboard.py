@@ -138,6 +138,15 @@ def test_spike_survives_overview_and_zoom_fetches_full_detail(server, page):
     assert len(xs) <= 4100 and ys[xs.index(12_345)] == 1e6  # the one spike is in the overview
     markers = page.evaluate("() => { const d = document.getElementById('chart-loss').data; return d[d.length - 1].x; }")
     assert 15_000 in markers  # and the NaN is a visible marker
+    # Axis choices: log y per chart, relative time on x.
+    page.check("#loss-log")
+    page.wait_for_function("() => document.getElementById('chart-loss').layout.yaxis.type === 'log'")
+    page.uncheck("#loss-log")
+    page.select_option("#x-mode", "relative")
+    page.wait_for_function("() => { const x = document.getElementById('chart-loss').data[0].x;"
+                           " return x[0] >= 0 && x[x.length - 1] < 3600; }")
+    page.select_option("#x-mode", "step")
+    page.wait_for_function("() => document.getElementById('chart-loss').data[0].x.includes(12345)")
     page.evaluate("() => Plotly.relayout('chart-loss', {'xaxis.range': [12000, 12600]})")
     page.wait_for_function("() => document.getElementById('chart-loss').data[0].x.length === 601", timeout=10000)
     xs = page.evaluate("() => document.getElementById('chart-loss').data[0].x")
