@@ -50,8 +50,23 @@ function row(r) {
     actions);
 }
 
+// Runs that need a look: running ones with alerts, and any run that failed, crashed or alerted in the last day.
+function renderAttention() {
+  const day = Date.now() / 1000 - 86400;
+  const runs = [...state.runs.values()].filter((r) => (r.last_alert && (r.status === "running" || r.last_alert.created_at > day)) ||
+    ((r.status === "failed" || r.status === "crashed") && r.updated_at > day))
+    .sort((a, b) => (b.last_alert ? b.last_alert.created_at : b.updated_at) - (a.last_alert ? a.last_alert.created_at : a.updated_at)).slice(0, 5);
+  $("attention").replaceChildren(...runs.map((r) => {
+    const a = r.last_alert;
+    return GW.el("div", { class: "alert " + (a ? a.severity : "critical"), "data-run": r.id, "data-kind": a ? a.kind : r.status },
+      GW.el("a", { href: "/runs/" + r.id }, r.name), " ", GW.el("b", {}, a ? a.kind : r.status),
+      GW.el("span", { class: "muted" }, a ? "step " + (a.step ?? "?") + (a.layer ? " · " + a.layer : "") + (r.alert_count > 1 ? " · " + r.alert_count + " alerts" : "") + " · " : ""),
+      a ? (a.message.length > 160 ? a.message.slice(0, 160) + "…" : a.message) : "the training process " + (r.status === "failed" ? "raised an exception" : "stopped reporting"));
+  }));
+}
+
 function render() {
-  renderProjects();
+  renderProjects(); renderAttention();
   const rows = visible();
   $("runs").querySelector("tbody").replaceChildren(...rows.map(row));
   $("empty").hidden = state.runs.size > 0;

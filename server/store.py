@@ -21,6 +21,16 @@ def _summary(row, alert_count: int) -> dict:
             "notes": row.notes or ""}
 
 
+def _last_alerts(conn, run_ids: list[int] | None = None) -> dict:
+    """run id -> its newest alert in brief (kind, step, layer, severity, message)."""
+    newest = select(func.max(db.alerts.c.id)).group_by(db.alerts.c.run_id)
+    if run_ids is not None:
+        newest = newest.where(db.alerts.c.run_id.in_(run_ids))
+    rows = conn.execute(select(db.alerts).where(db.alerts.c.id.in_(newest.scalar_subquery())))
+    return {r.run_id: {"kind": r.kind, "step": r.step, "layer": r.layer, "severity": r.severity,
+                       "message": r.message, "created_at": r.created_at} for r in rows}
+
+
 def list_runs(conn, project: str | None = None, status: str | None = None, q: str | None = None,
               tag: str | None = None) -> list[dict]:
     """Runs, newest first, with their alert counts; optional filters."""
@@ -36,6 +46,9 @@ def list_runs(conn, project: str | None = None, status: str | None = None, q: st
     out = [_summary(r, r.alert_count) for r in conn.execute(query)]
     if tag:
         out = [r for r in out if tag in r["tags"]]
+    last = _last_alerts(conn) if any(r["alert_count"] for r in out) else {}
+    for r in out:
+        r["last_alert"] = last.get(r["id"])
     return out
 
 
@@ -46,6 +59,7 @@ def get_run(conn, run_id: int) -> dict:
         raise NotFound(f"run {run_id} not found")
     count = conn.execute(select(func.count()).select_from(db.alerts).where(db.alerts.c.run_id == run_id)).scalar()
     out = _summary(row, count)
+    out["last_alert"] = _last_alerts(conn, [run_id]).get(run_id) if count else None
     out.update(uid=row.uid, config=json.loads(row.config or "{}"), meta=json.loads(row.meta or "{}"),
                error=json.loads(row.error) if row.error else None,
                alert_config=json.loads(row.alert_config or "{}"))

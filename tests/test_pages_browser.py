@@ -66,6 +66,10 @@ def test_nan_alert_appears_live_with_marker(server, page):
     t = threading.Thread(target=_train_slowly, args=(server.url, 60, stop, "nan-run", 30))
     t.start()
     page.wait_for_selector("tr[data-run='1'] a", timeout=15000)
+    # The runs list raises its own banner and badge live, without a reload.
+    page.wait_for_selector("#attention .alert[data-kind='nan_loss'][data-run='1']", timeout=20000)
+    assert "nan-run" in page.locator("#attention .alert").first.inner_text()
+    assert page.locator("tr[data-run='1'] .badge").inner_text() == "1"
     page.goto(server.url + "/runs/1")
     page.wait_for_selector(".alert[data-kind='nan_loss']", timeout=20000)
     t.join()
