@@ -6,6 +6,9 @@ import asyncio
 import contextlib
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse
 
 from .routes import api, ingest_ws, live_ws, pages
@@ -35,6 +38,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @app.exception_handler(NotFound)
     async def not_found(_request: Request, exc: NotFound):
         return JSONResponse({"error": str(exc)}, status_code=404)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_request: Request, exc: RequestValidationError):
+        # One readable line in "error" (like every other error here), FastAPI's details kept beside it.
+        parts = [f"{'.'.join(str(x) for x in e.get('loc', ())[1:]) or 'request'}: {e.get('msg')}" for e in exc.errors()]
+        return JSONResponse({"error": "; ".join(parts), "detail": jsonable_encoder(exc.errors())}, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException):
+        return JSONResponse({"error": str(exc.detail), "detail": exc.detail}, status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(OverflowError)
+    async def out_of_range(_request: Request, exc: OverflowError):
+        return JSONResponse({"error": "a number in the request is out of range (64-bit integers only)"}, status_code=400)
 
     for module in (api, ingest_ws, live_ws, pages):
         app.include_router(module.router)

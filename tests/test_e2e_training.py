@@ -115,6 +115,29 @@ def test_unknown_run_and_key_are_json_404(server, api):
         assert api.request("GET", path)[0] == 404, path
 
 
+def test_bad_parameters_get_a_one_line_error_and_change_nothing(server, api):
+    run = gradwatch.init(project="e2e", name="params", server=server.url)
+    for i in range(20):
+        run.log({"loss": 1.0 / (i + 1)})
+    run.finish()
+    cases = {"/api/runs/1/series?key=loss&max_points=2": (422, "max_points"),
+             "/api/runs/1/series?key=loss&max_points=abc": (422, "max_points"),
+             "/api/runs/1/series": (422, "key"),
+             "/api/runs/abc": (422, "run_id"),
+             "/api/runs/99999999999999999999999": (400, "out of range"),
+             "/api/runs/1/series?key=loss&start=99999999999999999999999": (400, "out of range"),
+             "/api/compare?ids=1,x": (400, "comma-separated")}
+    for path, (code, words) in cases.items():
+        status, body = api.request("GET", path)
+        assert status == code and words in body["error"], (path, status, body)
+    status, body = api.request("PATCH", "/api/runs/1", {"tags": "not a list"})
+    assert status in (400, 422) and body["error"]
+    empty = api.get("/api/runs/1/series?key=loss&start=15&end=5")
+    assert empty["steps"] == [] and empty["total_points"] == 0
+    assert api.get("/api/runs/1/series?key=loss")["steps"] == list(range(20))
+    assert api.get("/api/runs/1")["tags"] == []
+
+
 def test_explicit_steps_and_module_level_api(server, api):
     gradwatch.init(project="e2e", name="module", server=server.url)
     gradwatch.log({"loss": 3.0}, step=10)
