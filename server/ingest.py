@@ -54,7 +54,40 @@ def load_state(conn, run_id: int) -> RunState:
     cfg, meta, state.last_step = conn.execute(select(db.runs.c.alert_config, db.runs.c.meta, db.runs.c.last_step)
                                               .where(db.runs.c.id == run_id)).one()
     state.monitor = health.Monitor(health.thresholds(json.loads(cfg or "{}")), meta=json.loads(meta or "{}"))
+    _replay_recent(conn, state)
     return state
+
+
+RULE_KEYS = ("grad/global_norm", "memory/cuda_reserved", "amp/scale")
+
+
+def _replay_recent(conn, state: RunState) -> None:
+    """Warm the health rules with the run's latest steps (after a restart), dropping their alerts.
+
+    Rolling baselines, streak counts and open episodes come back as they were, so a restarted
+    server neither misses an explosion for lack of history nor repeats an alert already raised.
+    """
+    th = state.monitor.th
+    depth = int(max(v for k, v in th.items() if k.endswith((".window", ".patience", ".min_history")))) + 1
+    steps: dict = {}
+    for key, key_id in state.key_ids.items():
+        if key in state.layouts or not (protocol.is_loss_key(key) or key in RULE_KEYS):
+            continue
+        rows = conn.execute(select(db.points.c.step, db.points.c.value).where(db.points.c.key_id == key_id)
+                            .order_by(db.points.c.step.desc()).limit(depth)).all()
+        for step, value in rows:
+            steps.setdefault(step, ({}, {}))[0][key] = db.from_db_float(value)
+    grad_id = state.key_ids.get(health.GRAD_VECTOR)
+    if grad_id is not None and health.GRAD_VECTOR in state.layouts:
+        rows = conn.execute(select(db.vectors.c.step, db.vectors.c.data, db.vectors.c.missing)
+                            .where(db.vectors.c.key_id == grad_id).order_by(db.vectors.c.step.desc()).limit(depth)).all()
+        layout = state.layouts[health.GRAD_VECTOR]
+        for step, data, missing in rows:
+            values = db.unpack_vector(data, missing)
+            if len(values) == len(layout):
+                steps.setdefault(step, ({}, {}))[1][health.GRAD_VECTOR] = (layout, values)
+    for step in sorted(steps)[-depth:]:
+        state.monitor.observe(step, *steps[step])
 
 
 def _key_id(conn, state: RunState, key: str, layers: list | None = None) -> int:

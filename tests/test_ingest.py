@@ -1,0 +1,60 @@
+"""The ingest path on a real SQLite file: a server restart keeps the health rules' memory."""
+
+from __future__ import annotations
+
+from gradwatch import protocol
+from gradwatch_server import db
+from gradwatch_server.ingest import apply_batch, load_state, open_run
+
+LAYERS = ["in.weight", "in.bias", "out.weight", "out.bias"]
+
+
+def _batch(seq, steps, norm, layer_norms, loss=1.0):
+    records = [{"step": s, "t": 1000.0 + s,
+                "scalars": {"loss": protocol.encode_float(loss), "grad/global_norm": protocol.encode_float(norm)},
+                "vectors": {"grad": [protocol.encode_float(v) for v in layer_norms]}} for s in steps]
+    return {"seq": seq, "records": records, "layouts": {"grad": LAYERS}}
+
+
+def _setup(tmp_path):
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'ingest.db'}")
+    with engine.begin() as conn:
+        run_id = open_run(conn, {"uid": "u1", "project": "p", "name": "n"}, {})["run_id"]
+    return engine, run_id
+
+
+def _apply(engine, state, msg):
+    with engine.begin() as conn:
+        return [a["kind"] for a in apply_batch(conn, state, msg)["alerts"]]
+
+
+def _restart(engine, run_id):
+    with engine.begin() as conn:
+        return load_state(conn, run_id)
+
+
+def test_baseline_survives_a_restart_so_an_explosion_is_caught_at_once(tmp_path):
+    engine, run_id = _setup(tmp_path)
+    assert _apply(engine, _restart(engine, run_id), _batch(1, range(30), 1.0, [1.0] * 4)) == []
+    # 500 is under the absolute ceiling: only the run's own history says it exploded.
+    assert _apply(engine, _restart(engine, run_id), _batch(2, [30], 500.0, [1, 1, 1, 500.0])) == ["exploding_gradients"]
+
+
+def test_an_episode_alerted_before_a_restart_is_not_alerted_again(tmp_path):
+    engine, run_id = _setup(tmp_path)
+    state = _restart(engine, run_id)
+    dead = [0.0, 0.0, 1.0, 1.0]  # input layer dead for good
+    assert _apply(engine, state, _batch(1, range(25), 1.0, dead)) == ["zero_gradients"]
+    assert _apply(engine, _restart(engine, run_id), _batch(2, range(25, 60), 1.0, dead)) == []
+    # ... while a new episode after the restart still is.
+    alive = [1.0] * 4
+    assert _apply(engine, _restart(engine, run_id), _batch(3, range(60, 61), 1.0, alive)) == []
+    assert _apply(engine, _restart(engine, run_id), _batch(4, range(61, 90), 1.0, dead)) == ["zero_gradients"]
+
+
+def test_replay_reads_only_the_recent_steps(tmp_path):
+    engine, run_id = _setup(tmp_path)
+    _apply(engine, _restart(engine, run_id), _batch(1, range(5000), 1.0, [1.0] * 4))
+    state = _restart(engine, run_id)
+    window = state.monitor.states["spike"]["loss"]["window"]
+    assert 0 < len(window) <= 100 and state.last_step == 4999
