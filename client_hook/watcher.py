@@ -79,7 +79,7 @@ class Watcher:
         missing = [i for i, g in enumerate(grads) if g is None]
         present = [g for g in grads if g is not None]
         if present:
-            norms = self._norms(present)
+            norms = self._unscaled(self._norms(present))
             scalars["grad/global_norm"] = defer_vector(self.torch.linalg.vector_norm(norms))
             vectors[GRAD_VECTOR] = (defer_vector(norms), missing, len(grads))
         elif grads:
@@ -110,6 +110,16 @@ class Watcher:
                 out[i] = n
         target = out[0].device
         return torch.stack([n.to(device=target, dtype=torch.float32) for n in out])
+
+    def _unscaled(self, norms):
+        """Without an optimizer, hooks see AMP-scaled gradients: divide the loss scale back out.
+
+        (With an optimizer the step pre-hook runs after GradScaler.step has unscaled them.)
+        """
+        scale = getattr(self.scaler, "_scale", None) if self.optimizer is None else None
+        if scale is None or not getattr(self.scaler, "_enabled", True):
+            return norms
+        return norms / scale.to(device=norms.device, dtype=norms.dtype)  # device op: no sync
 
     def _learning_rates(self) -> dict:
         if self.optimizer is None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 import gradwatch
-from training import mlp, train
+from training import mlp, regression_data, train
 
 
 def test_training_run_round_trips_through_http_api(server, api):
@@ -100,6 +101,28 @@ def test_watch_without_optimizer_records_after_each_backward(server, api):
     run.finish()
     run_id = api.get("/api/runs")[0]["id"]
     assert api.get(f"/api/runs/{run_id}/series?key=grad/global_norm")["steps"] == [0, 1, 2, 3, 4]
+
+
+def test_amp_scaled_gradients_are_recorded_unscaled(server, api):
+    """Without an optimizer the hooks see scaled grads; the recorded norms must be the true ones."""
+    model = mlp()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    run = gradwatch.init(project="e2e", name="amp-manual", server=server.url)
+    run.watch(model, scaler=scaler)
+    x, y = regression_data()
+    expected = []
+    for _ in range(4):
+        model.zero_grad()
+        scaler.scale(((model(x) - y) ** 2).mean()).backward()
+        grads = [p.grad / 2.0**16 for p in model.parameters()]
+        expected.append(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item())
+        with torch.no_grad():
+            for p, g in zip(model.parameters(), grads):
+                p -= 0.01 * g
+        run.log({"loss": 0.0})
+    run.finish()
+    got = api.get("/api/runs/1/series?key=grad/global_norm")["values"]
+    assert got == pytest.approx(expected, rel=1e-4)
 
 
 def test_unknown_run_and_key_are_json_404(server, api):
