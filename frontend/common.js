@@ -75,6 +75,34 @@ GW.plotLayout = (extra = {}) => {
 // The new x range of a plotly_relayout event (a drag sends range[0]/[1], code may send the array).
 GW.xRange = (ev) => ev["xaxis.range"] || [ev["xaxis.range[0]"], ev["xaxis.range[1]"]];
 
+// The server's min/max envelope, for series that grow live past what a chart should hold:
+// keeps each bucket's first, last, min and max points and its first NaN/+inf/-inf, so a
+// spike that arrived live survives compaction exactly as it would a server-side downsample.
+GW.compact = (s, maxPoints) => {
+  const n = s.steps.length;
+  if (n <= maxPoints) return s;
+  const buckets = Math.max(1, Math.floor(maxPoints / 4)), lo = s.steps[0], width = (s.steps[n - 1] - lo + 1) / buckets;
+  const keep = new Set();
+  let start = 0;
+  while (start < n) {
+    const b = Math.floor((s.steps[start] - lo) / width);
+    let end = start, minI = -1, maxI = -1;
+    const special = {};
+    while (end + 1 < n && Math.floor((s.steps[end + 1] - lo) / width) === b) end++;
+    for (let i = start; i <= end; i++) {
+      const v = s.values[i];
+      if (v === null || v === undefined) continue;
+      if (!isFinite(v)) { const k = isNaN(v) ? "nan" : v > 0 ? "+" : "-"; if (!(k in special)) special[k] = i; continue; }
+      if (minI < 0 || v < s.values[minI]) minI = i;
+      if (maxI < 0 || v > s.values[maxI]) maxI = i;
+    }
+    for (const i of [start, end, minI, maxI, ...Object.values(special)]) if (i >= 0) keep.add(i);
+    start = end + 1;
+  }
+  const idx = [...keep].sort((a, b) => a - b);
+  return Object.assign({}, s, { steps: idx.map((i) => s.steps[i]), values: idx.map((i) => s.values[i]), walls: idx.map((i) => s.walls[i]) });
+};
+
 // TensorBoard-style EMA with debiasing, skipping non-finite values.
 GW.ema = (values, weight) => {
   const out = []; let last = 0, n = 0;

@@ -82,7 +82,17 @@ function onLive(pn, id, msg) {
   const last = s.steps.length ? s.steps[s.steps.length - 1] : -Infinity, from = s.steps.length;
   pts.steps.forEach((step, i) => { if (step > last) { s.steps.push(step); s.values.push(GW.num(pts.values[i])); s.walls.push(pts.wall_times[i]); } });
   if (s.steps.length > from && pn.fresh[label(r)] === undefined) pn.fresh[label(r)] = from;
-  if (!pn.timer) pn.timer = setTimeout(() => { pn.timer = null; const fresh = pn.fresh; pn.fresh = {}; pn.chart.extend(entries(pn), fresh, mode()); }, 200);
+  if (!pn.timer) pn.timer = setTimeout(() => flushPanel(pn), 200);
+}
+
+function flushPanel(pn) {
+  pn.timer = null;
+  const fresh = pn.fresh; pn.fresh = {};
+  let compacted = false;  // same budget as the run page: fold long live series back with the envelope
+  for (const id of Object.keys(pn.series)) {
+    if (pn.series[id].steps.length > 8000) { pn.series[id] = GW.compact(pn.series[id], 4000); compacted = true; }
+  }
+  if (compacted) pn.chart.render(entries(pn), mode()); else pn.chart.extend(entries(pn), fresh, mode());
 }
 
 function renderDiff() {

@@ -142,9 +142,16 @@ function scheduleFlush() { if (!flushTimer) flushTimer = setTimeout(() => reques
 function flush() {
   flushTimer = null;
   const fresh = S.dirty; S.dirty = {};
+  // A long live session would grow every series without bound: past 2x the chart budget, fold it
+  // back to the budget with the same spike-keeping envelope the server uses, and redraw.
+  const compacted = new Set();
+  for (const k of Object.keys(fresh)) {
+    if (S.series[k] && S.series[k].steps.length > 2 * MAX_POINTS) { S.series[k] = GW.compact(S.series[k], MAX_POINTS); compacted.add(k); }
+  }
   for (const c of Object.values(CHARTS)) {
     const entries = entriesFor(c);
-    if (entries.some((e) => fresh[e.label] !== undefined)) c.chart.extend(entries, fresh, xMode());
+    if (entries.some((e) => compacted.has(e.label))) c.chart.render(entries, xMode());
+    else if (entries.some((e) => fresh[e.label] !== undefined)) c.chart.extend(entries, fresh, xMode());
   }
   renderMemoryBreakdown();
 }

@@ -212,3 +212,32 @@ def test_run_page_screenshots_follow_colour_scheme(server, browser, scheme, widt
         assert not errors
     finally:
         context.close()
+
+
+def test_long_live_session_stays_bounded_and_keeps_the_spike(server, page, api):
+    run = gradwatch.init(project="dash", name="fast", server=server.url, flush_interval=0.05)
+    run.log({"loss": 1.0}, step=0)
+    _wait_runs(api, 1)
+    page.goto(server.url + "/runs/1")
+    page.wait_for_function("() => { const d = document.getElementById('chart-loss').data; return d && d[0].x.length; }")
+    for step in range(1, 20_000):
+        run.log({"loss": {15_000: 1e6, 17_000: math.nan}.get(step, 1.0 + (step % 7) * 0.01)}, step=step)
+    run.finish(timeout=60)
+    page.wait_for_function("() => document.getElementById('run-status').textContent === 'finished'", timeout=30000)
+    page.wait_for_function("() => { const x = document.getElementById('chart-loss').data[0].x;"
+                           " return x[x.length - 1] === 19999; }", timeout=30000)
+    xs, ys = page.evaluate("() => { const t = document.getElementById('chart-loss').data[0]; return [t.x, t.y]; }")
+    assert len(xs) <= 8000  # folded back with the envelope, not 20 000 points in the browser
+    assert ys[xs.index(15_000)] == 1e6
+    markers = page.evaluate("() => { const d = document.getElementById('chart-loss').data; return d[d.length - 1].x; }")
+    assert 17_000 in markers
+    # The fold itself, on a known series: the spike, the dip, the NaN and both ends survive.
+    kept = page.evaluate("""() => {
+        const n = 50000, s = { steps: [], values: [], walls: [] };
+        for (let i = 0; i < n; i++) { s.steps.push(i); s.values.push(i === 123 ? 1e9 : i === 40000 ? -5 : i === 777 ? NaN : 1); s.walls.push(i); }
+        const c = GW.compact(s, 400);
+        return { n: c.steps.length, spike: c.values[c.steps.indexOf(123)], dip: c.values[c.steps.indexOf(40000)],
+                 nan: Number.isNaN(c.values[c.steps.indexOf(777)]), first: c.steps[0], last: c.steps[c.steps.length - 1] };
+    }""")
+    assert kept == {"n": kept["n"], "spike": 1e9, "dip": -5, "nan": True, "first": 0, "last": 49_999} and kept["n"] <= 420
+    assert not page.js_errors
