@@ -7,9 +7,11 @@ Prints each measurement next to its baseline, with the ratio, from one run on th
 from __future__ import annotations
 
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import torch
@@ -18,8 +20,6 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import gradwatch  # noqa: E402
-from gradwatch_server.serve import BackgroundServer  # noqa: E402
-from gradwatch_server.settings import Settings  # noqa: E402
 
 
 def per_call(fn, n: int) -> float:
@@ -54,25 +54,31 @@ def train_steps(model, opt, x, y, steps, run=None):
         if run is not None:
             run.log({"loss": loss})
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return times
 
 
-def bench_watch(url: str, layers: int = 48, width: int = 256) -> None:
+def bench_watch(url: str, layers: int = 48, width: int = 256, rounds: int = 8) -> None:
+    """Plain, watched and watched(every=10) step times, interleaved in rounds so drift hits all three."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
     x, y = torch.randn(64, width), torch.randn(64, width)
-    train_steps(model, opt, x, y, 20)
-    base = train_steps(model, opt, x, y, 200)
-    run = gradwatch.init(project="bench", name="watch", server=url)
-    run.watch(model, opt)
-    train_steps(model, opt, x, y, 20, run)
-    watched = train_steps(model, opt, x, y, 200, run)
-    run.finish(timeout=60)
-    run = gradwatch.init(project="bench", name="watch-every-10", server=url)
-    run.watch(model, opt, every=10)
-    every10 = train_steps(model, opt, x, y, 200, run)
-    run.finish(timeout=60)
+    plain_opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    train_steps(model, plain_opt, x, y, 20)
+    configs = {"plain": (None, plain_opt)}
+    for name, every in (("watched", 1), ("every10", 10)):
+        opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+        run = gradwatch.init(project="bench", name=f"watch-{name}", server=url)
+        run.watch(model, opt, every=every)
+        configs[name] = (run, opt)
+    times: dict = {name: [] for name in configs}
+    for _ in range(rounds):
+        for name, (run, opt) in configs.items():
+            times[name] += train_steps(model, opt, x, y, 30, run)
+    for name, (run, _) in configs.items():
+        if run is not None:
+            run._watcher.remove()
+            run.finish(timeout=60)
+    base, watched, every10 = (statistics.median(times[k]) for k in ("plain", "watched", "every10"))
     norms = time_norms(model)
     n_params = len(list(model.parameters()))
     print(f"train step, {n_params} param tensors     : {base * 1e3:7.2f} ms plain, {watched * 1e3:.2f} ms watched+log "
@@ -105,11 +111,38 @@ def bench_ingest(url: str, steps: int = 3000, layers: int = 300) -> None:
           f"{scalars / elapsed:.0f} rows/s)")
 
 
+class ServerProcess:
+    """`gradwatch serve` in its own process, as in real use: the server must not share our GIL."""
+
+    def __init__(self, db: str):
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "gradwatch_server.cli", "serve", "--port",
+                                      str(self.port), "--db", db])
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(self.url + "/healthz", timeout=1).read()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("server did not start")
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        server = BackgroundServer(Settings(port=0, db=f"sqlite:///{tmp}/bench.db")).start()
+        server = ServerProcess(f"sqlite:///{tmp}/bench.db")
         try:
-            print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+            print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; server in its own process")
             bench_log(server.url)
             bench_watch(server.url)
             bench_ingest(server.url)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import math
 import sys
 import threading
 import time
@@ -14,6 +15,12 @@ from .outbox import Outbox, write_run_info
 from .values import Deferred, resolve
 
 MAX_RECORDS_PER_BATCH = 2000
+# The training thread gives up the GIL inside many torch calls; if this thread is busy encoding
+# it keeps the GIL until Python's switch interval (5 ms) forces it out, and the training thread
+# waits that long. Records are serialised one by one (a 300-layer record takes ~0.3 ms; a whole
+# 256-record batch in one json.dumps call held the GIL for ~70 ms) and the GIL is handed back
+# every few records, so the training thread never waits long.
+YIELD_EVERY = 4
 
 
 def ingest_url(server: str) -> str:
@@ -198,22 +205,24 @@ class Sender(threading.Thread):
             while self._queue and len(items) < MAX_RECORDS_PER_BATCH:
                 items.append(self._queue.popleft())
             self._seq += 1
-            message = self._encode(self._seq, items)
-            self.outbox.add(self._seq, protocol.dumps(message).encode())
+            self.outbox.add(self._seq, self._encode(self._seq, items).encode())
             self._done_count += len(items)
 
-    def _encode(self, seq: int, items: list) -> dict:
+    def _encode(self, seq: int, items: list) -> str:
+        """One batch as JSON text, built record by record with the GIL handed back in between."""
         deferred = [d for item in items if item[0] == "rec" for d in _deferred_in(item)]
         resolved = dict(zip(map(id, deferred), resolve(deferred))) if deferred else {}
         records, events, layouts = [], [], {}
-        for item in items:
+        for n, item in enumerate(items):
+            if n % YIELD_EVERY == YIELD_EVERY - 1:
+                time.sleep(0)  # hand the GIL back often: see YIELD_EVERY
             if item[0] == "event":
                 events.append(item[1])
             elif item[0] == "layout":
                 layouts[item[1]] = list(item[2])
             else:
-                records.append(self._encode_record(item, resolved))
-        return protocol.batch(seq, records, layouts, events)
+                records.append(protocol.dumps(self._encode_record(item, resolved)))
+        return protocol.batch_text(seq, records, layouts, events)
 
     def _encode_record(self, item: tuple, resolved: dict) -> dict:
         _, step, wall, scalars, vectors = item
@@ -225,6 +234,9 @@ class Sender(threading.Thread):
         out_vectors = {}
         for key, (value, missing, size) in vectors.items():
             values = resolved[id(value)] if isinstance(value, Deferred) else list(value)
+            if not missing and len(values) == size and math.isfinite(sum(values)):
+                out_vectors[key] = values  # all finite (a NaN/inf would make the sum non-finite): no encoding
+                continue
             full: list = [None] * size
             it = iter(values)
             missing_set = set(missing)

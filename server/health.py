@@ -41,6 +41,7 @@ DEFAULTS: dict[str, float] = {
 }
 
 GRAD_VECTOR = "grad"
+_INF = math.inf
 
 
 @dataclass
@@ -109,8 +110,10 @@ def check_nan_loss(state: dict, obs: Observation, th: dict) -> list[Alert]:
 
 def check_nonfinite_gradients(state: dict, obs: Observation, th: dict) -> list[Alert]:
     """NaN/inf inside gradients, naming the first parameters (input side) affected."""
-    bad = [n for n, v in zip(obs.layers, obs.norms) if v is not None and not math.isfinite(v)]
     g = obs.scalars.get("grad/global_norm")
+    # The global norm is the L2 norm of the layer norms: when it is finite, every layer's is too.
+    bad = [] if g is not None and math.isfinite(g) else [
+        n for n, v in zip(obs.layers, obs.norms) if v is not None and not -_INF < v < _INF]
     if not bad and (g is None or math.isfinite(g)):
         state["open"] = False
         return []
@@ -157,7 +160,13 @@ def _largest_layer(obs: Observation) -> str | None:
 
 def check_vanishing_gradients(state: dict, obs: Observation, th: dict) -> list[Alert]:
     """Early layers' gradient norms orders of magnitude below the late layers', for many steps."""
-    pairs = [(n, v) for n, v in zip(obs.layers, obs.norms) if v is not None and math.isfinite(v) and v > 0]
+    # This runs every step over every layer, so the usual case (all norms positive and finite: a
+    # finite global norm rules out NaN/inf) skips the per-element filter.
+    g = obs.scalars.get("grad/global_norm")
+    if g is not None and math.isfinite(g) and None not in obs.norms and 0.0 not in obs.norms:
+        pairs = list(zip(obs.layers, obs.norms))
+    else:
+        pairs = [(n, v) for n, v in zip(obs.layers, obs.norms) if v and 0 < v < _INF]
     if len(pairs) < 4:
         return []
     quarter = max(1, len(pairs) // 4)

@@ -115,7 +115,7 @@ def apply_batch(conn, state: RunState, message: dict, now: float | None = None) 
     if not isinstance(records, list):
         raise protocol.ProtocolError("batch.records must be a list")
     decoded = [protocol.decode_record(r) for r in records]
-    push = _store_records(conn, state, decoded)
+    push = _store_records(conn, state, decoded, records)
     new_alerts = []
     for step, _wall, scalars, vecs in decoded:
         new_alerts += state.monitor.observe(step, scalars, {k: (state.layouts.get(k), v) for k, v in vecs.items()})
@@ -132,12 +132,13 @@ def apply_batch(conn, state: RunState, message: dict, now: float | None = None) 
     return push
 
 
-def _store_records(conn, state: RunState, decoded: list) -> dict:
+def _store_records(conn, state: RunState, decoded: list, wire: list) -> dict:
+    """Insert a batch's points and vectors, update the rollups; returns the live push for pages."""
     point_rows, vector_rows = [], []
     series: dict = {}
     vec_push: dict = {}
     raw: dict = {}  # key -> one list of values per step, for the rollups
-    for step, wall, scalars, vecs in decoded:
+    for (step, wall, scalars, vecs), record in zip(decoded, wire):
         for key, value in scalars.items():
             point_rows.append({"key_id": _key_id(conn, state, key), "step": step, "wall_time": wall,
                                "value": db.to_db_float(value)})
@@ -158,7 +159,7 @@ def _store_records(conn, state: RunState, decoded: list) -> dict:
             raw.setdefault(key, []).append(values)
             v = vec_push.setdefault(key, {"steps": [], "values": []})
             v["steps"].append(step)
-            v["values"].append([protocol.encode_float(x) for x in values])
+            v["values"].append(record["vectors"][key])  # already in wire form (checked by decode_record)
     if point_rows:
         conn.execute(db.points.insert(), point_rows)
     if vector_rows:

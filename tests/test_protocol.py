@@ -44,3 +44,13 @@ def test_loads_rejects_non_objects():
     for frame in ("[1]", "nope", '{"no": "type"}'):
         with pytest.raises(protocol.ProtocolError):
             protocol.loads(frame)
+
+
+def test_batch_text_equals_dumping_the_whole_batch():
+    records = [{"step": i, "t": 1.5, "scalars": {"loss": protocol.encode_float(v)}}
+               for i, v in enumerate([1.0, float("nan"), float("inf")])]
+    layouts = {"grad": ['odd "records":[] name']}
+    events = [{"type": "status", "status": "running"}]
+    text = protocol.batch_text(7, [protocol.dumps(r) for r in records], layouts, events)
+    assert protocol.loads(text) == protocol.batch(7, records, layouts, events)
+    assert protocol.loads(protocol.batch_text(1, [])) == protocol.batch(1, [])
