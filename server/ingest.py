@@ -22,6 +22,7 @@ class RunState:
     layouts: dict = field(default_factory=dict)
     monitor: health.Monitor | None = None
     last_step: int | None = None
+    last_seq: int = 0  # the last committed batch: the one authority on duplicates and gaps
     rollups: dict = field(default_factory=dict)
 
 
@@ -51,8 +52,9 @@ def load_state(conn, run_id: int) -> RunState:
         state.key_ids[row.key] = row.id
         if row.layers is not None:
             state.layouts[row.key] = json.loads(row.layers)
-    cfg, meta, state.last_step = conn.execute(select(db.runs.c.alert_config, db.runs.c.meta, db.runs.c.last_step)
-                                              .where(db.runs.c.id == run_id)).one()
+    cfg, meta, state.last_step, state.last_seq = conn.execute(
+        select(db.runs.c.alert_config, db.runs.c.meta, db.runs.c.last_step, db.runs.c.last_seq)
+        .where(db.runs.c.id == run_id)).one()
     state.monitor = health.Monitor(health.thresholds(json.loads(cfg or "{}")), meta=json.loads(meta or "{}"))
     _replay_recent(conn, state)
     return state
@@ -128,6 +130,7 @@ def apply_batch(conn, state: RunState, message: dict, now: float | None = None) 
         run_changes["last_step"] = max(steps if state.last_step is None else [*steps, state.last_step])
     conn.execute(update(db.runs).where(db.runs.c.id == state.run_id).values(**run_changes))
     state.last_step = run_changes.get("last_step", state.last_step)
+    state.last_seq = message["seq"]
     push.update(alerts=stored_alerts, status=run_changes.get("status"), last_step=run_changes.get("last_step"))
     return push
 

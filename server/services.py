@@ -56,7 +56,15 @@ class Services:
         return result
 
     async def ingest_batch(self, run_id: int, message: dict) -> dict:
-        push = await asyncio.wrap_future(self.writer.submit(self._apply, run_id, message))
+        """Commit one batch; returns the live push, or {"duplicate": True} / {"expected": n} untouched."""
+        try:
+            push = await asyncio.wrap_future(self.writer.submit(self._apply, run_id, message))
+        except Exception:
+            # The transaction (maybe its commit) failed: the cached state may be ahead of the database.
+            self.writer.submit(lambda _conn: self.states.pop(run_id, None))
+            raise
+        if "duplicate" in push or "expected" in push:
+            return push
         self.hub.publish(run_id, {"type": "points", "run_id": run_id, **push})
         for alert in push["alerts"]:
             self.hub.publish(run_id, {"type": "alert", "alert": alert})
@@ -71,6 +79,12 @@ class Services:
     def _apply(self, conn, run_id: int, message: dict) -> dict:
         state = self.states.get(run_id) or ingest.load_state(conn, run_id)
         self.states[run_id] = state
+        # Checked here, on the one writer thread, not per connection: after a reconnect the old and
+        # the new connection of a run may both hold the same batch, and only one may store it.
+        if message["seq"] <= state.last_seq:
+            return {"duplicate": True}
+        if message["seq"] != state.last_seq + 1:
+            return {"expected": state.last_seq + 1}
         try:
             return ingest.apply_batch(conn, state, message)
         except BaseException:

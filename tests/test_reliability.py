@@ -105,3 +105,30 @@ def test_log_never_blocks_when_server_is_unreachable(tmp_path):
     elapsed = time.perf_counter() - start
     run.finish(timeout=0.5)
     assert elapsed < 2.0  # generous: this guards against blocking, the benchmark measures speed
+
+
+def test_two_connections_of_one_run_cannot_store_a_batch_twice(server, api):
+    """A reconnect can leave the old connection alive with the same unacked batch: one copy is stored."""
+    from websockets.sync.client import connect
+
+    from gradwatch import protocol
+
+    url = server.url.replace("http", "ws") + protocol.INGEST_PATH
+    hello = protocol.dumps(protocol.hello({"uid": "twice", "project": "rel", "name": "twice"}))
+    old, new = connect(url), connect(url)
+    for ws in (old, new):
+        ws.send(hello)
+        assert protocol.loads(ws.recv(timeout=10))["acked_seq"] == 0
+    batch = protocol.dumps(protocol.batch(1, [{"step": s, "t": 1.0, "scalars": {"loss": float(s)}} for s in range(50)]))
+    old.send(batch)
+    new.send(batch)
+    replies = [protocol.loads(ws.recv(timeout=10)) for ws in (old, new)]
+    assert replies == [{"type": "ack", "seq": 1}] * 2
+    # The old connection, behind now, gets a nack pointing past what the new one committed.
+    new.send(protocol.dumps(protocol.batch(2, [{"step": 50, "t": 1.0, "scalars": {"loss": 50.0}}])))
+    assert protocol.loads(new.recv(timeout=10)) == {"type": "ack", "seq": 2}
+    old.send(protocol.dumps(protocol.batch(2, [{"step": 50, "t": 1.0, "scalars": {"loss": 50.0}}])))
+    assert protocol.loads(old.recv(timeout=10)) == {"type": "ack", "seq": 2}
+    old.close()
+    new.close()
+    assert api.get("/api/runs/1/series?key=loss")["steps"] == list(range(51))

@@ -47,7 +47,11 @@ async def ingest(ws: WebSocket) -> None:
             if seq != last_seq + 1:
                 await ws.send_text(protocol.dumps({"type": "nack", "expected": last_seq + 1}))
                 continue
-            await services.ingest_batch(run_id, message)
+            result = await services.ingest_batch(run_id, message)
+            if "expected" in result:  # another connection of this run moved on meanwhile
+                last_seq = result["expected"] - 1
+                await ws.send_text(protocol.dumps({"type": "nack", "expected": result["expected"]}))
+                continue
             last_seq = seq
             await ws.send_text(protocol.dumps({"type": "ack", "seq": seq}))
     except WebSocketDisconnect:
