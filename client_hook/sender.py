@@ -60,6 +60,7 @@ class Sender(threading.Thread):
         self._done_count = 0
         self._stopping = threading.Event()
         self._wake = threading.Event()
+        self._drain_lock = threading.Lock()
         self._idle = threading.Condition()
         self.run_id: int | None = None
         self.fatal_error: str | None = None
@@ -200,6 +201,10 @@ class Sender(threading.Thread):
 
     def _drain(self) -> None:
         """Move queued items into numbered batches in the outbox."""
+        with self._drain_lock:  # close() may drain from the caller's thread while this one still runs
+            self._drain_locked()
+
+    def _drain_locked(self) -> None:
         while self._queue:
             items = []
             while self._queue and len(items) < MAX_RECORDS_PER_BATCH:

@@ -26,15 +26,18 @@ def _worker(url, name, steps, *extra):
 @pytest.mark.slow
 def test_concurrent_training_processes_each_keep_every_point(server, api):
     procs = [_worker(server.url, f"job-{i}", 300) for i in range(6)]
+    errors = []
     for p in procs:
-        out, err = p.communicate(timeout=240)
+        _, err = p.communicate(timeout=240)
         assert p.returncode == 0, err
+        errors.append(err)
     runs = {r["name"]: r for r in api.get("/api/runs")}
     assert sorted(runs) == [f"job-{i}" for i in range(6)]
     for run in runs.values():
         assert run["status"] == "finished" and run["last_step"] == 299
         series = api.get(f"/api/runs/{run['id']}/series?key=step_seen")
-        assert series["steps"] == list(range(300)) and series["values"] == [float(i) for i in range(300)]
+        assert series["steps"] == list(range(300)), errors  # the workers' stderr says if they reconnected
+        assert series["values"] == [float(i) for i in range(300)]
         assert api.get(f"/api/runs/{run['id']}/heatmap?max_steps=1000")["steps"] == list(range(300))
 
 
