@@ -88,7 +88,8 @@ class Watcher:
         scalars.update(self._learning_rates())
         scalars.update(self._memory())
         step = self.run._current_step()
-        if step - self._last_breakdown_step >= 100:
+        # Every 100 steps, and on the second capture too: optimizer state only exists after a step.
+        if step - self._last_breakdown_step >= 100 or self._calls == 2:
             self._last_breakdown_step = step
             scalars.update(self.memory_breakdown())
         self.run._put_record(step, scalars, vectors)
