@@ -1,7 +1,9 @@
 // Live line charts: traces per key, NaN/inf drawn as markers, alert lines, appends via extendTraces.
 "use strict";
 
-// A line chart bound to a set of keys of one or more series stores.
+// A line chart bound to a set of keys of one or more series stores. Traces are SVG "scatter",
+// not WebGL: every series is capped at ~8000 points (server envelope, live compaction), SVG is
+// fast enough there, and browsers allow only a few WebGL contexts per page (compare can have many charts).
 class LiveChart {
   constructor(div, opts) {
     this.div = div; this.opts = opts; this.traceOf = {}; this.pending = {}; this.drawn = false;
@@ -26,11 +28,11 @@ class LiveChart {
       const y = s.values.map((v) => (isFinite(v) ? v : null));
       const idx = { raw: traces.length };
       const smooth = this.opts.smoothing && this.opts.smoothing() > 0;
-      traces.push({ x, y, type: "scattergl", mode: "lines", name: label, connectgaps: false,
+      traces.push({ x, y, type: "scatter", mode: "lines", name: label, connectgaps: false,
         line: { width: smooth ? 1 : 1.6, color }, opacity: smooth ? 0.35 : 1, showlegend: !smooth });
       if (smooth) {
         idx.smooth = traces.length;
-        traces.push({ x, y: GW.ema(s.values, this.opts.smoothing()), type: "scattergl", mode: "lines",
+        traces.push({ x, y: GW.ema(s.values, this.opts.smoothing()), type: "scatter", mode: "lines",
           name: label, line: { width: 2, color } });
       }
       this.traceOf[label] = idx;

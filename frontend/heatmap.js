@@ -45,7 +45,8 @@ class LiveHeatmap {
       }
     });
     if (this.cols.length > 2 * this.maxCols) this.coarsen();
-    if (!this.timer) this.timer = setTimeout(() => { this.timer = null; if (!this.zoomed) this.draw(); }, 400);
+    // At most one redraw per 500 ms, or 4x the last redraw's cost when that is more.
+    if (!this.timer) this.timer = setTimeout(() => { this.timer = null; if (!this.zoomed) this.draw(); }, Math.max(500, 4 * (this.drawMs || 0)));
   }
 
   // Twice the bucket width, half the columns (keeps memory and redraw cost flat on long runs).
@@ -60,22 +61,25 @@ class LiveHeatmap {
   }
 
   draw(range) {
-    const z = this.layers.map(() => []), zero = this.layers.map(() => []), text = this.layers.map(() => []), bad = { x: [], y: [], text: [] };
+    const started = performance.now();
+    const z = this.layers.map(() => []), zero = this.layers.map(() => []), bad = { x: [], y: [], text: [] };
+    const span = this.bucket > 1 ? " (+" + (this.bucket - 1) + " steps)" : "";
     this.cols.forEach((col, i) => col.forEach((v, j) => {
       z[j].push(v === null || !isFinite(v) || v <= 0 ? null : Math.log10(v));
       zero[j].push(v === 0 ? 1 : null);  // exactly zero (dead or disconnected) is grey, not blank like "no grad"
-      const where = this.layers[j] + " @ " + this.steps[i] + (this.bucket > 1 ? "+" + (this.bucket - 1) : "");
-      text[j].push(where + ": " + (v === null ? "no grad (None)" : GW.fmtNum(v)));
-      if (v !== null && !isFinite(v)) { bad.x.push(this.steps[i]); bad.y.push(this.layers[j]); bad.text.push(where + ": " + GW.fmtNum(v)); }
+      if (v !== null && !isFinite(v)) { bad.x.push(this.steps[i]); bad.y.push(this.layers[j]); bad.text.push(this.layers[j] + " @ " + this.steps[i] + span + ": " + GW.fmtNum(v)); }
     }));
-    const traces = [{ type: "heatmap", x: this.steps, y: this.layers, z, text, hoverinfo: "text", colorscale: "Viridis", colorbar: { title: { text: "log10" } } },
-      { type: "heatmap", x: this.steps, y: this.layers, z: zero, text, hoverinfo: "text", showscale: false, colorscale: [[0, "#98a2b3"], [1, "#98a2b3"]] },
+    // Hover text comes from templates, not one string per cell: that kept redraws of big matrices slow.
+    const traces = [{ type: "heatmap", x: this.steps, y: this.layers, z, colorscale: "Viridis", colorbar: { title: { text: "log10" } },
+        hovertemplate: "%{y} @ step %{x}" + span + "<br>norm 10^%{z:.2f}<extra></extra>" },
+      { type: "heatmap", x: this.steps, y: this.layers, z: zero, showscale: false, colorscale: [[0, "#98a2b3"], [1, "#98a2b3"]],
+        hovertemplate: "%{y} @ step %{x}" + span + "<br>exactly 0<extra></extra>" },
       { type: "scatter", mode: "markers", x: bad.x, y: bad.y, text: bad.text, hoverinfo: "text", marker: { symbol: "x", color: "#d92d20", size: 8 }, name: "NaN / inf", showlegend: false }];
     const xaxis = range ? { range: [range[0], range[1]] } : { autorange: true };
     this.ignore = true;
     Plotly.react(this.div, traces, GW.plotLayout({ showlegend: false, margin: { l: 160, r: 16, t: 8, b: 36 }, xaxis: Object.assign(GW.plotLayout().xaxis, xaxis),
       yaxis: { autorange: "reversed", type: "category", automargin: true } }), { responsive: true, displaylogo: false })
-      .then(() => { this.ignore = false; this.listen(); });
+      .then(() => { this.ignore = false; this.listen(); this.drawMs = performance.now() - started; });
   }
 
   // Drag-zoom on the heatmap fetches that step range at full detail; double-click goes back to live.

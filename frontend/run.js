@@ -137,8 +137,11 @@ function onLive(msg) {
   } else if (msg.type === "resync") load();
 }
 
-let flushTimer = null;
-function scheduleFlush() { if (!flushTimer) flushTimer = setTimeout(() => requestAnimationFrame(flush), 150); }
+// Redraws are throttled to one per 150 ms, or further when a redraw is slow (big runs, slow
+// machines): the wait is 3x the last redraw, so chart updates never take over the page.
+let flushTimer = null, lastFlushMs = 0;
+function scheduleFlush() { if (!flushTimer) flushTimer = setTimeout(() => requestAnimationFrame(timedFlush), Math.max(150, 3 * lastFlushMs)); }
+function timedFlush() { const t = performance.now(); flush(); lastFlushMs = performance.now() - t; }
 function flush() {
   flushTimer = null;
   const fresh = S.dirty; S.dirty = {};
