@@ -7,7 +7,15 @@
 class LiveChart {
   constructor(div, opts) {
     this.div = div; this.opts = opts; this.traceOf = {}; this.pending = {}; this.drawn = false;
-    this.shapes = [];
+    this.shapes = []; this.visible = true; this.stale = false;
+    // A live redraw costs tens of ms per chart: charts scrolled out of view skip them and redraw
+    // once when they come back (opts.redraw supplies the current data).
+    if (opts.redraw && "IntersectionObserver" in window) {
+      new IntersectionObserver((seen) => {
+        this.visible = seen[seen.length - 1].isIntersecting;
+        if (this.visible && this.stale) { this.stale = false; opts.redraw(); }
+      }).observe(div);
+    }
   }
 
   xOf(s, i, mode) {
@@ -64,6 +72,7 @@ class LiveChart {
 
   // Append new points (already pushed into the stores) without redrawing everything.
   extend(entries, fresh, mode) {
+    if (!this.visible && this.drawn) { this.stale = true; return; }
     if (!this.drawn || mode !== this.mode || entries.map((e) => e.label).join("|") !== this.labels) return this.render(entries, mode);
     const update = { x: [], y: [] }, indices = [];
     const nan = { x: [], y: [], text: [] };

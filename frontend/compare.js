@@ -42,7 +42,7 @@ function addPanel(key) {
   $("panels").append(card);
   const pn = { key, select, div, card, series: {}, fresh: {}, buffer: [], loading: true, timer: null,
     chart: new LiveChart(div, { t0: () => 0, smoothing: () => Number($("smoothing").value), log: () => $("log").checked,
-      empty: "None of these runs logged this metric." }) };
+      empty: "None of these runs logged this metric.", redraw: () => pn.chart.render(entries(pn), mode()) }) };
   pn.chart.xOf = (s, i, m) => (m === "step" ? s.steps[i] : m === "wall" ? new Date(s.walls[i] * 1000) : s.walls[i] - s.t0);
   select.value = key;
   select.addEventListener("change", () => { pn.key = select.value; draw(pn); });

@@ -17,7 +17,9 @@ const CHARTS = {
   memory: { keys: (ks) => ks.filter((k) => k.startsWith("memory/cuda_") || k === "memory/rss"), bytes: true, log: () => $("memory-log").checked, empty: WATCH_HINT("memory") },
   other: { keys: () => ($("other-key").value ? [$("other-key").value] : []), log: () => $("other-log").checked, empty: "No metrics logged yet." },
 };
-for (const [name, c] of Object.entries(CHARTS)) c.chart = new LiveChart($("chart-" + name), Object.assign({ t0: () => S.t0 }, c));
+for (const [name, c] of Object.entries(CHARTS)) {
+  c.chart = new LiveChart($("chart-" + name), Object.assign({ t0: () => S.t0, redraw: () => c.chart.render(entriesFor(c), xMode()) }, c));
+}
 
 const xMode = () => $("x-mode").value;
 const entriesFor = (c) => c.keys(S.keys).filter((k) => S.series[k]).map((k) => ({ label: k, series: S.series[k] }));

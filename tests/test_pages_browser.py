@@ -96,3 +96,28 @@ def test_runs_list_renders_user_data_as_text(server, page, api):
     assert page.locator("#config dt").first.inner_text() == "<script>"
     assert page.evaluate("() => window.pwned") is None
     assert not page.js_errors
+
+
+def test_charts_out_of_view_skip_live_redraws_and_catch_up(server, page):
+    stop = threading.Event()
+    t = threading.Thread(target=_train_slowly, args=(server.url, 600, stop))
+    t.start()
+    length = "(id) => document.getElementById(id).data[0].x.length"
+    try:
+        for _ in range(100):
+            time.sleep(0.05)
+            if server.services.read(lambda c: c.exec_driver_sql("select count(*) from runs").scalar()):
+                break
+        page.goto(server.url + "/runs/1")
+        page.wait_for_function("() => { const d = document.getElementById('chart-other').data; return d && d[0].x.length; }",
+                               timeout=15000)
+        assert page.evaluate("() => window.scrollY") == 0  # the "any metric" chart is below the fold
+        other, loss = page.evaluate(length, "chart-other"), page.evaluate(length, "chart-loss")
+        page.wait_for_function(f"() => ({length})('chart-loss') > {loss + 40}", timeout=15000)
+        assert page.evaluate(length, "chart-other") == other  # not redrawn while out of view
+        page.locator("#chart-other").scroll_into_view_if_needed()
+        page.wait_for_function(f"() => ({length})('chart-other') > {other + 40}", timeout=15000)
+    finally:
+        stop.set()
+        t.join()
+    assert not page.js_errors
