@@ -7,7 +7,15 @@ const heatMax = (a, b) => { const ra = heatRank(a), rb = heatRank(b); return ra 
 
 class LiveHeatmap {
   constructor(div, runId, key, maxCols = 400) {
-    Object.assign(this, { div, runId, key, maxCols, layers: [], steps: [], cols: [], bucket: 1, zoomed: null, timer: null });
+    Object.assign(this, { div, runId, key, maxCols, layers: [], steps: [], cols: [], bucket: 1, zoomed: null, timer: null,
+      visible: true, stale: false });
+    // Like the line charts: no live redraws while scrolled out of view, one when it comes back.
+    if ("IntersectionObserver" in window) {
+      new IntersectionObserver((seen) => {
+        this.visible = seen[seen.length - 1].isIntersecting;
+        if (this.visible && this.stale && !this.zoomed) { this.stale = false; this.draw(); }
+      }).observe(div);
+    }
   }
 
   // Full fetch: the whole run, or the zoomed step range at full detail.
@@ -46,7 +54,13 @@ class LiveHeatmap {
     });
     if (this.cols.length > 2 * this.maxCols) this.coarsen();
     // At most one redraw per 500 ms, or 4x the last redraw's cost when that is more.
-    if (!this.timer) this.timer = setTimeout(() => { this.timer = null; if (!this.zoomed) this.draw(); }, Math.max(500, 4 * (this.drawMs || 0)));
+    if (!this.timer) {
+      this.timer = setTimeout(() => {
+        this.timer = null;
+        if (this.zoomed) return;
+        if (this.visible) this.draw(); else this.stale = true;
+      }, Math.max(500, 4 * (this.drawMs || 0)));
+    }
   }
 
   // Twice the bucket width, half the columns (keeps memory and redraw cost flat on long runs).
