@@ -156,5 +156,6 @@ def decode_record(record: Any) -> tuple[int, float, dict, dict]:
 def check_key(key: Any) -> str:
     """Metric keys are non-empty strings of at most 256 characters."""
     if not isinstance(key, str) or not key or len(key) > 256:
-        raise ProtocolError(f"metric key must be a non-empty string of <= 256 chars, got {key!r}")
+        shown = repr(key) if not isinstance(key, str) or len(key) <= 60 else f"{key[:40]!r}... ({len(key)} chars)"
+        raise ProtocolError(f"metric key must be a non-empty string of <= 256 chars, got {shown}")
     return key

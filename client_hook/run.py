@@ -192,7 +192,8 @@ class Run:
                     is_loss = self._key_is_loss[key] = protocol.is_loss_key(protocol.check_key(key))
                 scalars[key] = to_value(value)
             except (TypeError, ValueError, protocol.ProtocolError) as exc:
-                self._warn_once(f"key:{key}", f"gradwatch: not logging {key!r}: {exc}")
+                shown = repr(key) if len(repr(key)) <= 60 else repr(key)[:40] + "..."
+                self._warn_once(f"key:{key}", f"gradwatch: not logging {shown}: {exc}")
                 continue
             if is_loss and isinstance(scalars[key], float):
                 self._check_loss(step, key, scalars[key])
