@@ -7,7 +7,11 @@ JSON and NaN/inf arrive exactly. A vector slot that is JSON ``null`` means "no v
 
 Conversation (client -> server unless marked):
 
-1. ``hello``   {"type": "hello", "protocol": 1, "run": {uid, project, name, config, meta, alerts}}
+1. ``hello``   {"type": "hello", "protocol": 1, "run": {uid, project, name, config, meta, alerts},
+   "resume_from": n, "layouts": {...}} (both optional: the oldest batch the client still holds
+   - when the server has committed less than n - 1, those batches are gone for good and it
+   carries on from n, with a ``data_gap`` alert - and every vector layout sent so far, which the
+   server takes for vector keys it does not know)
 2. ``welcome`` (server) {"type": "welcome", "protocol": 1, "run_id": int, "acked_seq": int}
    ``acked_seq`` is the last batch the server has committed for this run uid; the client
    forgets batches up to it and resends the rest, in order.
@@ -90,9 +94,18 @@ def loads(text: str | bytes) -> dict:
     return message
 
 
-def hello(run: dict) -> dict:
-    """The first message of a connection."""
-    return {"type": "hello", "protocol": PROTOCOL_VERSION, "run": run}
+def hello(run: dict, resume_from: int | None = None, layouts: dict | None = None) -> dict:
+    """The first message of a connection.
+
+    ``resume_from``: the oldest batch the client still holds; ``layouts``: every vector layout it
+    has sent, so a server that lost the batch that carried one can still take the vectors.
+    """
+    msg = {"type": "hello", "protocol": PROTOCOL_VERSION, "run": run}
+    if resume_from is not None:
+        msg["resume_from"] = resume_from
+    if layouts:
+        msg["layouts"] = layouts
+    return msg
 
 
 def batch(seq: int, records: list, layouts: dict | None = None, events: list | None = None) -> dict:

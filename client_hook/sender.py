@@ -53,7 +53,7 @@ class Sender(threading.Thread):
         self.outbox = outbox or Outbox(spool_dir, max_memory_bytes)
         self._queue: collections.deque = collections.deque()
         self._seq = max(self.outbox.seqs_from(0), default=0)
-        self._layouts: dict[str, list[str]] = {}
+        self._layouts: dict[str, list[str]] = {}  # every vector layout sent so far (repeated in each hello)
         self._acked = 0
         self._sent_upto = 0
         self._put_count = 0
@@ -147,7 +147,8 @@ class Sender(threading.Thread):
         except Exception:
             return None
         try:
-            conn.send(protocol.dumps(protocol.hello(self.run_info)))
+            conn.send(protocol.dumps(protocol.hello(self.run_info, resume_from=self.outbox.first(),
+                                                    layouts=self._layouts)))
             reply = protocol.loads(conn.recv(timeout=10))
         except Exception:
             return self._drop(conn)
@@ -224,7 +225,7 @@ class Sender(threading.Thread):
             if item[0] == "event":
                 events.append(item[1])
             elif item[0] == "layout":
-                layouts[item[1]] = list(item[2])
+                layouts[item[1]] = self._layouts[item[1]] = list(item[2])
             else:
                 records.append(protocol.dumps(self._encode_record(item, resolved)))
         return protocol.batch_text(seq, records, layouts, events)

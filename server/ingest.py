@@ -26,7 +26,8 @@ class RunState:
     rollups: dict = field(default_factory=dict)
 
 
-def open_run(conn, info: dict, server_alerts: dict, now: float | None = None) -> dict:
+def open_run(conn, info: dict, server_alerts: dict, now: float | None = None,
+             resume_from: int | None = None) -> dict:
     """Create the run for a hello, or resume it (reconnect); returns run_id and acked_seq."""
     now = now or time.time()
     row = conn.execute(select(db.runs.c.id, db.runs.c.last_seq, db.runs.c.status)
@@ -34,7 +35,42 @@ def open_run(conn, info: dict, server_alerts: dict, now: float | None = None) ->
     if row is not None:
         if row.status == "crashed":
             conn.execute(update(db.runs).where(db.runs.c.id == row.id).values(status="running", updated_at=now))
-        return {"run_id": row.id, "acked_seq": row.last_seq, "created": False}
+        out = {"run_id": row.id, "acked_seq": row.last_seq, "created": False}
+    else:
+        out = _create_run(conn, info, server_alerts, now)
+    if resume_from is not None and resume_from > out["acked_seq"] + 1:
+        _skip_lost_batches(conn, out, resume_from, now)
+    return out
+
+
+def _skip_lost_batches(conn, opened: dict, resume_from: int, now: float) -> None:
+    """The client no longer holds batches this database never got (acked by a server whose data is
+    gone): say so in an alert and carry on from what it has, instead of refusing it forever."""
+    first_lost, last_lost = opened["acked_seq"] + 1, resume_from - 1
+    conn.execute(update(db.runs).where(db.runs.c.id == opened["run_id"]).values(last_seq=last_lost, updated_at=now))
+    insert_alert(conn, opened["run_id"], health.Alert(
+        "data_gap", None, float(last_lost - first_lost + 1), "warning", message=(
+            f"Batches {first_lost}-{last_lost} of this run were acknowledged earlier by a server that no longer has "
+            "them (was the database replaced or restored from a backup?). Everything the training process still "
+            "held is stored from here on.")), now)
+    opened.update(acked_seq=last_lost, skipped=last_lost - first_lost + 1)
+
+
+def ensure_layouts(conn, run_id: int, layouts: dict) -> list[str]:
+    """Create the vector keys a hello names that this run does not have yet; returns them."""
+    known = {r.key for r in conn.execute(select(db.metric_keys.c.key).where(db.metric_keys.c.run_id == run_id))}
+    added = []
+    for key, names in layouts.items():
+        protocol.check_key(key)
+        if not isinstance(names, list):
+            raise protocol.ProtocolError(f"layout of {key!r} must be a list of names")
+        if key not in known:
+            conn.execute(db.metric_keys.insert().values(run_id=run_id, key=key, layers=json.dumps([str(n) for n in names])))
+            added.append(key)
+    return added
+
+
+def _create_run(conn, info: dict, server_alerts: dict, now: float) -> dict:
     alerts = info.get("alerts") if isinstance(info.get("alerts"), dict) else {}
     result = conn.execute(db.runs.insert().values(
         uid=info["uid"], project=str(info.get("project") or "default")[:200],

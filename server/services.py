@@ -49,10 +49,16 @@ class Services:
         self.engine.dispose()
 
     # -- ingest (called by the websocket route) ------------------------------------------
-    async def open_run(self, info: dict) -> dict:
-        result = await asyncio.wrap_future(
-            self.writer.submit(ingest.open_run, info, self.settings.alert_overrides))
+    async def open_run(self, info: dict, resume_from: int | None = None, layouts: dict | None = None) -> dict:
+        result = await asyncio.wrap_future(self.writer.submit(self._open, info, resume_from, layouts))
         self._publish_run(result["run_id"])
+        return result
+
+    def _open(self, conn, info: dict, resume_from: int | None, layouts: dict | None) -> dict:
+        result = ingest.open_run(conn, info, self.settings.alert_overrides, resume_from=resume_from)
+        added = ingest.ensure_layouts(conn, result["run_id"], layouts or {})
+        if result.get("skipped") or added:
+            self.states.pop(result["run_id"], None)  # its cached seq / keys are behind the database now
         return result
 
     async def ingest_batch(self, run_id: int, message: dict) -> dict:

@@ -132,3 +132,42 @@ def test_two_connections_of_one_run_cannot_store_a_batch_twice(server, api):
     old.close()
     new.close()
     assert api.get("/api/runs/1/series?key=loss")["steps"] == list(range(51))
+
+
+def test_server_with_a_fresh_database_takes_the_rest_of_the_run(settings, tmp_path):
+    """Batches acked by a server whose database is gone can't come back; everything after them must."""
+    import torch
+
+    from training import mlp
+
+    port = free_port()
+    first = BackgroundServer(dataclasses.replace(settings, port=port)).start()
+    run = gradwatch.init(project="rel", name="db-replaced", server=first.url, flush_interval=0.05)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run.watch(model, opt)
+
+    def steps(n):
+        for _ in range(n):
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            run.log({"loss": loss})
+
+    steps(50)
+    assert run._sender.flush(10)
+    first.stop()
+    steps(50)  # held by the client while no server answers
+    fresh = dataclasses.replace(settings, port=port, db=f"sqlite:///{tmp_path / 'fresh.db'}")
+    second = BackgroundServer(fresh).start()
+    try:
+        run.finish(timeout=30)
+        api = Api(second.url)
+        assert api.get("/api/runs/1/series?key=loss")["steps"] == list(range(50, 100))
+        assert api.get("/api/runs/1/heatmap")["layers"][0] == "0.weight"  # the layout came with the hello
+        gap = [a for a in api.get("/api/runs/1/alerts") if a["kind"] == "data_gap"]
+        assert len(gap) == 1 and "acknowledged earlier" in gap[0]["message"]
+        assert api.get("/api/runs/1")["status"] == "finished"
+    finally:
+        second.stop()

@@ -30,7 +30,14 @@ async def ingest(ws: WebSocket) -> None:
         return
     except WebSocketDisconnect:
         return
-    opened = await services.open_run(info)
+    resume = hello.get("resume_from")
+    resume = resume if isinstance(resume, int) and not isinstance(resume, bool) else None
+    layouts = hello.get("layouts") if isinstance(hello.get("layouts"), dict) else None
+    try:
+        opened = await services.open_run(info, resume, layouts)
+    except protocol.ProtocolError as exc:
+        await _refuse(ws, str(exc), protocol.CLOSE_BAD_MESSAGE)
+        return
     run_id, last_seq = opened["run_id"], opened["acked_seq"]
     services.connected[run_id] += 1
     try:
