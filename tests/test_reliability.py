@@ -115,7 +115,14 @@ def test_two_connections_of_one_run_cannot_store_a_batch_twice(server, api):
 
     url = server.url.replace("http", "ws") + protocol.INGEST_PATH
     hello = protocol.dumps(protocol.hello({"uid": "twice", "project": "rel", "name": "twice"}))
-    old, new = connect(url), connect(url)
+    with connect(url) as old, connect(url) as new:
+        _two_connections(old, new, hello)
+    assert api.get("/api/runs/1/series?key=loss")["steps"] == list(range(51))
+
+
+def _two_connections(old, new, hello):
+    from gradwatch import protocol
+
     for ws in (old, new):
         ws.send(hello)
         assert protocol.loads(ws.recv(timeout=10))["acked_seq"] == 0
@@ -129,9 +136,6 @@ def test_two_connections_of_one_run_cannot_store_a_batch_twice(server, api):
     assert protocol.loads(new.recv(timeout=10)) == {"type": "ack", "seq": 2}
     old.send(protocol.dumps(protocol.batch(2, [{"step": 50, "t": 1.0, "scalars": {"loss": 50.0}}])))
     assert protocol.loads(old.recv(timeout=10)) == {"type": "ack", "seq": 2}
-    old.close()
-    new.close()
-    assert api.get("/api/runs/1/series?key=loss")["steps"] == list(range(51))
 
 
 def test_server_with_a_fresh_database_takes_the_rest_of_the_run(settings, tmp_path):
