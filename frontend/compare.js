@@ -29,7 +29,13 @@ async function load() {
   const wanted = (params.get("keys") || params.get("key") || "").split(",").filter((k) => C.keys.includes(k));
   const first = C.keys.includes("loss") ? "loss" : C.keys[0];
   for (const key of wanted.length ? wanted : first ? [first] : []) addPanel(key);
-  for (const r of C.runs) GW.live("/ws/runs/" + r.id, (msg) => { for (const pn of C.panels) onLive(pn, r.id, msg); });
+  // After a reconnect (server restart, network blip) points may have been missed: refetch then.
+  let opens = 0;
+  const resync = () => { if (++opens > C.runs.length) for (const pn of C.panels) draw(pn); };
+  for (const r of C.runs) GW.live("/ws/runs/" + r.id, (msg) => {
+    if (msg.type === "resync") { for (const pn of C.panels) draw(pn); return; }  // the page fell behind
+    for (const pn of C.panels) onLive(pn, r.id, msg);
+  }, resync);
 }
 
 // One chart: a metric picker, a remove button and a LiveChart holding one trace per run.

@@ -241,3 +241,33 @@ def test_long_live_session_stays_bounded_and_keeps_the_spike(server, page, api):
     }""")
     assert kept == {"n": kept["n"], "spike": 1e9, "dip": -5, "nan": True, "first": 0, "last": 49_999} and kept["n"] <= 420
     assert not page.js_errors
+
+
+def test_compare_page_catches_up_after_a_server_restart(settings, browser, tmp_path):
+    """Points logged while the page's websockets were down are refetched when they reconnect."""
+    import dataclasses
+
+    from test_reliability import free_port
+
+    from gradwatch_server.serve import BackgroundServer
+
+    cfg = dataclasses.replace(settings, port=free_port())
+    srv = BackgroundServer(cfg).start()
+    run = gradwatch.init(project="dash", name="restarts", server=srv.url, flush_interval=0.05)
+    for step in range(20):
+        run.log({"loss": 1.0}, step=step)
+    assert run._sender.flush(10)
+    page = browser.new_page()
+    try:
+        page.goto(srv.url + "/compare?ids=1&keys=loss")
+        page.wait_for_function("() => { const e = document.getElementById('chart-0'); return e && e.data && e.data[0].x.length === 20; }")
+        srv.stop()
+        for step in range(20, 60):
+            run.log({"loss": 2.0}, step=step)
+        srv = BackgroundServer(cfg).start()
+        assert run._sender.flush(20)
+        page.wait_for_function("() => document.getElementById('chart-0').data[0].x.length === 60", timeout=30000)
+    finally:
+        run.finish(timeout=10)
+        page.close()
+        srv.stop()
