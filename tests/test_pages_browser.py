@@ -121,3 +121,31 @@ def test_charts_out_of_view_skip_live_redraws_and_catch_up(server, page):
         stop.set()
         t.join()
     assert not page.js_errors
+
+
+def test_background_tab_gets_a_browser_notification_for_an_alert(server, browser):
+    context = browser.new_context()
+    # Headless Chromium has no notification centre: record what the page asks it to show, and
+    # pretend the tab is in the background (the only time the page notifies).
+    context.add_init_script("""
+        window.__notes = [];
+        window.Notification = class { constructor(title, o) { window.__notes.push([title, o.body]); } };
+        window.Notification.permission = "granted";
+        window.Notification.requestPermission = () => Promise.resolve("granted");
+        Object.defineProperty(document, "hidden", { get: () => true });""")
+    page = context.new_page()
+    try:
+        stop = threading.Event()
+        t = threading.Thread(target=_train_slowly, args=(server.url, 80, stop, "bg-run", 40))
+        t.start()
+        for _ in range(100):
+            time.sleep(0.05)
+            if server.services.read(lambda c: c.exec_driver_sql("select count(*) from runs").scalar()):
+                break
+        page.goto(server.url + "/runs/1")
+        page.wait_for_function("() => window.__notes.length > 0", timeout=20000)
+        t.join()
+        title, body = page.evaluate("() => window.__notes[0]")
+        assert title == "gradwatch: nan_loss in bg-run" and "step 40" in body
+    finally:
+        context.close()
