@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 
 from . import db
 
@@ -58,9 +58,13 @@ def summarise(steps: np.ndarray, values: np.ndarray, present: np.ndarray, groups
     return groups[starts], np.diff(np.r_[starts, k]), out
 
 
-def merge(block: Block, data: np.ndarray, n: int) -> None:
-    """Fold a newer summary of the same block into ``block`` (the earlier point wins a tie)."""
+def merge(block: Block, data: np.ndarray, n: int) -> bool:
+    """Fold a newer summary of the same block into ``block`` (the earlier point wins a tie).
+
+    Returns whether the summary changed (not just its point count).
+    """
     d = block.data
+    before = d.copy()
     for v_row, s_row, better in ((MIN_V, MIN_S, np.less), (MAX_V, MAX_S, np.greater)):
         take = better(data[v_row], d[v_row]) | ((data[v_row] == d[v_row]) & (data[s_row] != NONE)
                                                  & ((d[s_row] == NONE) | (data[s_row] < d[s_row])))
@@ -70,29 +74,59 @@ def merge(block: Block, data: np.ndarray, n: int) -> None:
         take = (data[row] != NONE) & ((d[row] == NONE) | (data[row] < d[row]))
         d[row] = np.where(take, data[row], d[row])
     block.n += n
+    return not np.array_equal(before, d, equal_nan=True)
 
 
 def update_rollups(conn, cache: dict, key_id: int, steps: list[int], values: list[list]) -> None:
     """Fold one batch of a key (values: one list per step; None = no value) into every level."""
     if not steps:
         return
+    st, vals, present = _arrays(steps, values)
+    # A live batch (~20 steps) usually falls inside one block of every level but the finest: one
+    # summary of the whole batch serves all of those; only levels it straddles are cut per block.
+    whole = summarise(st, vals, present, np.zeros(len(st), dtype=np.int64))
+    inserts, updates, counts = [], [], []
+    for level in LEVELS:
+        first, last = int(st[0] // level), int(st[-1] // level)
+        if first == last:
+            parts = [(first, int(whole[1][0]), whole[2][0])]
+        else:
+            ids, ns, sums = summarise(st, vals, present, (st // level).astype(np.int64))
+            parts = zip(ids.tolist(), ns.tolist(), sums)
+        for b, n, data in parts:
+            block = _cached(conn, cache, key_id, level, int(b), vals.shape[1])
+            changed = merge(block, data, int(n))
+            row = {"k": key_id, "lv": level, "b": int(b), "n": block.n}
+            if not block.stored:
+                inserts.append({"key_id": key_id, "level": level, "block": int(b), "n": block.n, "data": encode(block.data)})
+                block.stored = True
+            elif changed:
+                updates.append({**row, "d": encode(block.data)})
+            else:
+                counts.append(row)  # same extremes, more points: rewrite the count, not the summary
+    if inserts:
+        conn.execute(db.rollups.insert(), inserts)
+    if updates:
+        conn.execute(_UPDATE.values(n=bindparam("n"), data=bindparam("d")), updates)
+    if counts:
+        conn.execute(_UPDATE.values(n=bindparam("n")), counts)
+
+
+_UPDATE = update(db.rollups).where(db.rollups.c.key_id == bindparam("k"), db.rollups.c.level == bindparam("lv"),
+                                   db.rollups.c.block == bindparam("b"))
+
+
+def _arrays(steps: list[int], values: list[list]):
+    """Steps, values and presence as arrays sorted by step (C-speed when no slot is None)."""
     order = np.argsort(np.asarray(steps), kind="stable")
     st = np.asarray(steps, dtype=np.float64)[order]
-    present = np.array([[v is not None for v in row] for row in values], dtype=bool)[order]
-    vals = np.array([[np.nan if v is None else v for v in row] for row in values], dtype=np.float64)[order]
-    for level in LEVELS:
-        blocks, counts, summaries = summarise(st, vals, present, (st // level).astype(np.int64))
-        inserts = []
-        for b, n, data in zip(blocks.tolist(), counts.tolist(), summaries):
-            block = _cached(conn, cache, key_id, level, b, vals.shape[1])
-            merge(block, data, n)
-            if block.stored:
-                _update(conn, key_id, level, b, block)
-            else:
-                inserts.append({"key_id": key_id, "level": level, "block": b, "n": block.n, "data": encode(block.data)})
-                block.stored = True
-        if inserts:
-            conn.execute(db.rollups.insert(), inserts)
+    if any(None in row for row in values):
+        present = np.array([[v is not None for v in row] for row in values], dtype=bool)[order]
+        vals = np.array([[np.nan if v is None else v for v in row] for row in values], dtype=np.float64)[order]
+    else:
+        vals = np.array(values, dtype=np.float64)[order]
+        present = np.ones(vals.shape, dtype=bool)
+    return st, vals, present
 
 
 def _cached(conn, cache: dict, key_id: int, level: int, b: int, slots: int) -> Block:
@@ -117,11 +151,6 @@ def _cached(conn, cache: dict, key_id: int, level: int, b: int, slots: int) -> B
         block = Block(decode(row.data, slots), row.n, True)
     cache[(key_id, level)] = (b, block, max(b, hit[2]))
     return block
-
-
-def _update(conn, key_id: int, level: int, b: int, block: Block) -> None:
-    conn.execute(update(db.rollups).where(db.rollups.c.key_id == key_id, db.rollups.c.level == level,
-                                          db.rollups.c.block == b).values(n=block.n, data=encode(block.data)))
 
 
 def encode(data: np.ndarray) -> bytes:
