@@ -41,6 +41,23 @@ def build(engine, steps: int, vector_steps: int) -> tuple[int, float]:
     return run_id, steps / (time.perf_counter() - t0)
 
 
+def live_writer_rate(path: Path, steps: int = 3000, batch: int = 20) -> float:
+    """Writer steps/s for live-sized batches (20 steps, as at ~100-200 steps/s) with 300-layer vectors."""
+    engine = db.make_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        state = load_state(conn, open_run(conn, {"uid": "live", "project": "bench", "name": "live"}, {})["run_id"])
+    vec = [0.001 * (j + 1) for j in range(LAYERS)]
+    start = time.perf_counter()
+    for seq, lo in enumerate(range(0, steps, batch), start=1):
+        records = [{"step": i, "t": float(i), "scalars": {"loss": 1 / (1 + i), "grad/global_norm": 1.0, "lr": 1e-3,
+                                                          "memory/rss": 1e9}, "vectors": {"grad": list(vec)}}
+                   for i in range(lo, lo + batch)]
+        msg = {"seq": seq, "records": records, "layouts": {"grad": [f"layer{j}" for j in range(LAYERS)]}}
+        with engine.begin() as conn:
+            apply_batch(conn, state, msg)
+    return steps / (time.perf_counter() - start)
+
+
 def timed(fn, repeat: int = 3) -> tuple[float, object]:
     best, out = math.inf, None
     for _ in range(repeat):
@@ -75,7 +92,11 @@ def main() -> None:
         levels, rollup.LEVELS = rollup.LEVELS, ()  # the same ingest with rollups switched off, as the baseline
         n = min(args.steps, 200_000)
         _, base = build(db.make_engine(f"sqlite:///{Path(tmp) / 'base.db'}"), n, min(args.vector_steps, n // 10))
+        live_off = live_writer_rate(Path(tmp) / "live-off.db")
         rollup.LEVELS = levels
+        live_on = live_writer_rate(Path(tmp) / "live-on.db")
+        print(f"writer, live-sized 20-step batches with {LAYERS}-layer vectors: {live_on:,.0f} steps/s with rollups, "
+              f"{live_off:,.0f} without (ratio {live_off / live_on:.2f}x)")
         print(f"ingest: {rate:,.0f} steps/s with rollups ({args.steps:,} steps, {args.vector_steps:,} with "
               f"{LAYERS} layer norms); {base:,.0f} steps/s without (first {n:,} steps); ratio {base / rate:.2f}x")
         with engine.connect() as conn:
