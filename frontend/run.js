@@ -132,6 +132,7 @@ function onLive(msg) {
     if (msg.last_step !== null && S.run) { S.run.last_step = msg.last_step; renderHeader(); }
     scheduleFlush();
   } else if (msg.type === "alert") {
+    if (S.alerts.some((a) => a.id === msg.alert.id)) return;  // pushed while the page was fetching it
     S.alerts.push(msg.alert); renderAlerts(); notify(msg.alert);
   } else if (msg.type === "run") {
     S.run = Object.assign(S.run || {}, msg.run); renderHeader(); if (msg.run.error) renderError();

@@ -136,16 +136,19 @@ def test_background_tab_gets_a_browser_notification_for_an_alert(server, browser
     page = context.new_page()
     try:
         stop = threading.Event()
-        t = threading.Thread(target=_train_slowly, args=(server.url, 80, stop, "bg-run", 40))
+        # The NaN comes ~4 s in: the page must be open and subscribed first (it notifies live alerts only).
+        t = threading.Thread(target=_train_slowly, args=(server.url, 260, stop, "bg-run", 200))
         t.start()
         for _ in range(100):
             time.sleep(0.05)
             if server.services.read(lambda c: c.exec_driver_sql("select count(*) from runs").scalar()):
                 break
         page.goto(server.url + "/runs/1")
+        page.wait_for_function("() => { const d = document.getElementById('chart-loss').data; return d && d[0].x.length; }")
+        assert page.evaluate("() => window.__notes.length") == 0
         page.wait_for_function("() => window.__notes.length > 0", timeout=20000)
         t.join()
         title, body = page.evaluate("() => window.__notes[0]")
-        assert title == "gradwatch: nan_loss in bg-run" and "step 40" in body
+        assert title == "gradwatch: nan_loss in bg-run" and "step 200" in body
     finally:
         context.close()
