@@ -137,6 +137,9 @@ function onLive(msg) {
   } else if (msg.type === "run") {
     S.run = Object.assign(S.run || {}, msg.run); renderHeader(); if (msg.run.error) renderError();
     if (msg.run.error === undefined) GW.getJSON(`/api/runs/${RUN_ID}`).then((r) => { S.run = r; renderError(); });
+  } else if (msg.type === "deleted") {
+    $("alerts").prepend(GW.el("div", { class: "alert critical", "data-kind": "deleted" }, "This run was deleted, with all its data. ",
+      GW.el("a", { href: "/" }, "Back to the runs list")));
   } else if (msg.type === "resync") load();
 }
 

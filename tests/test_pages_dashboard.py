@@ -70,7 +70,13 @@ def test_runs_list_rename_tag_note_filter_and_delete(server, page, api):
     page.fill("#f-tag", "vision")
     assert page.locator("tbody tr").count() == 1 and page.locator("#count").inner_text() == "1 of 2 runs"
     page.fill("#f-tag", "")
+    # A page open on the run being deleted says so.
+    other = page.context.new_page()
+    other.goto(server.url + "/runs/2")
+    other.wait_for_selector("#run-name:has-text('second')")
     page.locator("tr[data-run='2']").get_by_role("button", name="Delete").click()
+    other.wait_for_selector(".alert[data-kind='deleted']", timeout=10000)
+    other.close()
     page.wait_for_function("() => !document.querySelector(\"tr[data-run='2']\")")
     assert api.request("GET", "/api/runs/2")[0] == 404
     assert api.request("GET", "/api/runs/2/series?key=loss")[0] == 404

@@ -56,6 +56,7 @@ async def delete_run(request: Request, run_id: int) -> dict:
     services = _services(request)
     await services.write(edits.delete_run, run_id)
     services.hub.publish(RUNS_CHANNEL, {"type": "deleted", "id": run_id})
+    services.hub.publish(run_id, {"type": "deleted", "id": run_id})  # an open run page says so
     return {"deleted": run_id}
 
 
