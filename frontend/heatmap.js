@@ -90,6 +90,8 @@ class LiveHeatmap {
         hovertemplate: "%{y} @ step %{x}" + span + "<br>exactly 0<extra></extra>" },
       { type: "scatter", mode: "markers", x: bad.x, y: bad.y, text: bad.text, hoverinfo: "text", marker: { symbol: "x", color: "#d92d20", size: 8 }, name: "NaN / inf", showlegend: false }];
     const xaxis = range ? { range: [range[0], range[1]] } : { autorange: true };
+    // Room for every layer's row: ~9 px each, between 300 px and 1400 px (big models scroll the page).
+    this.div.style.height = Math.min(1400, Math.max(300, 60 + 9 * this.layers.length)) + "px";
     this.ignore = true;
     Plotly.react(this.div, traces, GW.plotLayout({ showlegend: false, margin: { l: 160, r: 16, t: 8, b: 36 }, xaxis: Object.assign(GW.plotLayout().xaxis, xaxis),
       yaxis: { autorange: "reversed", type: "category", automargin: true } }), { responsive: true, displaylogo: false })
