@@ -99,6 +99,7 @@ def test_runs_list_renders_user_data_as_text(server, page, api):
 
 
 def test_charts_out_of_view_skip_live_redraws_and_catch_up(server, page):
+    page.set_viewport_size({"width": 1400, "height": 700})  # keeps the "any metric" chart below the fold
     stop = threading.Event()
     t = threading.Thread(target=_train_slowly, args=(server.url, 600, stop))
     t.start()
