@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 import urllib.error
 import urllib.request
 
@@ -56,6 +57,15 @@ class Api:
         status, body = self.request("GET", path)
         assert status == 200, (path, status, body)
         return body
+
+
+def wait_runs(api: Api, n: int = 1) -> None:
+    """Wait until the server has at least ``n`` runs (a client creates its run when it connects)."""
+    for _ in range(200):
+        if len(api.get("/api/runs")) >= n:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {n} runs")
 
 
 @pytest.fixture

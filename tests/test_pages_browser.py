@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
-import torch
 
 import gradwatch
-from training import mlp
+from conftest import Api, wait_runs
+from training import train_slowly
 
 pytestmark = pytest.mark.browser
 
@@ -17,32 +16,12 @@ POINTS_JS = """() => { const d = document.getElementById('chart-loss').data;
   return d ? d[0].x.length : 0; }"""
 
 
-def _train_slowly(server_url, steps, stop, name="live", nan_at=None):
-    run = gradwatch.init(project="browser", name=name, server=server_url, flush_interval=0.05)
-    model = mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    run.watch(model, opt)
-    for step in range(steps):
-        if stop.is_set():
-            break
-        loss = model(torch.randn(8, 4)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        run.log({"loss": float("nan") if step == nan_at else loss})
-        time.sleep(0.02)
-    run.finish()
-
-
 def test_run_page_chart_grows_while_logging(server, page):
     stop = threading.Event()
-    t = threading.Thread(target=_train_slowly, args=(server.url, 400, stop))
+    t = threading.Thread(target=train_slowly, args=(server.url, 400, stop))
     t.start()
     try:
-        for _ in range(100):
-            time.sleep(0.05)
-            if server.services.read(lambda c: c.exec_driver_sql("select count(*) from runs").scalar()):
-                break
+        wait_runs(Api(server.url))
         page.goto(server.url + "/runs/1")
         page.wait_for_function("() => { const d = document.getElementById('chart-loss').data;"
                                " return d && d[0] && d[0].x.length > 0; }", timeout=15000)
@@ -63,7 +42,7 @@ def test_run_page_chart_grows_while_logging(server, page):
 def test_nan_alert_appears_live_with_marker(server, page):
     page.goto(server.url + "/")
     stop = threading.Event()
-    t = threading.Thread(target=_train_slowly, args=(server.url, 60, stop, "nan-run", 30))
+    t = threading.Thread(target=train_slowly, args=(server.url, 60, stop, "nan-run", 30))
     t.start()
     page.wait_for_selector("tr[data-run='1'] a", timeout=15000)
     # The runs list raises its own banner and badge live, without a reload.
@@ -101,14 +80,11 @@ def test_runs_list_renders_user_data_as_text(server, page, api):
 def test_charts_out_of_view_skip_live_redraws_and_catch_up(server, page):
     page.set_viewport_size({"width": 1400, "height": 700})  # keeps the "any metric" chart below the fold
     stop = threading.Event()
-    t = threading.Thread(target=_train_slowly, args=(server.url, 600, stop))
+    t = threading.Thread(target=train_slowly, args=(server.url, 600, stop))
     t.start()
     length = "(id) => document.getElementById(id).data[0].x.length"
     try:
-        for _ in range(100):
-            time.sleep(0.05)
-            if server.services.read(lambda c: c.exec_driver_sql("select count(*) from runs").scalar()):
-                break
+        wait_runs(Api(server.url))
         page.goto(server.url + "/runs/1")
         page.wait_for_function("() => { const d = document.getElementById('chart-other').data; return d && d[0].x.length; }",
                                timeout=15000)
@@ -138,12 +114,9 @@ def test_background_tab_gets_a_browser_notification_for_an_alert(server, browser
     try:
         stop = threading.Event()
         # The NaN comes ~4 s in: the page must be open and subscribed first (it notifies live alerts only).
-        t = threading.Thread(target=_train_slowly, args=(server.url, 260, stop, "bg-run", 200))
+        t = threading.Thread(target=train_slowly, args=(server.url, 260, stop, "bg-run", 200))
         t.start()
-        for _ in range(100):
-            time.sleep(0.05)
-            if server.services.read(lambda c: c.exec_driver_sql("select count(*) from runs").scalar()):
-                break
+        wait_runs(Api(server.url))
         page.goto(server.url + "/runs/1")
         page.wait_for_function("() => { const d = document.getElementById('chart-loss').data; return d && d[0].x.length; }")
         assert page.evaluate("() => window.__notes.length") == 0

@@ -5,15 +5,14 @@ from __future__ import annotations
 import math
 import os
 import threading
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-import torch
 
 import gradwatch
-from training import mlp
+from conftest import wait_runs
+from training import train_slowly
 
 pytestmark = pytest.mark.browser
 SHOTS = Path(os.environ.get("GRADWATCH_SCREENSHOTS", Path(__file__).resolve().parent.parent / "build" / "screenshots"))
@@ -25,31 +24,6 @@ def _logged_run(url, name, steps, config=None, tags=None, values=None):
         run.log({"loss": values(step) if values else 1.0 / (step + 1), "acc": step / steps}, step=step)
     run.finish(timeout=60)
     return run
-
-
-def _slow_watched_run(url, name, steps, stop, config=None):
-    run = gradwatch.init(project="dash", name=name, server=url, config=config or {}, flush_interval=0.05)
-    model = mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    run.watch(model, opt)
-    for _ in range(steps):
-        if stop.is_set():
-            break
-        loss = model(torch.randn(8, 4)).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        run.log({"loss": loss})
-        time.sleep(0.02)
-    run.finish()
-
-
-def _wait_runs(api, n):
-    for _ in range(200):
-        if len(api.get("/api/runs")) >= n:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"fewer than {n} runs")
 
 
 def test_runs_list_rename_tag_note_filter_and_delete(server, page, api):
@@ -89,10 +63,10 @@ def test_runs_list_rename_tag_note_filter_and_delete(server, page, api):
 def test_compare_overlays_runs_diffs_configs_shares_and_appends_live(server, page, api):
     _logged_run(server.url, "lr-1e-3", 50, config={"lr": 1e-3, "batch": 32})
     stop = threading.Event()
-    live = threading.Thread(target=_slow_watched_run, args=(server.url, "lr-1e-2", 600, stop, {"lr": 1e-2, "batch": 32}))
+    live = threading.Thread(target=train_slowly, args=(server.url, 600, stop, "lr-1e-2", None, {"lr": 1e-2, "batch": 32}, "dash"))
     live.start()
     try:
-        _wait_runs(api, 2)
+        wait_runs(api, 2)
         page.goto(server.url + "/")
         page.wait_for_selector("tr[data-run='2']")
         page.locator("tr[data-run='1'] input[type=checkbox]").check()
@@ -164,10 +138,10 @@ def test_heatmap_appends_live_pushes_without_refetching(server, page, api):
     heat_requests = []
     page.on("request", lambda r: heat_requests.append(r.url) if "/heatmap" in r.url else None)
     stop = threading.Event()
-    t = threading.Thread(target=_slow_watched_run, args=(server.url, "heat", 800, stop))
+    t = threading.Thread(target=train_slowly, args=(server.url, 800, stop, "heat", None, None, "dash"))
     t.start()
     try:
-        _wait_runs(api, 1)
+        wait_runs(api, 1)
         page.goto(server.url + "/runs/1")
         cols = "() => { const d = document.getElementById('heatmap').data; return d ? d[0].x.length : 0; }"
         page.wait_for_function(f"() => ({cols})() > 5", timeout=20000)
@@ -223,7 +197,7 @@ def test_run_page_screenshots_follow_colour_scheme(server, browser, scheme, widt
 def test_long_live_session_stays_bounded_and_keeps_the_spike(server, page, api):
     run = gradwatch.init(project="dash", name="fast", server=server.url, flush_interval=0.05)
     run.log({"loss": 1.0}, step=0)
-    _wait_runs(api, 1)
+    wait_runs(api, 1)
     page.goto(server.url + "/runs/1")
     page.wait_for_function("() => { const d = document.getElementById('chart-loss').data; return d && d[0].x.length; }")
     for step in range(1, 20_000):

@@ -49,3 +49,25 @@ def fit(run, model, opt, x, y, steps):
         opt.step()
         run.log({"loss": loss})
     return loss
+
+
+def train_slowly(server_url, steps, stop, name="live", nan_at=None, config=None, project="browser"):
+    """A watched run at ~50 steps/s until ``stop`` is set, for pages watching it live."""
+    import time
+
+    import gradwatch
+
+    run = gradwatch.init(project=project, name=name, server=server_url, config=config or {}, flush_interval=0.05)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run.watch(model, opt)
+    for step in range(steps):
+        if stop.is_set():
+            break
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        run.log({"loss": float("nan") if step == nan_at else loss})
+        time.sleep(0.02)
+    run.finish()
