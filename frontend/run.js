@@ -63,8 +63,18 @@ function renderHeader() {
 
 function renderAlerts() {
   $("alerts").replaceChildren(...S.alerts.slice(-20).reverse().map((a) => GW.el("div", { class: "alert " + a.severity, "data-kind": a.kind },
-    GW.el("b", {}, a.kind), GW.el("span", { class: "muted" }, "step " + (a.step ?? "?") + (a.layer ? " · " + a.layer : "") + " · "), a.message)));
+    GW.el("b", {}, a.kind), GW.el("span", { class: "muted" }, "step " + (a.step ?? "?") + (a.layer ? " · " + a.layer : "") + " · "), a.message,
+    a.step === null || a.step === undefined ? null : GW.el("button", { class: "zoom-to", title: "zoom every chart to this step", onclick: () => zoomTo(a.step) }, "Show step " + a.step))));
   renderAlertLines();
+}
+
+// Diagnose an alert: every chart and the heatmap zoom to the steps around it, at full detail.
+async function zoomTo(step) {
+  if (xMode() !== "step") { $("x-mode").value = "step"; renderAll(); }
+  const lo = Math.max(0, step - 50), hi = step + 50;
+  for (const c of Object.values(CHARTS)) if (c.chart.drawn) Plotly.relayout(c.chart.div, { "xaxis.range": [lo, hi] });
+  if (HEAT.loaded) { HEAT.zoomed = [lo, hi]; HEAT.load(HEAT.zoomed); }
+  $("chart-loss").scrollIntoView({ behavior: "smooth", block: "start" });
 }
 
 function alertX(step) {

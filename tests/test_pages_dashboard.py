@@ -251,3 +251,20 @@ def test_compare_page_catches_up_after_a_server_restart(settings, browser, tmp_p
         run.finish(timeout=10)
         page.close()
         srv.stop()
+
+
+def test_show_step_on_an_alert_zooms_every_chart_to_it(server, page):
+    def value(step):
+        return math.nan if step == 3_000 else 1.0 + (step % 10) * 0.01
+
+    _logged_run(server.url, "to-diagnose", 6_000, values=value)
+    page.goto(server.url + "/runs/1")
+    page.wait_for_selector(".alert[data-kind='nan_loss'] button.zoom-to")
+    page.click(".alert[data-kind='nan_loss'] button.zoom-to")
+    page.wait_for_function("() => { const x = document.getElementById('chart-loss').data[0].x;"
+                           " return x.length === 101 && x[0] === 2950; }", timeout=10000)
+    acc = page.evaluate("() => document.getElementById('chart-other').data[0].x")
+    assert acc[0] >= 2950 and acc[-1] <= 3050 and len(acc) == 101  # the other charts followed
+    markers = page.evaluate("() => { const d = document.getElementById('chart-loss').data; return d[d.length - 1].x; }")
+    assert markers == [3000]
+    assert not page.js_errors
