@@ -61,6 +61,9 @@ class Sender(threading.Thread):
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._drain_lock = threading.Lock()
+        # What the server announced in its last welcome; until one arrives, batches use the plain
+        # JSON forms every server takes (they may wait in the outbox for a server of any version).
+        self.features: set[str] = set()
         self._idle = threading.Condition()
         self.run_id: int | None = None
         self.fatal_error: str | None = None
@@ -158,6 +161,7 @@ class Sender(threading.Thread):
                   f"{self.outbox.spool_dir}", file=sys.stderr)
             return self._drop(conn)
         self.run_id = reply.get("run_id")
+        self.features = set(reply.get("features") or [])
         self._on_ack(int(reply.get("acked_seq", 0)))
         self._sent_upto = self._acked
         self.connected = True
@@ -238,18 +242,23 @@ class Sender(threading.Thread):
         if self.inspect is not None:
             self.inspect(step, plain)
         out_vectors = {}
+        binary = protocol.VECTOR_F64 in self.features
         for key, (value, missing, size) in vectors.items():
             values = resolved[id(value)] if isinstance(value, Deferred) else list(value)
-            if not missing and len(values) == size and math.isfinite(sum(values)):
+            if missing or len(values) != size:
+                full: list = [None] * size
+                it = iter(values)
+                missing_set = set(missing)
+                for i in range(size):
+                    if i not in missing_set:
+                        full[i] = next(it)
+                values = full
+            if binary:  # base64 float64: NaN/inf exact, and ~50x less work than JSON numbers
+                out_vectors[key] = protocol.encode_vector_f64(values)
+            elif not missing and math.isfinite(sum(values)):
                 out_vectors[key] = values  # all finite (a NaN/inf would make the sum non-finite): no encoding
-                continue
-            full: list = [None] * size
-            it = iter(values)
-            missing_set = set(missing)
-            for i in range(size):
-                if i not in missing_set:
-                    full[i] = protocol.encode_float(next(it))
-            out_vectors[key] = full
+            else:
+                out_vectors[key] = [protocol.encode_float(v) for v in values]
         record = {"step": step, "t": wall, "scalars": {k: protocol.encode_float(v) for k, v in plain.items()}}
         if out_vectors:
             record["vectors"] = out_vectors

@@ -75,6 +75,15 @@ GW.plotLayout = (extra = {}) => {
 // The new x range of a plotly_relayout event (a drag sends range[0]/[1], code may send the array).
 GW.xRange = (ev) => ev["xaxis.range"] || [ev["xaxis.range[0]"], ev["xaxis.range[1]"]];
 
+// A pushed vector in either wire form: a JSON list, or {f64: base64 float64 (little-endian), missing: [slots]}.
+GW.vec = (v) => {
+  if (Array.isArray(v)) return v.map(GW.num);
+  const bytes = Uint8Array.from(atob(v.f64), (c) => c.charCodeAt(0));
+  const out = Array.from(new Float64Array(bytes.buffer));
+  for (const i of v.missing || []) out[i] = null;
+  return out;
+};
+
 // The server's min/max envelope, for series that grow live past what a chart should hold:
 // keeps each bucket's first, last, min and max points and its first NaN/+inf/-inf, so a
 // spike that arrived live survives compaction exactly as it would a server-side downsample.

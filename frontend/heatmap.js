@@ -40,9 +40,10 @@ class LiveHeatmap {
   append(push) {
     if (this.loading) { this.pending.push(push); return; }
     if (this.zoomed) return;
-    if (!this.loaded || (push.values[0] && push.values[0].length !== this.layers.length)) { this.load(); return; }
+    const cols = push.values.map(GW.vec);
+    if (!this.loaded || (cols[0] && cols[0].length !== this.layers.length)) { this.load(); return; }
     push.steps.forEach((step, i) => {
-      const col = push.values[i].map(GW.num), last = this.steps.length - 1;
+      const col = cols[i], last = this.steps.length - 1;
       if (last >= 0 && step < this.steps[last]) return;  // already in the fetched matrix
       if (last >= 0 && step >= this.steps[last] && step < this.steps[last] + this.bucket) {
         this.cols[last] = this.cols[last].map((v, j) => heatMax(v, col[j]));

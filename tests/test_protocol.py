@@ -1,5 +1,6 @@
 """The shared wire protocol: exact non-finite floats, version checks, record validation."""
 
+import json
 import math
 
 import pytest
@@ -54,3 +55,22 @@ def test_batch_text_equals_dumping_the_whole_batch():
     text = protocol.batch_text(7, [protocol.dumps(r) for r in records], layouts, events)
     assert protocol.loads(text) == protocol.batch(7, records, layouts, events)
     assert protocol.loads(protocol.batch_text(1, [])) == protocol.batch(1, [])
+
+
+def test_binary_vectors_round_trip_exactly_with_missing_slots():
+    values = [1.5, math.nan, math.inf, -math.inf, None, 1e-300, -0.0]
+    wire = protocol.encode_vector_f64(values)
+    assert wire["missing"] == [4] and json.loads(protocol.dumps(wire)) == wire  # strict JSON
+    back = protocol.decode_vector(wire)
+    assert back[0] == 1.5 and math.isnan(back[1]) and back[2:4] == [math.inf, -math.inf]
+    assert back[4] is None and back[5] == 1e-300 and math.copysign(1, back[6]) == -1
+    assert "missing" not in protocol.encode_vector_f64([1.0, 2.0])
+    record = {"step": 3, "t": 1.0, "scalars": {}, "vectors": {"grad": wire}}
+    assert protocol.decode_record(record)[3]["grad"][4] is None
+
+
+@pytest.mark.parametrize("bad", [{"f64": "not base64!"}, {"f64": "AAAA"}, {"f64": "", "missing": [0]},
+                                 {"f64": protocol.encode_vector_f64([1.0])["f64"], "missing": ["0"]}, {"b64": ""}, 3])
+def test_bad_binary_vectors_are_refused_clearly(bad):
+    with pytest.raises(protocol.ProtocolError, match="vector 'grad'"):
+        protocol.decode_record({"step": 0, "t": 1.0, "vectors": {"grad": bad}})

@@ -42,7 +42,8 @@ async def ingest(ws: WebSocket) -> None:
     services.connected[run_id] += 1
     try:
         await ws.send_text(protocol.dumps({"type": "welcome", "protocol": protocol.PROTOCOL_VERSION,
-                                           "run_id": run_id, "acked_seq": last_seq}))
+                                           "run_id": run_id, "acked_seq": last_seq,
+                                           "features": protocol.SERVER_FEATURES}))
         while True:
             message = protocol.loads(await ws.receive_text())
             seq = message.get("seq")
