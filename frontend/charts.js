@@ -10,11 +10,11 @@ class LiveChart {
     this.shapes = []; this.visible = true; this.stale = false;
     // A live redraw costs tens of ms per chart: charts scrolled out of view skip them and redraw
     // once when they come back (opts.redraw supplies the current data).
-    if (opts.redraw && "IntersectionObserver" in window) {
-      new IntersectionObserver((seen) => {
-        this.visible = seen[seen.length - 1].isIntersecting;
-        if (this.visible && this.stale) { this.stale = false; opts.redraw(); }
-      }).observe(div);
+    if (opts.redraw) {
+      GW.onVisible(div, (visible) => {
+        this.visible = visible;
+        if (visible && this.stale) { this.stale = false; opts.redraw(); }
+      });
     }
   }
 

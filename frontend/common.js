@@ -84,6 +84,11 @@ GW.vec = (v) => {
   return out;
 };
 
+// Calls onChange(visible) when an element scrolls into or out of view (live redraws skip hidden charts).
+GW.onVisible = (el, onChange) => {
+  if ("IntersectionObserver" in window) new IntersectionObserver((seen) => onChange(seen[seen.length - 1].isIntersecting)).observe(el);
+};
+
 // The server's min/max envelope, for series that grow live past what a chart should hold:
 // keeps each bucket's first, last, min and max points and its first NaN/+inf/-inf, so a
 // spike that arrived live survives compaction exactly as it would a server-side downsample.

@@ -10,12 +10,10 @@ class LiveHeatmap {
     Object.assign(this, { div, runId, key, maxCols, layers: [], steps: [], cols: [], bucket: 1, zoomed: null, timer: null,
       visible: true, stale: false });
     // Like the line charts: no live redraws while scrolled out of view, one when it comes back.
-    if ("IntersectionObserver" in window) {
-      new IntersectionObserver((seen) => {
-        this.visible = seen[seen.length - 1].isIntersecting;
-        if (this.visible && this.stale && !this.zoomed) { this.stale = false; this.draw(); }
-      }).observe(div);
-    }
+    GW.onVisible(div, (visible) => {
+      this.visible = visible;
+      if (visible && this.stale && !this.zoomed) { this.stale = false; this.draw(); }
+    });
   }
 
   // Full fetch: the whole run, or the zoomed step range at full detail.

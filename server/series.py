@@ -60,19 +60,32 @@ def read_series(conn, table, key_id: int, slot: int | None, slots: int, max_poin
                 return out
     steps, values, missing, walls = raw(conn, table, key_id, slot, lo, hi)
     keep = envelope(steps, values, max_points) if max_points else range(len(steps))
+    return _result(steps, values, missing, [walls[i] for i in keep], keep, len(steps))
+
+
+def _result(steps: list, values: list, missing: list, walls: list, keep, total: int) -> dict:
+    """The API form of the kept points (``walls`` already lined up with ``keep``)."""
     return {"steps": [steps[i] for i in keep],
             "values": [None if missing[i] else protocol.encode_float(values[i]) for i in keep],
-            "wall_times": [walls[i] for i in keep], "total_points": len(steps)}
+            "wall_times": walls, "total_points": total}
 
 
-def _from_rollups(conn, table, key_id, slot, slots, lo, hi, level, max_points) -> dict | None:
-    """Envelope over whole-block summaries plus the raw points of the partial blocks at both edges."""
+def _whole_blocks(conn, key_id: int, level: int, lo: int, hi: int, slots: int):
+    """(first, last, block ids, counts, summaries) of the blocks lying wholly in [lo, hi]; None if
+    there are none or they were written under another layout (read raw instead)."""
     first, last = -(-lo // level), (hi + 1) // level - 1
     if last < first:
         return None
     blocks, counts, summaries = rollup.read_blocks(conn, key_id, level, first, last, slots)
-    if summaries is None:
+    return None if summaries is None else (first, last, blocks, counts, summaries)
+
+
+def _from_rollups(conn, table, key_id, slot, slots, lo, hi, level, max_points) -> dict | None:
+    """Envelope over whole-block summaries plus the raw points of the partial blocks at both edges."""
+    whole = _whole_blocks(conn, key_id, level, lo, hi, slots)
+    if whole is None:
         return None
+    first, last, _blocks, counts, summaries = whole
     c_steps, c_values = rollup.candidates(summaries, slot or 0)
     left = raw(conn, table, key_id, slot, lo, first * level - 1)
     right = raw(conn, table, key_id, slot, (last + 1) * level, hi)
@@ -82,10 +95,8 @@ def _from_rollups(conn, table, key_id, slot, slots, lo, hi, level, max_points) -
     keep = envelope(steps, values, max_points)
     walls = dict(zip(left[0], left[3])) | dict(zip(right[0], right[3]))
     walls |= _walls(conn, table, key_id, [steps[i] for i in keep if steps[i] not in walls])
-    return {"steps": [steps[i] for i in keep],
-            "values": [None if missing[i] else protocol.encode_float(values[i]) for i in keep],
-            "wall_times": [walls.get(steps[i]) for i in keep],
-            "total_points": int(counts.sum()) + len(left[0]) + len(right[0])}
+    return _result(steps, values, missing, [walls.get(steps[i]) for i in keep], keep,
+                   int(counts.sum()) + len(left[0]) + len(right[0]))
 
 
 def _walls(conn, table, key_id: int, steps: list[int]) -> dict:
@@ -114,8 +125,8 @@ def read_heatmap(conn, key_id: int, slots: int, max_steps: int, start: int | Non
     starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
     top = np.maximum.reduceat(fmax, starts, axis=0)
     flags = [np.logical_or.reduceat(f, starts, axis=0) for f in (nan, pinf, ninf)]
-    out = np.where(top == -np.inf, np.nan, top).astype(object)
-    out[top == -np.inf] = None
+    out = top.astype(object)
+    out[top == -np.inf] = None  # no finite value (and, unless flagged below, no value at all)
     for flag, value in zip(reversed(flags), (-math.inf, math.inf, math.nan)):  # NaN beats +inf beats -inf
         out[flag] = value
     values = [[None if v is None else protocol.encode_float(float(v)) for v in col] for col in out.T.tolist()]
@@ -145,12 +156,10 @@ def _heat_units_raw(conn, key_id: int, slots: int, lo: int, hi: int):
 
 def _heat_units_rollup(conn, key_id: int, slots: int, lo: int, hi: int, level: int):
     """Whole blocks from the rollups, raw rows for the partial blocks at the edges."""
-    first, last = -(-lo // level), (hi + 1) // level - 1
-    if last < first:
+    whole = _whole_blocks(conn, key_id, level, lo, hi, slots)
+    if whole is None:
         return None
-    blocks, _counts, s = rollup.read_blocks(conn, key_id, level, first, last, slots)
-    if s is None:
-        return None
+    first, last, blocks, _counts, s = whole
     mid = (blocks * level, s[:, rollup.MAX_V, :], s[:, rollup.NAN_S, :] != rollup.NONE,
            s[:, rollup.PINF_S, :] != rollup.NONE, s[:, rollup.NINF_S, :] != rollup.NONE)
     left = _heat_units_raw(conn, key_id, slots, lo, first * level - 1)

@@ -21,11 +21,9 @@ def _summary(row, alert_count: int) -> dict:
             "notes": row.notes or ""}
 
 
-def _last_alerts(conn, run_ids: list[int] | None = None) -> dict:
+def _last_alerts(conn, run_ids: list[int]) -> dict:
     """run id -> its newest alert in brief (kind, step, layer, severity, message)."""
-    newest = select(func.max(db.alerts.c.id)).group_by(db.alerts.c.run_id)
-    if run_ids is not None:
-        newest = newest.where(db.alerts.c.run_id.in_(run_ids))
+    newest = select(func.max(db.alerts.c.id)).where(db.alerts.c.run_id.in_(run_ids)).group_by(db.alerts.c.run_id)
     rows = conn.execute(select(db.alerts).where(db.alerts.c.id.in_(newest.scalar_subquery())))
     return {r.run_id: {"kind": r.kind, "step": r.step, "layer": r.layer, "severity": r.severity,
                        "message": r.message, "created_at": r.created_at} for r in rows}
@@ -46,7 +44,8 @@ def list_runs(conn, project: str | None = None, status: str | None = None, q: st
     out = [_summary(r, r.alert_count) for r in conn.execute(query)]
     if tag:
         out = [r for r in out if tag in r["tags"]]
-    last = _last_alerts(conn) if any(r["alert_count"] for r in out) else {}
+    alerted = [r["id"] for r in out if r["alert_count"]]
+    last = _last_alerts(conn, alerted) if alerted else {}
     for r in out:
         r["last_alert"] = last.get(r["id"])
     return out
