@@ -11,7 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse
 
-from .routes import api, ingest_ws, live_ws, pages
+from .routes import api, auth, ingest_ws, live_ws, pages
+from .security import Auth, Guard
 from .services import Services
 from .settings import Settings, from_env
 from .store import NotFound
@@ -34,6 +35,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     app = FastAPI(title="gradwatch", version="0.1.0", lifespan=lifespan)
     app.state.services = services
+    app.state.auth = Auth(settings.token)
+    # Outermost of our layers: Host/Origin/token/connection checks cover every route and both
+    # websockets before any of them runs.
+    app.add_middleware(Guard, settings=settings, auth=app.state.auth)
 
     @app.exception_handler(NotFound)
     async def not_found(_request: Request, exc: NotFound):
@@ -54,6 +59,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def out_of_range(_request: Request, exc: OverflowError):
         return JSONResponse({"error": "a number in the request is out of range (64-bit integers only)"}, status_code=400)
 
-    for module in (api, ingest_ws, live_ws, pages):
+    for module in (api, auth, ingest_ws, live_ws, pages):
         app.include_router(module.router)
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 
@@ -23,22 +24,57 @@ def _server(settings: Settings):
     import uvicorn
 
     from .app import create_app
+    from .security import quiet_denial_noise
 
-    config = uvicorn.Config(create_app(settings), log_level=settings.log_level, ws_max_size=64 << 20,
+    quiet_denial_noise()
+    config = uvicorn.Config(create_app(settings), log_level=settings.log_level, ws_max_size=settings.max_frame_bytes,
                             ws_ping_interval=20, ws_ping_timeout=60, timeout_graceful_shutdown=3)
     return uvicorn.Server(config)
 
 
 def url_for(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
-    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def login_link(app, url: str) -> str:
+    """A one-time link that logs a browser in (the token itself is never printed)."""
+    return f"{url}/login?once={app.state.auth.new_once_code()}"
+
+
+EXPOSED_WARNING = """\
+gradwatch: WARNING ==========================================================
+gradwatch: WARNING  Listening on {host}, reachable from other machines, with NO TOKEN.
+gradwatch: WARNING  Anyone who can reach port {port} can read, change and delete every run
+gradwatch: WARNING  and write fake data. Start it with --token <secret> (or GRADWATCH_TOKEN),
+gradwatch: WARNING  or listen on 127.0.0.1 only. See docs/security.md.
+gradwatch: WARNING =========================================================="""
+
+
+def announce(settings: Settings, server, url: str) -> None:
+    """What a person starting the server must see: the address, a login link, or a warning."""
+    print(f"gradwatch: dashboard at {url}  (database: {_safe_db(settings.db_url)})", flush=True)
+    if settings.token:
+        print(f"gradwatch: token required; one-time login link: {login_link(server.config.app, url)}", flush=True)
+    elif not settings.on_loopback:
+        print(EXPOSED_WARNING.format(host=settings.host, port=url.rsplit(":", 1)[-1]), file=sys.stderr, flush=True)
+
+
+def _safe_db(db_url: str) -> str:
+    """The database URL without its password."""
+    scheme, sep, rest = db_url.partition("://")
+    userinfo, at, hostpart = rest.rpartition("@")
+    if not at or ":" not in userinfo:
+        return db_url
+    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{hostpart}"
 
 
 def serve_forever(settings: Settings) -> None:
     """Serve in the foreground until Ctrl-C."""
     sock = bind(settings.host, settings.port)
     server = _server(settings)
-    print(f"gradwatch: dashboard at {url_for(sock)}  (database: {settings.db_url})", flush=True)
+    announce(settings, server, url_for(sock))
     server.run(sockets=[sock])
 
 
@@ -65,6 +101,10 @@ class BackgroundServer:
         self.server.should_exit = True
         self.thread.join(timeout=15)
         self.sock.close()
+
+    def login_link(self) -> str:
+        """A fresh one-time login link (tests, demo)."""
+        return login_link(self.server.config.app, self.url)
 
     @property
     def services(self):

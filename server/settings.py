@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 from dataclasses import dataclass, field, fields
@@ -42,7 +43,21 @@ SETTINGS: list[Setting] = [
     Setting("alerts", "", "Server-wide health-rule thresholds as JSON, e.g. "
                           "'{\"exploding_gradients.ceiling\": 1000}'; a run's own init(alerts=...) wins."),
     Setting("log_level", "warning", "Server log level (debug, info, warning, error)."),
+    Setting("token", "", "Shared secret every route, websocket and page requires (Authorization: Bearer <token>, "
+                         "or the login page's cookie); /healthz stays open. Empty: no token."),
+    Setting("allowed_hosts", "", "Comma-separated extra Host names the server answers to ('*': any). While bound "
+                                 "to loopback only localhost, 127.0.0.1 and [::1] are accepted (DNS-rebinding "
+                                 "protection)."),
+    Setting("max_connections", 1000, "Most concurrent requests and open websockets; more are refused (503).", int),
+    Setting("max_frame_bytes", 16 << 20, "Largest websocket message or request body accepted, in bytes.", int),
+    Setting("max_keys_per_run", 10000, "Most distinct metric keys one run may create.", int),
+    Setting("max_layers", 100000, "Most slots (layers) in one per-layer vector key.", int),
+    Setting("max_buffered_bytes", 64 << 20, "Most bytes of not-yet-committed batches held for one ingest "
+                                            "connection.", int),
 ]
+
+LIMITS = ("max_connections", "max_frame_bytes", "max_keys_per_run", "max_layers", "max_buffered_bytes")
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
 @dataclass
@@ -54,7 +69,13 @@ class Settings:
     crash_timeout: float = 120.0
     alerts: str = ""
     log_level: str = "warning"
-    extra: dict = field(default_factory=dict)
+    token: str = field(default="", repr=False)  # a secret: never in a repr, a log line or --help
+    allowed_hosts: str = ""
+    max_connections: int = 1000
+    max_frame_bytes: int = 16 << 20
+    max_keys_per_run: int = 10000
+    max_layers: int = 100000
+    max_buffered_bytes: int = 64 << 20
 
     @property
     def db_url(self) -> str:
@@ -64,6 +85,16 @@ class Settings:
     def alert_overrides(self) -> dict:
         """The parsed ``alerts`` setting (validated in ``validate``)."""
         return json.loads(self.alerts) if self.alerts else {}
+
+    @property
+    def allowed_host_names(self) -> frozenset[str]:
+        """The ``allowed_hosts`` names, lower-cased, ports dropped."""
+        return frozenset(strip_port(h.strip()).lower() for h in self.allowed_hosts.split(",") if h.strip())
+
+    @property
+    def on_loopback(self) -> bool:
+        """True while bound to a loopback interface (only this machine can connect)."""
+        return is_loopback(self.host)
 
     def validate(self) -> "Settings":
         """Raise ValueError with a readable message for a bad value."""
@@ -80,7 +111,30 @@ class Settings:
                 raise ValueError("alerts must be a JSON object")
         if self.webhook and not self.webhook.startswith(("http://", "https://")):
             raise ValueError("webhook must be an http(s) URL")
+        for name in LIMITS:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.token != self.token.strip():
+            raise ValueError("token must not start or end with whitespace")
         return self
+
+
+def strip_port(host: str) -> str:
+    """'name:8765' -> 'name', '[::1]:8765' -> '::1', a bare IPv6 address unchanged."""
+    if host.startswith("["):
+        return host[1:host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def is_loopback(host: str) -> bool:
+    """localhost, 127.0.0.0/8 or ::1."""
+    host = strip_port(host).lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def from_env(environ=None, **overrides) -> Settings:

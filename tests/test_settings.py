@@ -20,7 +20,10 @@ def test_env_vars_and_overrides():
 
 @pytest.mark.parametrize("env, message", [({"GRADWATCH_PORT": "abc"}, "GRADWATCH_PORT"),
                                           ({"GRADWATCH_ALERTS": "[1]"}, "JSON object"),
-                                          ({"GRADWATCH_WEBHOOK": "ftp://x"}, "http")])
+                                          ({"GRADWATCH_WEBHOOK": "ftp://x"}, "http"),
+                                          ({"GRADWATCH_MAX_CONNECTIONS": "0"}, "max_connections"),
+                                          ({"GRADWATCH_MAX_FRAME_BYTES": "-1"}, "max_frame_bytes"),
+                                          ({"GRADWATCH_TOKEN": " padded "}, "whitespace")])
 def test_bad_values_give_clear_errors(env, message):
     with pytest.raises(ValueError, match=message):
         from_env(env)
@@ -28,7 +31,7 @@ def test_bad_values_give_clear_errors(env, message):
 
 def test_table_defaults_match_the_dataclass():
     defaults = {f.name: f.default for f in dataclasses.fields(Settings)}
-    assert {s.name: s.default for s in SETTINGS} == {k: v for k, v in defaults.items() if k != "extra"}
+    assert {s.name: s.default for s in SETTINGS} == defaults
 
 
 @pytest.mark.parametrize("doc", [DOCS, DOCS.parent.parent / "README.md"])
@@ -42,3 +45,32 @@ def test_help_lists_every_setting_with_its_env_var():
     help_text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
     for s in SETTINGS:
         assert s.flag in help_text and s.env in help_text
+
+
+def test_limits_have_the_names_the_ingest_code_reads():
+    s = from_env({"GRADWATCH_MAX_KEYS_PER_RUN": "7", "GRADWATCH_MAX_LAYERS": "9", "GRADWATCH_MAX_BUFFERED_BYTES": "11",
+                  "GRADWATCH_MAX_FRAME_BYTES": "13", "GRADWATCH_MAX_CONNECTIONS": "5"})
+    assert (s.max_keys_per_run, s.max_layers, s.max_buffered_bytes, s.max_frame_bytes, s.max_connections) == \
+        (7, 9, 11, 13, 5)
+    assert Settings().max_frame_bytes == 16 << 20 and Settings().max_buffered_bytes == 64 << 20
+
+
+def test_token_is_never_in_a_repr_or_the_help(monkeypatch):
+    monkeypatch.setenv("GRADWATCH_TOKEN", "tok-in-env-1234")
+    s = from_env(token="tok-from-flag-5678")
+    assert s.token == "tok-from-flag-5678"
+    assert "tok-" not in repr(s) and "tok-" not in str(s)
+    help_text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
+    assert "GRADWATCH_TOKEN" in help_text and "tok-" not in help_text
+
+
+@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True),
+                                            ("localhost", True), ("0.0.0.0", False), ("::", False),
+                                            ("10.1.2.3", False), ("gpu-box", False)])
+def test_loopback_binding_is_recognised(host, loopback):
+    assert Settings(host=host).on_loopback is loopback
+
+
+def test_allowed_hosts_are_parsed_without_ports():
+    s = Settings(allowed_hosts=" Box.Lan:8765, [fe80::1]:80 ,,*")
+    assert s.allowed_host_names == {"box.lan", "fe80::1", "*"}
