@@ -46,6 +46,7 @@ DEFAULT_SERVER = "http://127.0.0.1:8765"
 # Close code sent with an ``error`` for a protocol version mismatch (4000-4999: private use).
 CLOSE_PROTOCOL_MISMATCH = 4001
 CLOSE_BAD_MESSAGE = 4002
+CLOSE_RUN_DELETED = 4003  # with {"type": "error", "code": "run_deleted"}: stop sending this run
 
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
@@ -67,7 +68,8 @@ def encode_float(value: float | None) -> float | str | None:
 
 # Features a server announces in ``welcome``; a client uses one only when announced.
 VECTOR_F64 = "vector_f64"  # a vector may travel as {"f64": base64 of little-endian float64, "missing": [i]}
-SERVER_FEATURES = [VECTOR_F64]
+COLUMNS = "columns"  # a batch may carry "columns" (one packed array per key) instead of "records"
+SERVER_FEATURES = [VECTOR_F64, COLUMNS]
 
 
 def encode_vector_f64(values: list) -> dict:
@@ -137,6 +139,8 @@ def loads(text: str | bytes) -> dict:
         message = json.loads(text)
     except (ValueError, TypeError) as exc:
         raise ProtocolError(f"frame is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ProtocolError("frame is nested too deeply") from None
     if not isinstance(message, dict) or not isinstance(message.get("type"), str):
         raise ProtocolError("frame must be a JSON object with a string 'type'")
     return message
@@ -183,9 +187,27 @@ def check_hello(message: dict) -> dict:
             f"{PROTOCOL_VERSION}; install the same gradwatch version on both sides"
         )
     run = message.get("run")
-    if not isinstance(run, dict) or not isinstance(run.get("uid"), str) or not run["uid"]:
-        raise ProtocolError("hello.run must be an object with a non-empty string 'uid'")
+    if not isinstance(run, dict) or not isinstance(run.get("uid"), str) or not 0 < len(run["uid"]) <= 64:
+        raise ProtocolError("hello.run must be an object with a 'uid' string of 1-64 characters")
+    for name in ("project", "name", "secret"):
+        if run.get(name) is not None and not isinstance(run.get(name), str):
+            raise ProtocolError(f"hello.run.{name} must be a string")
+    for name, kind in (("config", dict), ("meta", dict), ("alerts", dict), ("tags", list)):
+        if run.get(name) is not None and not isinstance(run.get(name), kind):
+            raise ProtocolError(f"hello.run.{name} must be {'an object' if kind is dict else 'a list'}")
     return run
+
+
+def hello_layouts(message: dict) -> dict | None:
+    """The ``layouts`` of a hello when it is an object of lists; ProtocolError otherwise."""
+    layouts = message.get("layouts")
+    if layouts is None:
+        return None
+    if not isinstance(layouts, dict) or not all(isinstance(v, list) for v in layouts.values()):
+        raise ProtocolError("hello.layouts must be an object of key -> list of slot names")
+    for key in layouts:
+        check_key(key)
+    return layouts
 
 
 def decode_record(record: Any) -> tuple[int, float, dict, dict]:
@@ -197,6 +219,8 @@ def decode_record(record: Any) -> tuple[int, float, dict, dict]:
         raise ProtocolError(f"record.step must be a non-negative integer, got {step!r}")
     if not isinstance(wall, (int, float)) or isinstance(wall, bool) or not math.isfinite(wall):
         raise ProtocolError(f"record.t must be a finite number, got {wall!r}")
+    if not isinstance(record.get("scalars") or {}, dict) or not isinstance(record.get("vectors") or {}, dict):
+        raise ProtocolError("record.scalars and record.vectors must be objects")
     scalars = {}
     for key, value in (record.get("scalars") or {}).items():
         check_key(key)
@@ -215,8 +239,142 @@ def decode_record(record: Any) -> tuple[int, float, dict, dict]:
 
 
 def check_key(key: Any) -> str:
-    """Metric keys are non-empty strings of at most 256 characters."""
+    """Metric keys are non-empty strings of at most 256 characters of valid Unicode (no lone surrogates)."""
     if not isinstance(key, str) or not key or len(key) > 256:
         shown = repr(key) if not isinstance(key, str) or len(key) <= 60 else f"{key[:40]!r}... ({len(key)} chars)"
         raise ProtocolError(f"metric key must be a non-empty string of <= 256 chars, got {shown}")
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProtocolError(f"metric key {key!r} is not valid Unicode (a lone surrogate)") from None
     return key
+
+
+# -- columnar batches (feature "columns") ------------------------------------------------------
+# A batch's records as one packed array per key: the server decodes a whole batch with a few
+# numpy calls instead of a Python loop per record, and the client encodes it with one array
+# append per value. Arrays are little-endian base64: steps int64, times and values float64 (NaN and
+# inf bit-exact), rows (indices into steps, only when a key is not in every record) int32, and a
+# vector's "missing" a uint8 mask of its k x slots values (1 = no value, .grad was None).
+MAX_STEP = (1 << 63) - 1
+
+
+def _b64(typecode: str, values) -> str:
+    data = array.array(typecode, values)
+    if sys.byteorder != "little":
+        data.byteswap()
+    return base64.b64encode(data.tobytes()).decode("ascii")
+
+
+def _unb64(text: Any, typecode: str, what: str) -> array.array:
+    if not isinstance(text, str):
+        raise ProtocolError(f"{what} must be a base64 string")
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (ValueError, TypeError) as exc:
+        raise ProtocolError(f"{what} is not valid base64: {exc}") from None
+    data = array.array(typecode)
+    if len(raw) % data.itemsize:
+        raise ProtocolError(f"{what} must hold whole {data.itemsize}-byte values")
+    data.frombytes(raw)
+    if sys.byteorder != "little":
+        data.byteswap()
+    return data
+
+
+def encode_columns(records: list) -> dict:
+    """Records ``(step, wall, scalars, vectors)`` (vectors: key -> list, None = missing) as columns."""
+    n = len(records)
+    scalars: dict = {}
+    vectors: dict = {}
+    for i, (_step, _wall, sc, vec) in enumerate(records):
+        for key, value in sc.items():
+            col = scalars.get(key)
+            if col is None:
+                col = scalars[key] = ([], [])
+            col[0].append(i)
+            col[1].append(value)
+        for key, values in vec.items():
+            col = vectors.get(key)
+            if col is None:
+                col = vectors[key] = ([], [], len(values))
+            if len(values) != col[2]:
+                raise ValueError(f"vector {key!r} changes width inside one batch")
+            col[0].append(i)
+            col[1].append(values)
+    out: dict = {"steps": _b64("q", [r[0] for r in records]), "t": _b64("d", [r[1] for r in records])}
+    out["scalars"] = {key: _column(rows, n, {"f64": _b64("d", values)}) for key, (rows, values) in scalars.items()}
+    out["vectors"] = {key: _column(rows, n, _vector_column(values, slots))
+                      for key, (rows, values, slots) in vectors.items()}
+    return out
+
+
+def _column(rows: list, n: int, body: dict) -> dict:
+    if len(rows) != n:
+        body["rows"] = _b64("i", rows)
+    return body
+
+
+def _vector_column(values: list, slots: int) -> dict:
+    flat = [v for row in values for v in row]
+    body: dict = {"slots": slots}
+    if None in flat:
+        body["missing"] = _b64("B", [v is None for v in flat])
+        flat = [math.nan if v is None else v for v in flat]
+    body["f64"] = _b64("d", flat)
+    return body
+
+
+def decode_columns(cols: Any) -> tuple:
+    """Validate a batch's "columns"; returns (steps, walls, scalars, vectors) as ``array.array``s.
+
+    ``scalars``: key -> (rows or None for every record, values); ``vectors``: key -> (rows or None,
+    slots, values of k * slots, missing mask or None). Raises ProtocolError with the reason.
+    """
+    if not isinstance(cols, dict):
+        raise ProtocolError("batch.columns must be an object")
+    steps = _unb64(cols.get("steps"), "q", "columns.steps")
+    walls = _unb64(cols.get("t"), "d", "columns.t")
+    n = len(steps)
+    if len(walls) != n:
+        raise ProtocolError("columns.t must have one time per step")
+    if n and min(steps) < 0:
+        raise ProtocolError("steps must be non-negative")
+    if not all(math.isfinite(w) for w in walls):
+        raise ProtocolError("columns.t must be finite numbers")
+    scalars, vectors = {}, {}
+    for kind, out in (("scalars", scalars), ("vectors", vectors)):
+        section = cols.get(kind) or {}
+        if not isinstance(section, dict):
+            raise ProtocolError(f"columns.{kind} must be an object")
+        for key, body in section.items():
+            check_key(key)
+            if not isinstance(body, dict):
+                raise ProtocolError(f"{kind} column {key!r} must be an object")
+            rows = _rows(body, n, key)
+            k = n if rows is None else len(rows)
+            values = _unb64(body.get("f64"), "d", f"column {key!r}")
+            if kind == "scalars":
+                if len(values) != k:
+                    raise ProtocolError(f"column {key!r} has {len(values)} values for {k} rows")
+                out[key] = (rows, values)
+                continue
+            slots = body.get("slots")
+            if type(slots) is not int or slots < 0 or len(values) != k * slots:
+                raise ProtocolError(f"vector column {key!r} needs an integer 'slots' and rows x slots values")
+            missing = body.get("missing")
+            if missing is not None:
+                missing = _unb64(missing, "B", f"column {key!r} missing")
+                if len(missing) != len(values):
+                    raise ProtocolError(f"vector column {key!r}: missing mask has the wrong length")
+            out[key] = (rows, slots, values, missing)
+    return steps, walls, scalars, vectors
+
+
+def _rows(body: dict, n: int, key: str):
+    if "rows" not in body:
+        return None
+    rows = _unb64(body["rows"], "i", f"column {key!r} rows")
+    if any(not 0 <= r < n for r in rows) or any(b <= a for a, b in zip(rows, rows[1:])):
+        raise ProtocolError(f"column {key!r} rows must be increasing record indices")
+    return rows

@@ -1,27 +1,24 @@
 """Database schema and engine (SQLAlchemy Core; SQLite by default, PostgreSQL compatible).
 
-Storage notes:
-- ``points`` holds one row per scalar per step; NaN is stored as NULL (SQLite cannot
-  store NaN; every value we store is otherwise non-NULL) and +/-inf as real infinities.
-- ``vectors`` holds one row per step for a vector key (per-layer gradient norms): the
-  values packed as little-endian float64 (NaN and inf kept bit-exact) plus the indices of
-  slots that had no value (``.grad is None``). A transformer's ~300 per-layer norms cost
-  one row per step instead of 300.
-- Both are indexed by (key_id, step): "one key of one run, ordered by step" is a range read.
+Storage notes (the measurements behind them are in docs/storage.md):
+- ``chunks`` holds a key's points in blocks: one row per key per up to ``CHUNK_POINTS`` steps,
+  with the steps (int64), wall times and values (float64, NaN and inf bit-exact) packed
+  little-endian. A vector key (per-layer gradient norms) keeps ``slots`` values per step and a
+  uint8 mask of the slots that had no value (``.grad is None``). Storing a block costs one row
+  where one row per point cost hundreds, so ingest runs faster than raw row-per-point inserts.
+- Chunks of one key may overlap in steps (out-of-order or repeated steps); readers merge them.
 - ``rollups`` summarises every block of 16, 64, ... 65536 steps per key (see rollup.py), so a
   chart of a million-step run reads a few thousand rows and still shows every spike and NaN.
+- Steps are 64-bit on every engine (steps counted in tokens or samples pass 2**31 easily).
 """
 
 from __future__ import annotations
 
-import array
-import json
 import math
-import sys
 from pathlib import Path
 
-from sqlalchemy import (Column, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Table, Text,
-                        UniqueConstraint, create_engine, event)
+from sqlalchemy import (BigInteger, Column, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Table,
+                        Text, UniqueConstraint, create_engine, event)
 from sqlalchemy.engine import Engine
 
 metadata = MetaData()
@@ -30,13 +27,14 @@ runs = Table(
     "runs", metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("uid", String(64), nullable=False, unique=True),
+    Column("secret", String(64)),  # sha256 of the client's per-run secret: only that client may resume the run
     Column("project", String(200), nullable=False, index=True),
     Column("name", String(200), nullable=False),
     Column("status", String(16), nullable=False),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
     Column("finished_at", Float),
-    Column("last_step", Integer),
+    Column("last_step", BigInteger),
     Column("last_seq", Integer, nullable=False, default=0),
     Column("config", Text, nullable=False, default="{}"),
     Column("meta", Text, nullable=False, default="{}"),
@@ -55,30 +53,25 @@ metric_keys = Table(
     UniqueConstraint("run_id", "key", name="uq_metric_keys_run_key"),
 )
 
-points = Table(
-    "points", metadata,
+chunks = Table(  # a key's points in blocks; see the module docstring and chunks.py
+    "chunks", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
     Column("key_id", Integer, nullable=False),
-    Column("step", Integer, nullable=False),
-    Column("wall_time", Float, nullable=False),
-    Column("value", Float),  # NULL means NaN
-    Index("ix_points_key_step", "key_id", "step"),
-)
-
-vectors = Table(
-    "vectors", metadata,
-    Column("key_id", Integer, nullable=False),
-    Column("step", Integer, nullable=False),
-    Column("wall_time", Float, nullable=False),
-    Column("data", LargeBinary, nullable=False),
-    Column("missing", Text),  # JSON list of slot indices without a value, NULL when none
-    Index("ix_vectors_key_step", "key_id", "step"),
+    Column("first_step", BigInteger, nullable=False),
+    Column("last_step", BigInteger, nullable=False),
+    Column("n", Integer, nullable=False),
+    Column("steps", LargeBinary, nullable=False),  # n int64
+    Column("walls", LargeBinary, nullable=False),  # n float64 (unix seconds)
+    Column("data", LargeBinary, nullable=False),   # n x slots float64
+    Column("missing", LargeBinary),                # n x slots uint8, 1 = no value; NULL when none
+    Index("ix_chunks_key_last", "key_id", "last_step"),
 )
 
 rollups = Table(  # per-block summaries for fast, spike-preserving reads of big runs (see rollup.py)
     "rollups", metadata,
     Column("key_id", Integer, nullable=False),
     Column("level", Integer, nullable=False),
-    Column("block", Integer, nullable=False),
+    Column("block", BigInteger, nullable=False),
     Column("n", Integer, nullable=False),
     Column("data", LargeBinary, nullable=False),
     UniqueConstraint("key_id", "level", "block", name="uq_rollups_key_level_block"),
@@ -89,13 +82,17 @@ alerts = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False, index=True),
     Column("kind", String(40), nullable=False),
-    Column("step", Integer),
+    Column("step", BigInteger),                # the first bad step (onset)
+    Column("last_step", BigInteger),           # the latest step it recurred at
+    Column("confirmed_step", BigInteger),      # where the rule became sure (after its patience)
+    Column("count", Integer, nullable=False, default=1),  # how many times it fired (recurrences merge)
     Column("key", String(256)),
     Column("layer", String(256)),
     Column("value", Float),
     Column("severity", String(16), nullable=False),
     Column("message", Text, nullable=False),
     Column("created_at", Float, nullable=False),
+    Column("updated_at", Float),
 )
 
 
@@ -116,7 +113,9 @@ def make_engine(url: str) -> Engine:
             cur.close()
     else:
         engine = create_engine(_postgres_driver(url), pool_pre_ping=True)
-    metadata.create_all(engine)
+    from .migrate import upgrade
+
+    upgrade(engine)
     return engine
 
 
@@ -131,29 +130,8 @@ def _postgres_driver(url: str) -> str:
     return f"postgresql+{driver}://{rest}"
 
 
-def pack_vector(values: list) -> tuple[bytes, str | None]:
-    """Pack a vector for storage: float64 bytes and the JSON list of missing slots."""
-    missing = [i for i, v in enumerate(values) if v is None]
-    data = array.array("d", [math.nan if v is None else v for v in values])
-    if sys.byteorder != "little":
-        data.byteswap()
-    return data.tobytes(), (json.dumps(missing) if missing else None)
-
-
-def unpack_vector(data: bytes, missing: str | None) -> list:
-    """Inverse of ``pack_vector``: floats with None in the missing slots."""
-    values = array.array("d")
-    values.frombytes(data)
-    if sys.byteorder != "little":
-        values.byteswap()
-    out: list = values.tolist()
-    for i in json.loads(missing) if missing else ():
-        out[i] = None
-    return out
-
-
 def to_db_float(value: float) -> float | None:
-    """NaN becomes NULL; everything else is stored as is."""
+    """NaN becomes NULL (SQL has no NaN); everything else is stored as is."""
     return None if math.isnan(value) else value
 
 

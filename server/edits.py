@@ -6,7 +6,7 @@ import json
 
 from sqlalchemy import delete, select, update
 
-from . import db
+from . import chunks, db
 from .store import NotFound
 
 
@@ -47,8 +47,7 @@ def delete_run(conn, run_id: int) -> None:
     if conn.execute(select(db.runs.c.id).where(db.runs.c.id == run_id)).first() is None:
         raise NotFound(f"run {run_id} not found")
     key_ids = select(db.metric_keys.c.id).where(db.metric_keys.c.run_id == run_id).scalar_subquery()
-    conn.execute(delete(db.points).where(db.points.c.key_id.in_(key_ids)))
-    conn.execute(delete(db.vectors).where(db.vectors.c.key_id.in_(key_ids)))
+    chunks.delete_keys(conn, key_ids)
     conn.execute(delete(db.rollups).where(db.rollups.c.key_id.in_(key_ids)))
     conn.execute(delete(db.metric_keys).where(db.metric_keys.c.run_id == run_id))
     conn.execute(delete(db.alerts).where(db.alerts.c.run_id == run_id))

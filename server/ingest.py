@@ -1,21 +1,42 @@
-"""What happens to a run's data on its way in: plain functions run on the writer thread."""
+"""What happens to a batch: plain functions run on the writer thread, one batch at a time.
+
+``open_run`` answers a hello; ``apply_batch`` stores one decoded batch (batch.py) of a run:
+layouts, then every key's points as chunks (chunks.py) and rollups (rollup.py), then the health
+rules over the whole batch, then events, alerts and the run row. Whatever cannot be stored (a
+malformed record, a key over the run's limit) is left out, counted, and reported as a
+``data_refused`` alert and in the ack; the rest of the batch is stored.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import math
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 from gradwatch import protocol
 from sqlalchemy import select, update
 
-from . import db, health, rollup
+from . import chunks, db, health, rollup
+from .alerts import AlertBook, insert_alert
+from .batch import Batch, Column
 from .diagnose import diagnose
 
 
 @dataclass
+class Limits:
+    """Per-run caps (server settings), each refusal explained in the run's alerts."""
+
+    max_keys: int = 10000
+    max_layers: int = 100000
+
+
+@dataclass
 class RunState:
-    """Writer-side cache for one run: key ids, vector layouts and the health monitor."""
+    """Writer-side cache for one run: key ids, vector layouts, chunk tails, rollups and the health monitor."""
 
     run_id: int
     key_ids: dict = field(default_factory=dict)
@@ -24,16 +45,21 @@ class RunState:
     last_step: int | None = None
     last_seq: int = 0  # the last committed batch: the one authority on duplicates and gaps
     rollups: dict = field(default_factory=dict)
+    tails: dict = field(default_factory=dict)
+    alerts: AlertBook | None = None
 
 
 def open_run(conn, info: dict, server_alerts: dict, now: float | None = None,
              resume_from: int | None = None) -> dict:
     """Create the run for a hello, or resume it (reconnect); returns run_id and acked_seq."""
     now = now or time.time()
-    row = conn.execute(select(db.runs.c.id, db.runs.c.last_seq, db.runs.c.status)
+    row = conn.execute(select(db.runs.c.id, db.runs.c.last_seq, db.runs.c.status, db.runs.c.secret)
                        .where(db.runs.c.uid == info["uid"])).first()
+    if row is not None and row.secret is not None and not hmac.compare_digest(row.secret, _secret_hash(info) or ""):
+        # A uid alone (it shows in URLs and logs) must not let anyone resume, move the run's sequence or add data.
+        raise protocol.ProtocolError("this run uid belongs to another client (its run secret does not match)")
     if row is not None:
-        if row.status == "crashed":
+        if row.status in ("crashed", "stalled"):
             conn.execute(update(db.runs).where(db.runs.c.id == row.id).values(status="running", updated_at=now))
         out = {"run_id": row.id, "acked_seq": row.last_seq, "created": False}
     else:
@@ -65,7 +91,8 @@ def ensure_layouts(conn, run_id: int, layouts: dict) -> list[str]:
         if not isinstance(names, list):
             raise protocol.ProtocolError(f"layout of {key!r} must be a list of names")
         if key not in known:
-            conn.execute(db.metric_keys.insert().values(run_id=run_id, key=key, layers=json.dumps([str(n) for n in names])))
+            conn.execute(db.metric_keys.insert().values(run_id=run_id, key=key,
+                                                        layers=json.dumps([clean(n)[:256] for n in names])))
             added.append(key)
     return added
 
@@ -73,12 +100,48 @@ def ensure_layouts(conn, run_id: int, layouts: dict) -> list[str]:
 def _create_run(conn, info: dict, server_alerts: dict, now: float) -> dict:
     alerts = info.get("alerts") if isinstance(info.get("alerts"), dict) else {}
     result = conn.execute(db.runs.insert().values(
-        uid=info["uid"], project=str(info.get("project") or "default")[:200],
-        name=str(info.get("name") or info["uid"][:8])[:200], status="running", created_at=now, updated_at=now,
-        last_seq=0, config=json.dumps(info.get("config") or {}), meta=json.dumps(info.get("meta") or {}),
-        alert_config=json.dumps({**server_alerts, **alerts}),
-        tags=json.dumps([str(t) for t in info.get("tags") or []]), notes=""))
+        uid=info["uid"], project=clean(info.get("project") or "default")[:200], secret=_secret_hash(info),
+        name=clean(info.get("name") or info["uid"][:8])[:200], status="running", created_at=now, updated_at=now,
+        last_seq=0, config=_json(info.get("config") or {}), meta=_json(info.get("meta") or {}),
+        alert_config=_json({**server_alerts, **alerts}),
+        tags=_json([str(t) for t in info.get("tags") or []] if isinstance(info.get("tags"), list) else []), notes=""))
     return {"run_id": result.inserted_primary_key[0], "acked_seq": 0, "created": True}
+
+
+def _secret_hash(info: dict) -> str | None:
+    """The stored form of the client's per-run secret (never the secret itself)."""
+    secret = info.get("secret")
+    return hashlib.sha256(secret.encode("utf-8", "replace")).hexdigest() if isinstance(secret, str) and secret else None
+
+
+def _json(value) -> str:
+    """Strict JSON for a stored document (a bare NaN from a client becomes the string "NaN")."""
+    return json.dumps(_strict(value), ensure_ascii=False)
+
+
+def clean(text) -> str:
+    """A client's string made safe to store and serve (lone surrogates become U+FFFD)."""
+    return str(text).encode("utf-8", "replace").decode("utf-8") if not isinstance(text, str) or _bad(text) else text
+
+
+def _bad(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _strict(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return protocol.encode_float(value)
+    if isinstance(value, str):
+        return clean(value)
+    if isinstance(value, dict):
+        return {str(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strict(v) for v in value]
+    return value
 
 
 def load_state(conn, run_id: int) -> RunState:
@@ -91,12 +154,18 @@ def load_state(conn, run_id: int) -> RunState:
     cfg, meta, state.last_step, state.last_seq = conn.execute(
         select(db.runs.c.alert_config, db.runs.c.meta, db.runs.c.last_step, db.runs.c.last_seq)
         .where(db.runs.c.id == run_id)).one()
-    state.monitor = health.Monitor(health.thresholds(json.loads(cfg or "{}")), meta=json.loads(meta or "{}"))
+    state.monitor = health.Monitor(health.thresholds(_loads(cfg)), meta=_loads(meta))
+    state.alerts = AlertBook.load(conn, run_id)
     _replay_recent(conn, state)
     return state
 
 
-RULE_KEYS = ("grad/global_norm", "memory/cuda_reserved", "amp/scale")
+def _loads(text) -> dict:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _replay_recent(conn, state: RunState) -> None:
@@ -109,28 +178,36 @@ def _replay_recent(conn, state: RunState) -> None:
     depth = int(max(v for k, v in th.items() if k.endswith((".window", ".patience", ".min_history")))) + 1
     steps: dict = {}
     for key, key_id in state.key_ids.items():
-        if key in state.layouts or not (protocol.is_loss_key(key) or key in RULE_KEYS):
+        if key in state.layouts or not health_relevant(key):
             continue
-        rows = conn.execute(select(db.points.c.step, db.points.c.value).where(db.points.c.key_id == key_id)
-                            .order_by(db.points.c.step.desc()).limit(depth)).all()
-        for step, value in rows:
-            steps.setdefault(step, ({}, {}))[0][key] = db.from_db_float(value)
+        points = chunks.latest(conn, key_id, depth, slots=1)
+        for step, value in zip(points.steps.tolist(), points.values[:, 0].tolist()):
+            steps.setdefault(step, ({}, {}))[0][key] = value
     grad_id = state.key_ids.get(health.GRAD_VECTOR)
-    if grad_id is not None and health.GRAD_VECTOR in state.layouts:
-        rows = conn.execute(select(db.vectors.c.step, db.vectors.c.data, db.vectors.c.missing)
-                            .where(db.vectors.c.key_id == grad_id).order_by(db.vectors.c.step.desc()).limit(depth)).all()
-        layout = state.layouts[health.GRAD_VECTOR]
-        for step, data, missing in rows:
-            values = db.unpack_vector(data, missing)
-            if len(values) == len(layout):
-                steps.setdefault(step, ({}, {}))[1][health.GRAD_VECTOR] = (layout, values)
+    layout = state.layouts.get(health.GRAD_VECTOR)
+    if grad_id is not None and layout is not None:
+        points = chunks.latest(conn, grad_id, depth, slots=len(layout))
+        for step, values, present in zip(points.steps.tolist(), points.values.tolist(), points.present().tolist()):
+            norms = [v if p else None for v, p in zip(values, present)]
+            steps.setdefault(step, ({}, {}))[1][health.GRAD_VECTOR] = (layout, norms)
     for step in sorted(steps)[-depth:]:
         state.monitor.observe(step, *steps[step])
 
 
-def _key_id(conn, state: RunState, key: str, layers: list | None = None) -> int:
+def health_relevant(key: str) -> bool:
+    """Scalar keys the health rules read (only these are handed to them)."""
+    relevant = getattr(health, "relevant", None)
+    if relevant is not None:
+        return relevant(key)
+    return protocol.is_loss_key(key) or key.startswith(("grad/", "memory/", "amp/"))
+
+
+def _key_id(conn, state: RunState, key: str, limits: Limits, layers: list | None = None) -> int | None:
+    """The key's id, created on first use; None when the run already has its maximum of keys."""
     key_id = state.key_ids.get(key)
     if key_id is None:
+        if len(state.key_ids) >= limits.max_keys:
+            return None
         key_id = conn.execute(db.metric_keys.insert().values(
             run_id=state.run_id, key=key, layers=json.dumps(layers) if layers is not None else None
         )).inserted_primary_key[0]
@@ -138,79 +215,123 @@ def _key_id(conn, state: RunState, key: str, layers: list | None = None) -> int:
     return key_id
 
 
-def apply_batch(conn, state: RunState, message: dict, now: float | None = None) -> dict:
-    """Store one batch (already checked to be the next seq); returns what to push to pages."""
+def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, limits: Limits | None = None) -> dict:
+    """Store one batch (already checked to be the next seq); returns what to push and what was refused."""
     now = now or time.time()
-    for key, names in (message.get("layouts") or {}).items():
-        protocol.check_key(key)
-        if not isinstance(names, list):
-            raise protocol.ProtocolError(f"layout of {key!r} must be a list of names")
-        names = [str(n) for n in names]
-        key_id = _key_id(conn, state, key, names)
-        conn.execute(update(db.metric_keys).where(db.metric_keys.c.id == key_id).values(layers=json.dumps(names)))
-        state.layouts[key] = names
-    records = message.get("records") or []
-    if not isinstance(records, list):
-        raise protocol.ProtocolError("batch.records must be a list")
-    decoded = [protocol.decode_record(r) for r in records]
-    push = _store_records(conn, state, decoded, records)
-    new_alerts = []
-    for step, _wall, scalars, vecs in decoded:
-        new_alerts += state.monitor.observe(step, scalars, {k: (state.layouts.get(k), v) for k, v in vecs.items()})
-    run_changes: dict = {"updated_at": now, "last_seq": message["seq"]}
-    for ev in message.get("events") or []:
-        new_alerts += _apply_event(conn, state, ev, run_changes, now)
-    stored_alerts = [insert_alert(conn, state.run_id, a, now) for a in new_alerts]
-    steps = [d[0] for d in decoded]
-    if steps:
-        run_changes["last_step"] = max(steps if state.last_step is None else [*steps, state.last_step])
+    limits = limits or Limits()
+    _apply_layouts(conn, state, batch, limits)
+    stored = _store_columns(conn, state, batch, limits)
+    new_alerts = _observe(state, batch)
+    run_changes: dict = {"updated_at": now, "last_seq": batch.seq}
+    for ev in batch.events:
+        try:
+            new_alerts += _apply_event(state, ev, run_changes)
+        except (protocol.ProtocolError, TypeError, ValueError, OverflowError) as exc:
+            batch.problems.append(f"event: {exc}")
+    if batch.problems:
+        new_alerts.append(refused_alert(batch))
+    changed = [state.alerts.record(conn, a, now) for a in new_alerts]
+    if len(batch.steps):
+        newest = int(batch.steps.max())
+        run_changes["last_step"] = newest if state.last_step is None else max(newest, state.last_step)
     conn.execute(update(db.runs).where(db.runs.c.id == state.run_id).values(**run_changes))
     state.last_step = run_changes.get("last_step", state.last_step)
-    state.last_seq = message["seq"]
-    push.update(alerts=stored_alerts, status=run_changes.get("status"), last_step=run_changes.get("last_step"))
-    return push
+    state.last_seq = batch.seq
+    return {"stored": stored, "alerts": changed, "status": run_changes.get("status"),
+            "last_step": run_changes.get("last_step"), "refused": "; ".join(batch.problems)[:2000] or None}
 
 
-def _store_records(conn, state: RunState, decoded: list, wire: list) -> dict:
-    """Insert a batch's points and vectors, update the rollups; returns the live push for pages."""
-    point_rows, vector_rows = [], []
-    series: dict = {}
-    vec_push: dict = {}
-    raw: dict = {}  # key -> one list of values per step, for the rollups
-    for (step, wall, scalars, vecs), record in zip(decoded, wire):
-        for key, value in scalars.items():
-            point_rows.append({"key_id": _key_id(conn, state, key), "step": step, "wall_time": wall,
-                               "value": db.to_db_float(value)})
-            raw.setdefault(key, []).append([value])
-            s = series.setdefault(key, {"steps": [], "values": [], "wall_times": []})
-            s["steps"].append(step)
-            s["values"].append(protocol.encode_float(value))
-            s["wall_times"].append(wall)
-        for key, values in vecs.items():
-            layout = state.layouts.get(key)
-            if layout is None:
-                raise protocol.ProtocolError(f"vector {key!r} arrived before its layout (send layouts first)")
-            if len(layout) != len(values):
-                raise protocol.ProtocolError(f"vector {key!r} has {len(values)} values, layout has {len(layout)}")
-            data, missing = db.pack_vector(values)
-            vector_rows.append({"key_id": _key_id(conn, state, key, layout), "step": step, "wall_time": wall,
-                                "data": data, "missing": missing})
-            raw.setdefault(key, []).append(values)
-            v = vec_push.setdefault(key, {"steps": [], "values": []})
-            v["steps"].append(step)
-            v["values"].append(record["vectors"][key])  # already in wire form (checked by decode_record)
-    if point_rows:
-        conn.execute(db.points.insert(), point_rows)
-    if vector_rows:
-        conn.execute(db.vectors.insert(), vector_rows)
-    for key, s in series.items():
-        rollup.update_rollups(conn, state.rollups, state.key_ids[key], s["steps"], raw[key])
-    for key, v in vec_push.items():
-        rollup.update_rollups(conn, state.rollups, state.key_ids[key], v["steps"], raw[key])
-    return {"series": series, "vectors": vec_push}
+def refused_alert(batch: Batch) -> "health.Alert":
+    shown = "; ".join(batch.problems[:5]) + (f"; and {len(batch.problems) - 5} more" if len(batch.problems) > 5 else "")
+    return health.Alert("data_refused", int(batch.steps.min()) if len(batch.steps) else None, float(len(batch.problems)),
+                        "warning", key=None, message=(
+                            f"Part of batch {batch.seq} could not be stored: {shown[:1500]}. Everything else in it "
+                            "was stored."))
 
 
-def _apply_event(conn, state: RunState, ev: dict, changes: dict, now: float) -> list:
+def _apply_layouts(conn, state: RunState, batch: Batch, limits: Limits) -> None:
+    for key, names in batch.layouts.items():
+        if len(names) > limits.max_layers:
+            batch.problems.append(f"layout of {key!r} has {len(names)} slots, over the limit of {limits.max_layers}")
+            continue
+        key_id = _key_id(conn, state, key, limits, names)
+        if key_id is None:
+            batch.problems.append(f"key {key!r} not created: the run already has {limits.max_keys} keys")
+            continue
+        if state.layouts.get(key) != names:
+            conn.execute(update(db.metric_keys).where(db.metric_keys.c.id == key_id).values(layers=json.dumps(names)))
+            state.layouts[key] = names
+
+
+def _store_columns(conn, state: RunState, batch: Batch, limits: Limits) -> dict:
+    """Every key's points into chunks and rollups; returns key -> (kind, steps, walls, Column) as stored."""
+    stored = {}
+    for kind, columns in (("scalar", batch.scalars), ("vector", batch.vectors)):
+        for key, column in columns.items():
+            slots = column.values.shape[1]
+            if kind == "vector" and not 0 < slots <= limits.max_layers:
+                batch.problems.append(f"vector {key!r} with {slots} values per step not stored "
+                                      f"(limit 1-{limits.max_layers})")
+                continue
+            if kind == "scalar" and key in state.layouts or kind == "vector" and key in state.key_ids \
+                    and key not in state.layouts:
+                batch.problems.append(f"{key!r} was logged both as a number and as a vector; {kind} values not stored")
+                continue
+            layers = state.layouts.get(key) or ([f"param[{i}]" for i in range(slots)] if kind == "vector" else None)
+            key_id = _key_id(conn, state, key, limits, layers)
+            if key_id is None:
+                batch.problems.append(f"key {key!r} not stored: the run already has {limits.max_keys} keys")
+                continue
+            if kind == "vector" and key not in state.layouts:
+                state.layouts[key] = layers
+            steps, walls = batch.column_steps(column)
+            points = chunks.Points(steps, walls, column.values, column.missing)
+            chunks.append(conn, state.tails.setdefault(key, chunks.Tail()), key_id, points)
+            rollup.update_rollups(conn, state.rollups, key_id, steps, walls, column.values, points.present())
+            stored[key] = (kind, steps, walls, column)
+    return stored
+
+
+def _observe(state: RunState, batch: Batch) -> list:
+    """The health rules over the batch: the keys they read, in record order."""
+    scalars = {k: c for k, c in batch.scalars.items() if health_relevant(k)}
+    grad = batch.vectors.get(health.GRAD_VECTOR)
+    if not scalars and grad is None:
+        return []
+    observe_batch = getattr(state.monitor, "observe_batch", None)
+    layout = state.layouts.get(health.GRAD_VECTOR)
+    if observe_batch is not None:
+        every = np.arange(len(batch.steps))
+        cols = {k: (every if c.rows is None else c.rows, c.values[:, 0]) for k, c in scalars.items()}
+        vecs = {}
+        if grad is not None:
+            vecs[health.GRAD_VECTOR] = (layout or [], every if grad.rows is None else grad.rows, grad.values,
+                                        np.ones(grad.values.shape, dtype=bool) if grad.missing is None else ~grad.missing)
+        return observe_batch(batch.steps, cols, vecs)
+    return _observe_each(state, batch, scalars, grad, layout)
+
+
+def _observe_each(state: RunState, batch: Batch, scalars: dict, grad: Column | None, layout) -> list:
+    """Fallback: one ``observe`` call per record that holds a key the rules read."""
+    per_row: dict = {}
+    for key, column in scalars.items():
+        rows = range(len(batch.steps)) if column.rows is None else column.rows.tolist()
+        for row, value in zip(rows, column.values[:, 0].tolist()):
+            per_row.setdefault(row, ({}, {}))[0][key] = value
+    if grad is not None:
+        rows = range(len(batch.steps)) if grad.rows is None else grad.rows.tolist()
+        present = np.ones(grad.values.shape, dtype=bool) if grad.missing is None else ~grad.missing
+        for row, values, ok in zip(rows, grad.values.tolist(), present.tolist()):
+            norms = [v if p else None for v, p in zip(values, ok)]
+            per_row.setdefault(row, ({}, {}))[1][health.GRAD_VECTOR] = (layout, norms)
+    alerts = []
+    steps = batch.steps.tolist()
+    for row in sorted(per_row):
+        alerts += state.monitor.observe(steps[row], *per_row[row])
+    return alerts
+
+
+def _apply_event(state: RunState, ev, changes: dict) -> list:
     """Apply a run-level event; returns alerts it implies."""
     if not isinstance(ev, dict):
         raise protocol.ProtocolError("event must be an object")
@@ -221,35 +342,62 @@ def _apply_event(conn, state: RunState, ev: dict, changes: dict, now: float) -> 
             raise protocol.ProtocolError(f"unknown status {status!r}")
         changes["status"] = status
         if status in ("finished", "failed"):
-            changes["finished_at"] = now
+            changes["finished_at"] = changes["updated_at"]
         return []
     if kind == "exception":
-        error = {k: ev.get(k) for k in ("exc_type", "message", "traceback", "step", "memory")}
-        error["diagnosis"] = diagnose(str(ev.get("exc_type")), str(ev.get("message")), ev.get("memory"))
+        error = {k: _strict(ev.get(k)) for k in ("exc_type", "message", "traceback", "step", "memory")}
+        error["message"] = str(error["message"])[:20000]
+        error["traceback"] = str(error["traceback"])[-50000:]
+        error["diagnosis"] = diagnose(str(ev.get("exc_type"))[:200], error["message"][:4000],
+                                      ev.get("memory") if isinstance(ev.get("memory"), dict) else None)
         changes["error"] = json.dumps(error)
         return state.monitor.on_exception(error)
     if kind == "alert":
-        return [health.Alert(kind=str(ev.get("kind")), step=ev.get("step"), layer=ev.get("layer"),
-                             value=protocol.decode_float(ev.get("value")), severity=str(ev.get("severity", "warning")),
-                             message=str(ev.get("message", "")), key=ev.get("key"))]
+        step = ev.get("step")
+        return [health.Alert(kind=str(ev.get("kind"))[:40], step=step if type(step) is int else None,
+                             layer=_short(ev.get("layer")), value=protocol.decode_float(ev.get("value")),
+                             severity=str(ev.get("severity", "warning"))[:16], message=str(ev.get("message", ""))[:4000],
+                             key=_short(ev.get("key")))]
     raise protocol.ProtocolError(f"unknown event type {kind!r}")
 
 
-def insert_alert(conn, run_id: int, alert: "health.Alert", now: float) -> dict:
-    """Store one alert; returns it in API form."""
-    row = {"run_id": run_id, "kind": alert.kind, "step": alert.step, "key": alert.key, "layer": alert.layer,
-           "value": None if alert.value is None else db.to_db_float(alert.value), "severity": alert.severity,
-           "message": alert.message, "created_at": now}
-    alert_id = conn.execute(db.alerts.insert().values(**row)).inserted_primary_key[0]
-    row["id"] = alert_id
-    row["value"] = protocol.encode_float(alert.value) if alert.value is not None else None
-    return row
+def _short(value) -> str | None:
+    return None if value is None else str(value)[:256]
+
+
+def mark_runs(conn, run_ids: list[int], status: str, now: float | None = None) -> list[int]:
+    """Mark running (or stalled) runs as crashed: their process went away without finishing."""
+    if not run_ids:
+        return []
+    conn.execute(update(db.runs).where(db.runs.c.id.in_(run_ids), db.runs.c.status.in_(("running", "stalled")))
+                 .values(status=status, updated_at=now or time.time()))
+    return run_ids
 
 
 def mark_crashed(conn, run_ids: list[int], now: float | None = None) -> list[int]:
-    """Mark running runs as crashed (their process went away without finishing)."""
-    if not run_ids:
-        return []
-    conn.execute(update(db.runs).where(db.runs.c.id.in_(run_ids), db.runs.c.status == "running")
-                 .values(status="crashed", updated_at=now or time.time()))
+    return mark_runs(conn, run_ids, "crashed", now)
+
+
+def mark_stalled(conn, run_ids: list[int], intervals: dict, now: float | None = None) -> list[int]:
+    """Connected runs that stopped sending: status 'stalled' and a 'stalled' alert saying for how long."""
+    now = now or time.time()
+    for run_id in run_ids:
+        row = conn.execute(select(db.runs.c.updated_at, db.runs.c.last_step, db.runs.c.status)
+                           .where(db.runs.c.id == run_id)).first()
+        if row is None or row.status != "running":
+            continue
+        conn.execute(update(db.runs).where(db.runs.c.id == run_id).values(status="stalled"))
+        usual = intervals.get(run_id)
+        AlertBook.load(conn, run_id).record(conn, health.Alert(
+            "stalled", row.last_step, now - row.updated_at, "warning", message=(
+                f"The training process is still connected but has sent nothing for {now - row.updated_at:.0f} s"
+                + (f" (it usually sends every {usual:.1f} s)" if usual else "") + ". A hung collective "
+                "(NCCL/gloo waiting for a rank), a deadlocked DataLoader or a stuck I/O call are common causes; "
+                "py-spy dump --pid <pid> shows where it waits.")), now)
     return run_ids
+
+
+def resume_stalled(conn, run_id: int) -> bool:
+    """A stalled run sent data again: it is running."""
+    conn.execute(update(db.runs).where(db.runs.c.id == run_id, db.runs.c.status == "stalled").values(status="running"))
+    return True

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+
+import numpy as np
+from gradwatch import protocol
 
 RUNS_CHANNEL = "runs"
 QUEUE_LIMIT = 1000
@@ -14,6 +18,10 @@ class Hub:
     def __init__(self):
         self._subs: dict = {}
         self.loop: asyncio.AbstractEventLoop | None = None
+
+    def has(self, channel) -> bool:
+        """Whether any page listens on ``channel`` (pushes are only built for those)."""
+        return bool(self._subs.get(channel))
 
     def subscribe(self, channel) -> asyncio.Queue:
         queue: asyncio.Queue = asyncio.Queue(QUEUE_LIMIT)
@@ -33,7 +41,32 @@ class Hub:
                     queue.get_nowait()
                 queue.put_nowait({"type": "resync"})
 
-    def publish_threadsafe(self, channel, message: dict) -> None:
-        """Publish from another thread (the writer)."""
-        if self.loop is not None and not self.loop.is_closed():
-            self.loop.call_soon_threadsafe(self.publish, channel, message)
+
+LIVE_POINTS_MAX = 5000  # per key and batch; a bigger push tells the page to refetch instead
+
+
+def points_message(stored: dict) -> dict:
+    """A committed batch as the page push: scalars as lists, vectors one base64 float64 row per step."""
+    series, vectors = {}, {}
+    for key, (kind, steps, walls, column) in stored.items():
+        if len(steps) > LIVE_POINTS_MAX:
+            return {"series": {}, "vectors": {}, "resync": True}
+        if kind == "scalar":
+            series[key] = {"steps": steps.tolist(), "values": _json_floats(column.values[:, 0]),
+                           "wall_times": walls.tolist()}
+        else:
+            vectors[key] = {"steps": steps.tolist(), "values": [_vector_row(column, i) for i in range(len(steps))]}
+    return {"series": series, "vectors": vectors}
+
+
+def _json_floats(values: np.ndarray) -> list:
+    if np.isfinite(values).all():
+        return values.tolist()
+    return [protocol.encode_float(v) for v in values.tolist()]
+
+
+def _vector_row(column, i: int) -> dict:
+    out: dict = {"f64": base64.b64encode(np.ascontiguousarray(column.values[i], dtype="<f8").tobytes()).decode()}
+    if column.missing is not None and column.missing[i].any():
+        out["missing"] = np.flatnonzero(column.missing[i]).tolist()
+    return out

@@ -2,8 +2,8 @@
 
 For every key and every block of ``level`` consecutive steps (levels 16 to 65536, each 4x the last) one row
 keeps, per slot (a scalar has one slot, a per-layer vector one per layer): the finite minimum
-and maximum with the steps they occurred at, and the first step of each non-finite kind
-(NaN, +inf, -inf). Each of those is a real logged point, so an envelope computed over a range's
+and maximum with the steps (and wall times) they occurred at, and the first step (and wall time)
+of each non-finite kind (NaN, +inf, -inf). Each of those is a real logged point, so an envelope computed over a range's
 block summaries is the envelope of its raw points, at a cost of a few rows per block.
 Blocks written under an older per-layer layout (the model gained or lost parameters) no
 longer match; readers then fall back to the raw points for that range.
@@ -17,15 +17,19 @@ import numpy as np
 from sqlalchemy import bindparam, func, select, update
 
 from . import db
+from .chunks import f64, from_f64
 
 LEVELS = (16, 64, 256, 1024, 4096, 16384, 65536)
 MIN_V, MIN_S, MAX_V, MAX_S, NAN_S, PINF_S, NINF_S = range(7)
+STEP_ROWS = (MIN_S, MAX_S, NAN_S, PINF_S, NINF_S)
+WALL_OF = {row: 7 + i for i, row in enumerate(STEP_ROWS)}  # the wall time of each step row
+ROWS = 12
 NONE = -1.0  # "no such step" in the step rows
 
 
 @dataclass
 class Block:
-    """One block's summary: a (7, slots) float64 array, the point count and whether it is stored yet."""
+    """One block's summary: a (ROWS, slots) float64 array, the point count and whether it is stored yet."""
 
     data: np.ndarray
     n: int = 0
@@ -33,28 +37,33 @@ class Block:
 
 
 def empty(slots: int) -> Block:
-    data = np.full((7, slots), NONE)
+    data = np.full((ROWS, slots), NONE)
     data[MIN_V], data[MAX_V] = np.inf, -np.inf
     return Block(data)
 
 
-def summarise(steps: np.ndarray, values: np.ndarray, present: np.ndarray, groups: np.ndarray):
-    """Per-group summaries of points sorted by group: (group ids, counts, (g, 7, slots) array)."""
+def summarise(steps: np.ndarray, walls: np.ndarray, values: np.ndarray, present: np.ndarray, groups: np.ndarray):
+    """Per-group summaries of points sorted by group: (group ids, counts, (g, ROWS, slots) array)."""
     k = len(steps)
     starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
     seg = np.cumsum(np.r_[False, groups[1:] != groups[:-1]])  # row -> its group's position
     rows = np.arange(k)[:, None]
-    out = np.empty((len(starts), 7, values.shape[1]))
+    out = np.empty((len(starts), ROWS, values.shape[1]))
     finite = present & np.isfinite(values)
+
+    def note(s_row, first):
+        found = first < k
+        at = np.minimum(first, k - 1)
+        out[:, s_row] = np.where(found, steps[at], NONE)
+        out[:, WALL_OF[s_row]] = np.where(found, walls[at], NONE)
+
     for sign, v_row, s_row in ((1.0, MIN_V, MIN_S), (-1.0, MAX_V, MAX_S)):
         masked = np.where(finite, sign * values, np.inf)
         best = np.minimum.reduceat(masked, starts, axis=0)
-        first = np.minimum.reduceat(np.where(finite & (masked == best[seg]), rows, k), starts, axis=0)
         out[:, v_row] = sign * best
-        out[:, s_row] = np.where(first < k, steps[np.minimum(first, k - 1)], NONE)
+        note(s_row, np.minimum.reduceat(np.where(finite & (masked == best[seg]), rows, k), starts, axis=0))
     for row, hit in ((NAN_S, np.isnan(values)), (PINF_S, values == np.inf), (NINF_S, values == -np.inf)):
-        first = np.minimum.reduceat(np.where(hit & present, rows, k), starts, axis=0)
-        out[:, row] = np.where(first < k, steps[np.minimum(first, k - 1)], NONE)
+        note(row, np.minimum.reduceat(np.where(hit & present, rows, k), starts, axis=0))
     return groups[starts], np.diff(np.r_[starts, k]), out
 
 
@@ -68,30 +77,34 @@ def merge(block: Block, data: np.ndarray, n: int) -> bool:
     for v_row, s_row, better in ((MIN_V, MIN_S, np.less), (MAX_V, MAX_S, np.greater)):
         take = better(data[v_row], d[v_row]) | ((data[v_row] == d[v_row]) & (data[s_row] != NONE)
                                                  & ((d[s_row] == NONE) | (data[s_row] < d[s_row])))
-        d[v_row] = np.where(take, data[v_row], d[v_row])
-        d[s_row] = np.where(take, data[s_row], d[s_row])
+        for row in (v_row, s_row, WALL_OF[s_row]):
+            d[row] = np.where(take, data[row], d[row])
     for row in (NAN_S, PINF_S, NINF_S):
         take = (data[row] != NONE) & ((d[row] == NONE) | (data[row] < d[row]))
-        d[row] = np.where(take, data[row], d[row])
+        for r in (row, WALL_OF[row]):
+            d[r] = np.where(take, data[r], d[r])
     block.n += n
     return not np.array_equal(before, d, equal_nan=True)
 
 
-def update_rollups(conn, cache: dict, key_id: int, steps: list[int], values: list[list]) -> None:
-    """Fold one batch of a key (values: one list per step; None = no value) into every level."""
-    if not steps:
+def update_rollups(conn, cache: dict, key_id: int, steps: np.ndarray, walls: np.ndarray, values: np.ndarray,
+                   present: np.ndarray) -> None:
+    """Fold a batch of one key (values and presence: (k, slots) arrays) into every level."""
+    if not len(steps):
         return
-    st, vals, present = _arrays(steps, values)
+    order = np.argsort(steps, kind="stable")
+    st, wl = steps[order].astype(np.float64), walls[order]
+    vals, present = values[order], present[order]
     # A live batch (~20 steps) usually falls inside one block of every level but the finest: one
     # summary of the whole batch serves all of those; only levels it straddles are cut per block.
-    whole = summarise(st, vals, present, np.zeros(len(st), dtype=np.int64))
+    whole = summarise(st, wl, vals, present, np.zeros(len(st), dtype=np.int64))
     inserts, updates, counts = [], [], []
     for level in LEVELS:
         first, last = int(st[0] // level), int(st[-1] // level)
         if first == last:
             parts = [(first, int(whole[1][0]), whole[2][0])]
         else:
-            ids, ns, sums = summarise(st, vals, present, (st // level).astype(np.int64))
+            ids, ns, sums = summarise(st, wl, vals, present, (st // level).astype(np.int64))
             parts = zip(ids.tolist(), ns.tolist(), sums)
         for b, n, data in parts:
             block = _cached(conn, cache, key_id, level, int(b), vals.shape[1])
@@ -116,19 +129,6 @@ _UPDATE = update(db.rollups).where(db.rollups.c.key_id == bindparam("k"), db.rol
                                    db.rollups.c.block == bindparam("b"))
 
 
-def _arrays(steps: list[int], values: list[list]):
-    """Steps, values and presence as arrays sorted by step (C-speed when no slot is None)."""
-    order = np.argsort(np.asarray(steps), kind="stable")
-    st = np.asarray(steps, dtype=np.float64)[order]
-    if any(None in row for row in values):
-        present = np.array([[v is not None for v in row] for row in values], dtype=bool)[order]
-        vals = np.array([[np.nan if v is None else v for v in row] for row in values], dtype=np.float64)[order]
-    else:
-        vals = np.array(values, dtype=np.float64)[order]
-        present = np.ones(vals.shape, dtype=bool)
-    return st, vals, present
-
-
 def _cached(conn, cache: dict, key_id: int, level: int, b: int, slots: int) -> Block:
     """The block being written; only the newest block per (key, level) stays in memory."""
     hit = cache.get((key_id, level))
@@ -144,7 +144,7 @@ def _cached(conn, cache: dict, key_id: int, level: int, b: int, slots: int) -> B
             db.rollups.c.key_id == key_id, db.rollups.c.level == level, db.rollups.c.block == b)).first()
     if row is None:
         block = empty(slots)
-    elif len(row.data) != 7 * slots * 8:  # the layout changed: summarise from here on under the new one
+    elif len(row.data) != ROWS * slots * 8:  # the layout changed: summarise from here on under the new one
         block = empty(slots)
         block.stored = True
     else:
@@ -154,11 +154,11 @@ def _cached(conn, cache: dict, key_id: int, level: int, b: int, slots: int) -> B
 
 
 def encode(data: np.ndarray) -> bytes:
-    return data.astype("<f8").tobytes()
+    return f64(data)
 
 
 def decode(blob: bytes, slots: int) -> np.ndarray:
-    return np.frombuffer(blob, dtype="<f8").reshape(7, slots).astype(np.float64)
+    return from_f64(blob).reshape(ROWS, slots).astype(np.float64)
 
 
 def pick_level(width: float) -> int | None:
@@ -173,25 +173,25 @@ def read_blocks(conn, key_id: int, level: int, first: int, last: int, slots: int
         db.rollups.c.key_id == key_id, db.rollups.c.level == level, db.rollups.c.block >= first,
         db.rollups.c.block <= last).order_by(db.rollups.c.block)).all()
     if not rows:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, 7, slots))
-    if any(len(r.data) != 7 * slots * 8 for r in rows):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, ROWS, slots))
+    if any(len(r.data) != ROWS * slots * 8 for r in rows):
         return None, None, None  # written under an older layout: the caller reads raw points instead
-    data = np.frombuffer(b"".join(r.data for r in rows), dtype="<f8").reshape(len(rows), 7, slots)
+    data = from_f64(b"".join(r.data for r in rows)).reshape(len(rows), ROWS, slots)
     return (np.array([r.block for r in rows], dtype=np.int64), np.array([r.n for r in rows], dtype=np.int64),
             data.astype(np.float64))
 
 
-def candidates(summaries: np.ndarray, slot: int) -> tuple[list[int], list[float]]:
-    """Every real point a set of block summaries names for one slot, in step order."""
+def candidates(summaries: np.ndarray, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every real point a set of block summaries names for one slot: (steps, values, walls) in step order."""
     d = summaries[:, :, slot]
-    pairs = []
+    parts = []
     for s_row, v in ((MIN_S, d[:, MIN_V]), (MAX_S, d[:, MAX_V]), (NAN_S, np.full(len(d), np.nan)),
                      (PINF_S, np.full(len(d), np.inf)), (NINF_S, np.full(len(d), -np.inf))):
         ok = d[:, s_row] != NONE
-        pairs.append(np.stack([d[ok, s_row], v[ok]], axis=1))
-    both = np.concatenate(pairs) if pairs else np.zeros((0, 2))
+        parts.append(np.stack([d[ok, s_row], v[ok], d[ok, WALL_OF[s_row]]], axis=1))
+    both = np.concatenate(parts) if parts else np.zeros((0, 3))
     both = both[np.argsort(both[:, 0], kind="stable")]
     # A block's min and max can be one point (a block of one step): keep each step once.
     _, first = np.unique(both[:, 0], return_index=True)
     both = both[np.sort(first)] if len(both) else both
-    return [int(s) for s in both[:, 0]], both[:, 1].tolist()
+    return both[:, 0].astype(np.int64), both[:, 1], both[:, 2]

@@ -2,63 +2,40 @@
 
 from __future__ import annotations
 
-import json
 import math
-import struct
 
 import numpy as np
-from sqlalchemy import func, select
 
 from gradwatch import protocol
 
-from . import db, rollup
+from . import chunks, rollup
 from .downsample import envelope
 
 
-def step_bounds(conn, table, key_id: int, start: int | None, end: int | None) -> tuple:
-    """The first and last step of a key within [start, end] (None, None when it has none)."""
-    def edge(fn, bound, op):
-        q = select(fn(table.c.step)).where(table.c.key_id == key_id)
-        if bound is not None:
-            q = q.where(op(table.c.step, bound))
-        return conn.execute(q).scalar()
-
-    # Two queries, not one: SQLite answers a lone min() or max() from the index without a scan.
-    lo = edge(func.min, start, lambda c, b: c >= b)
-    hi = edge(func.max, end, lambda c, b: c <= b)
-    if lo is None or hi is None or (start is not None and lo < start) or hi < lo:
-        return None, None
-    return lo, hi
-
-
-def raw(conn, table, key_id: int, slot: int | None, lo: int, hi: int) -> tuple[list, list, list, list]:
+def raw(conn, key_id: int, slot: int | None, slots: int, lo: int, hi: int) -> tuple[list, list, list, list]:
     """Steps, values, missing flags and wall times of every point with lo <= step <= hi."""
-    vector = slot is not None
-    cols = [table.c.step, table.c.wall_time] + ([table.c.data, table.c.missing] if vector else [table.c.value])
-    rows = conn.execute(select(*cols).where(table.c.key_id == key_id, table.c.step >= lo, table.c.step <= hi)
-                        .order_by(table.c.step)).all()
-    steps, walls = [r[0] for r in rows], [r[1] for r in rows]
-    if not vector:
-        return steps, [db.from_db_float(r[2]) for r in rows], [False] * len(rows), walls
-    # A row shorter than the slot was written under an older, smaller layout: no value there.
-    values = [struct.unpack_from("<d", r[2], slot * 8)[0] if len(r[2]) > slot * 8 else math.nan for r in rows]
-    missing = [len(r[2]) <= slot * 8 or (bool(r[3]) and slot in json.loads(r[3])) for r in rows]
-    return steps, values, missing, walls
+    if hi < lo:
+        return [], [], [], []
+    points = chunks.read(conn, key_id, lo, hi, slots)
+    column = slot or 0
+    missing = (points.missing[:, column] if points.missing is not None
+               else np.zeros(len(points), dtype=bool))
+    return (points.steps.tolist(), points.values[:, column].tolist(), missing.tolist(), points.walls.tolist())
 
 
-def read_series(conn, table, key_id: int, slot: int | None, slots: int, max_points: int | None,
+def read_series(conn, key_id: int, slot: int | None, slots: int, max_points: int | None,
                 start: int | None, end: int | None) -> dict:
     """Every point in range, or (with max_points) a min/max envelope that keeps spikes and NaNs."""
-    lo, hi = step_bounds(conn, table, key_id, start, end)
+    lo, hi = chunks.bounds(conn, key_id, start, end)
     if lo is None:
         return {"steps": [], "values": [], "wall_times": [], "total_points": 0}
     if max_points:
         level = rollup.pick_level((hi - lo + 1) / max(1, max_points // 4))
         if level is not None:
-            out = _from_rollups(conn, table, key_id, slot, slots, lo, hi, level, max_points)
+            out = _from_rollups(conn, key_id, slot, slots, lo, hi, level, max_points)
             if out is not None:
                 return out
-    steps, values, missing, walls = raw(conn, table, key_id, slot, lo, hi)
+    steps, values, missing, walls = raw(conn, key_id, slot, slots, lo, hi)
     keep = envelope(steps, values, max_points) if max_points else range(len(steps))
     return _result(steps, values, missing, [walls[i] for i in keep], keep, len(steps))
 
@@ -80,37 +57,27 @@ def _whole_blocks(conn, key_id: int, level: int, lo: int, hi: int, slots: int):
     return None if summaries is None else (first, last, blocks, counts, summaries)
 
 
-def _from_rollups(conn, table, key_id, slot, slots, lo, hi, level, max_points) -> dict | None:
+def _from_rollups(conn, key_id, slot, slots, lo, hi, level, max_points) -> dict | None:
     """Envelope over whole-block summaries plus the raw points of the partial blocks at both edges."""
     whole = _whole_blocks(conn, key_id, level, lo, hi, slots)
     if whole is None:
         return None
     first, last, _blocks, counts, summaries = whole
-    c_steps, c_values = rollup.candidates(summaries, slot or 0)
-    left = raw(conn, table, key_id, slot, lo, first * level - 1)
-    right = raw(conn, table, key_id, slot, (last + 1) * level, hi)
-    steps = left[0] + c_steps + right[0]
-    values = left[1] + c_values + right[1]
+    c_steps, c_values, c_walls = rollup.candidates(summaries, slot or 0)
+    left = raw(conn, key_id, slot, slots, lo, first * level - 1)
+    right = raw(conn, key_id, slot, slots, (last + 1) * level, hi)
+    steps = left[0] + c_steps.tolist() + right[0]
+    values = left[1] + c_values.tolist() + right[1]
     missing = left[2] + [False] * len(c_steps) + right[2]
+    walls = left[3] + c_walls.tolist() + right[3]
     keep = envelope(steps, values, max_points)
-    walls = dict(zip(left[0], left[3])) | dict(zip(right[0], right[3]))
-    walls |= _walls(conn, table, key_id, [steps[i] for i in keep if steps[i] not in walls])
-    return _result(steps, values, missing, [walls.get(steps[i]) for i in keep], keep,
+    return _result(steps, values, missing, [walls[i] for i in keep], keep,
                    int(counts.sum()) + len(left[0]) + len(right[0]))
-
-
-def _walls(conn, table, key_id: int, steps: list[int]) -> dict:
-    out = {}
-    for i in range(0, len(steps), 500):
-        chunk = steps[i:i + 500]
-        out.update(conn.execute(select(table.c.step, table.c.wall_time)
-                                .where(table.c.key_id == key_id, table.c.step.in_(chunk))).all())
-    return out
 
 
 def read_heatmap(conn, key_id: int, slots: int, max_steps: int, start: int | None, end: int | None) -> dict:
     """Per-layer matrix: one column per step bucket holding the max norm (a NaN/inf in the bucket wins)."""
-    lo, hi = step_bounds(conn, db.vectors, key_id, start, end)
+    lo, hi = chunks.bounds(conn, key_id, start, end)
     if lo is None:
         return {"steps": [], "values": [[] for _ in range(slots)], "bucket": 1}
     width = max(1, math.ceil((hi - lo + 1) / max(1, max_steps)))
@@ -134,23 +101,10 @@ def read_heatmap(conn, key_id: int, slots: int, max_steps: int, start: int | Non
 
 
 def _heat_units_raw(conn, key_id: int, slots: int, lo: int, hi: int):
-    rows = conn.execute(select(db.vectors.c.step, db.vectors.c.data, db.vectors.c.missing)
-                        .where(db.vectors.c.key_id == key_id,
-                               db.vectors.c.step >= lo, db.vectors.c.step <= hi)
-                        .order_by(db.vectors.c.step)).all()
-    if all(len(r.data) == slots * 8 for r in rows):
-        vals = np.frombuffer(b"".join(r.data for r in rows), dtype="<f8").reshape(len(rows), slots)
-        present = np.ones(vals.shape, dtype=bool)
-    else:  # rows from an older layout: pad them, the padding has no value
-        vals, present = np.full((len(rows), slots), np.nan), np.zeros((len(rows), slots), dtype=bool)
-        for i, r in enumerate(rows):
-            row = np.frombuffer(r.data, dtype="<f8")[:slots]
-            vals[i, :len(row)], present[i, :len(row)] = row, True
-    for i, r in enumerate(rows):
-        if r.missing:
-            present[i, [j for j in json.loads(r.missing) if j < slots]] = False
+    points = chunks.read(conn, key_id, lo, hi, slots) if hi >= lo else chunks.read(conn, -1, slots=slots)
+    vals, present = points.values, points.present()
     finite = present & np.isfinite(vals)
-    return (np.array([r.step for r in rows], dtype=np.int64), np.where(finite, vals, -np.inf),
+    return (points.steps.astype(np.int64), np.where(finite, vals, -np.inf),
             present & np.isnan(vals), present & (vals == np.inf), present & (vals == -np.inf))
 
 

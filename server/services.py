@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
 
 from sqlalchemy import select
 
-from . import db, ingest, store
+from . import db, ingest, live, store
+from .activity import Activity
+from .batch import Batch
 from .live import RUNS_CHANNEL, Hub
 from .settings import Settings
 from .webhook import WebhookSender, payload
 from .writer import Writer
+
+log = logging.getLogger("gradwatch.server")
 
 
 class Services:
@@ -21,28 +26,38 @@ class Services:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.engine = db.make_engine(settings.db_url)
-        self.writer = Writer(self.engine)
+        self.writer = Writer(self.engine, on_group_failure=self._forget_states)
         self.hub = Hub()
         self.webhook = WebhookSender(settings.webhook) if settings.webhook else None
         self.states: dict[int, ingest.RunState] = {}  # touched only on the writer thread
+        self.limits = ingest.Limits(max_keys=getattr(settings, "max_keys_per_run", 10000),
+                                    max_layers=getattr(settings, "max_layers", 100000))
         self.connected: Counter = Counter()
+        self.activity = Activity()
         self.base_url = ""
 
     def read(self, fn, *args, **kwargs):
-        """Run a read function from ``store`` on a pooled connection."""
+        """Run a read function from ``store`` on a pooled connection (blocking: call off the event loop)."""
         with self.engine.connect() as conn:
             return fn(conn, *args, **kwargs)
+
+    async def aread(self, fn, *args, **kwargs):
+        """``read`` on a worker thread, so a slow query never stalls the event loop."""
+        return await asyncio.to_thread(self.read, fn, *args, **kwargs)
 
     async def write(self, fn, *args):
         """Run ``fn(conn, *args)`` on the writer thread; then tell open pages about the run."""
         result = await asyncio.wrap_future(self.writer.submit(self._edit, fn, *args))
         if args and isinstance(args[0], int):
-            self._publish_run(args[0])
+            await self._publish_run(args[0])
         return result
 
     def _edit(self, conn, fn, run_id, *args):
         self.states.pop(run_id, None)  # a deleted or edited run reloads its writer cache
         return fn(conn, run_id, *args)
+
+    def _forget_states(self) -> None:
+        self.states.clear()  # a failed group commit rolled back: every cache may be ahead of the database
 
     def close(self) -> None:
         self.writer.close()
@@ -51,51 +66,58 @@ class Services:
     # -- ingest (called by the websocket route) ------------------------------------------
     async def open_run(self, info: dict, resume_from: int | None = None, layouts: dict | None = None) -> dict:
         result = await asyncio.wrap_future(self.writer.submit(self._open, info, resume_from, layouts))
-        self._publish_run(result["run_id"])
+        await self._publish_run(result["run_id"])
         return result
 
     def _open(self, conn, info: dict, resume_from: int | None, layouts: dict | None) -> dict:
         result = ingest.open_run(conn, info, self.settings.alert_overrides, resume_from=resume_from)
         added = ingest.ensure_layouts(conn, result["run_id"], layouts or {})
-        if result.get("skipped") or added:
-            self.states.pop(result["run_id"], None)  # its cached seq / keys are behind the database now
+        if result.get("skipped") or added or not result["created"]:
+            self.states.pop(result["run_id"], None)  # its cached seq / keys may be behind the database now
         return result
 
-    async def ingest_batch(self, run_id: int, message: dict) -> dict:
-        """Commit one batch; returns the live push, or {"duplicate": True} / {"expected": n} untouched."""
-        try:
-            push = await asyncio.wrap_future(self.writer.submit(self._apply, run_id, message))
-        except Exception:
-            # The transaction (maybe its commit) failed: the cached state may be ahead of the database.
-            self.writer.submit(lambda _conn: self.states.pop(run_id, None))
-            raise
-        if "duplicate" in push or "expected" in push:
-            return push
-        self.hub.publish(run_id, {"type": "points", "run_id": run_id, **push})
-        for alert in push["alerts"]:
-            self.hub.publish(run_id, {"type": "alert", "alert": alert})
-            if self.webhook is not None:
-                self.webhook.send(payload(alert, self._run_brief(run_id), self.base_url))
-        if push["alerts"] or push["status"]:
-            self._publish_run(run_id)
-        else:
-            self.hub.publish(RUNS_CHANNEL, {"type": "progress", "id": run_id, "last_step": push["last_step"]})
-        return push
+    def submit_batch(self, run_id: int, batch: Batch) -> asyncio.Future:
+        """Queue one decoded batch for the writer (group-committed with others waiting)."""
+        return asyncio.wrap_future(self.writer.submit(self._apply, run_id, batch, group=True))
 
-    def _apply(self, conn, run_id: int, message: dict) -> dict:
-        state = self.states.get(run_id) or ingest.load_state(conn, run_id)
-        self.states[run_id] = state
+    def after_batch(self, run_id: int, result: dict) -> None:
+        """Tell open pages (and the webhook) about a committed batch."""
+        self.activity.saw(run_id)
+        if self.hub.has(run_id):
+            points = live.points_message(result["stored"])
+            self.hub.publish(run_id, {"type": "resync"} if points.get("resync") else
+                             {"type": "points", "run_id": run_id, **points})
+        for alert in result["alerts"]:
+            self.hub.publish(run_id, {"type": "alert", "alert": alert})
+            if self.webhook is not None and alert.get("count", 1) == 1:
+                self.webhook.send(payload(alert, self._run_brief(run_id), self.base_url))
+        if result["alerts"] or result["status"] or result.get("resumed"):
+            asyncio.ensure_future(self._publish_run(run_id))
+        else:
+            self.hub.publish(RUNS_CHANNEL, {"type": "progress", "id": run_id, "last_step": result["last_step"]})
+
+    def _apply(self, conn, run_id: int, batch: Batch) -> dict:
+        state = self.states.get(run_id)
+        if state is None:
+            if conn.execute(select(db.runs.c.id).where(db.runs.c.id == run_id)).first() is None:
+                return {"deleted": True}
+            state = self.states[run_id] = ingest.load_state(conn, run_id)
         # Checked here, on the one writer thread, not per connection: after a reconnect the old and
         # the new connection of a run may both hold the same batch, and only one may store it.
-        if message["seq"] <= state.last_seq:
+        if batch.seq <= state.last_seq:
             return {"duplicate": True}
-        if message["seq"] != state.last_seq + 1:
+        if batch.seq != state.last_seq + 1:
             return {"expected": state.last_seq + 1}
         try:
-            return ingest.apply_batch(conn, state, message)
+            result = ingest.apply_batch(conn, state, batch, limits=self.limits)
+            if run_id in self.activity.stalled:
+                result["resumed"] = ingest.resume_stalled(conn, run_id)
         except BaseException:
             self.states.pop(run_id, None)  # the transaction rolls back; so must the cache
             raise
+        if result["status"] in ("finished", "failed"):
+            self.states.pop(run_id, None)  # release per-run state when a run ends
+        return result
 
     def _run_brief(self, run_id: int) -> dict | None:
         try:
@@ -104,24 +126,41 @@ class Services:
             return None
         return {k: run[k] for k in ("id", "project", "name", "status", "last_step")}
 
-    def _publish_run(self, run_id: int) -> None:
+    async def _publish_run(self, run_id: int) -> None:
         try:
-            summary = self.read(store.get_run, run_id)
+            summary = await self.aread(store.get_run, run_id)
         except store.NotFound:
             return
         self.hub.publish(RUNS_CHANNEL, {"type": "run", "run": summary})
         self.hub.publish(run_id, {"type": "run", "run": summary})
 
-    # -- crash detection -------------------------------------------------------------------
+    # -- crash and stall detection -----------------------------------------------------------
     async def watch_for_crashes(self, every: float = 2.0) -> None:
-        """Runs that stay disconnected past crash_timeout without finishing become 'crashed'."""
+        """Disconnected runs become 'crashed' after crash_timeout; connected ones that stopped
+        logging for much longer than their own step interval become 'stalled'. A database error
+        is logged and the watch goes on."""
         while True:
             await asyncio.sleep(every)
-            cutoff = time.time() - self.settings.crash_timeout
-            rows = self.read(lambda conn: conn.execute(
-                select(db.runs.c.id).where(db.runs.c.status == "running", db.runs.c.updated_at < cutoff)).all())
-            stale = [r.id for r in rows if not self.connected[r.id]]
-            if stale:
-                await asyncio.wrap_future(self.writer.submit(ingest.mark_crashed, stale))
-                for run_id in stale:
-                    self._publish_run(run_id)
+            try:
+                await self._check_runs()
+            except Exception as exc:  # noqa: BLE001 - the watcher must outlive a bad moment of the database
+                log.warning("crash/stall check failed (will retry): %r", exc)
+
+    async def _check_runs(self) -> None:
+        now = time.time()
+        cutoff = now - self.settings.crash_timeout
+        rows = await self.aread(lambda conn: conn.execute(
+            select(db.runs.c.id, db.runs.c.status).where(db.runs.c.status.in_(("running", "stalled")),
+                                                        db.runs.c.updated_at < cutoff)).all())
+        crashed = [r.id for r in rows if not self.connected[r.id]]
+        stalled = [r.id for r in rows if self.connected[r.id] and r.status == "running"
+                   and self.activity.is_stalled(r.id, now, self.settings.crash_timeout)]
+        if crashed:
+            await asyncio.wrap_future(self.writer.submit(ingest.mark_runs, crashed, "crashed"))
+        if stalled:
+            self.activity.stalled.update(stalled)
+            await asyncio.wrap_future(self.writer.submit(ingest.mark_stalled, stalled, self.activity.intervals()))
+        for run_id in crashed:
+            self.activity.forget(run_id)
+        for run_id in crashed + stalled:
+            await self._publish_run(run_id)

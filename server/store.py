@@ -110,9 +110,8 @@ def get_series(conn, run_id: int, key: str, max_points: int | None = None,
                start: int | None = None, end: int | None = None) -> dict:
     """Every point of one key in step order (or a min/max envelope when max_points is set)."""
     _require_run(conn, run_id)
-    kind, key_id, slot, slots = _resolve_key(conn, run_id, key)
-    table = db.points if kind == "scalar" else db.vectors
-    return {"key": key, **series.read_series(conn, table, key_id, slot, slots, max_points, start, end)}
+    _kind, key_id, slot, slots = _resolve_key(conn, run_id, key)
+    return {"key": key, **series.read_series(conn, key_id, slot, slots, max_points, start, end)}
 
 
 def get_heatmap(conn, run_id: int, key: str = "grad", max_steps: int = 400,
@@ -127,11 +126,25 @@ def get_heatmap(conn, run_id: int, key: str = "grad", max_steps: int = 400,
     return {"key": key, "layers": layers, **series.read_heatmap(conn, key_id, len(layers), max_steps, start, end)}
 
 
+NONFINITE_KINDS = ("nan_loss", "nonfinite_gradients")
+
+
+def alert_dict(r) -> dict:
+    """An alert row (or a mapping with the same names) in API form: the one owner of that shape."""
+    get = r.get if isinstance(r, dict) else lambda name: getattr(r, name)
+    value = get("value")
+    count = get("count") or 1
+    return {"id": get("id"), "run_id": get("run_id"), "kind": get("kind"), "step": get("step"), "key": get("key"),
+            "layer": get("layer"),
+            "value": protocol.encode_float(db.from_db_float(value)) if value is not None or get("kind") in
+            NONFINITE_KINDS else None, "severity": get("severity"), "message": get("message"),
+            "created_at": get("created_at"), "updated_at": get("updated_at") or get("created_at"), "count": count,
+            "last_step": get("last_step") if get("last_step") is not None else get("step"),
+            "confirmed_step": get("confirmed_step")}
+
+
 def get_alerts(conn, run_id: int) -> list[dict]:
-    """A run's alerts in order of arrival."""
+    """A run's alerts in order of first arrival (a recurring alert is one entry with a count)."""
     _require_run(conn, run_id)
     rows = conn.execute(select(db.alerts).where(db.alerts.c.run_id == run_id).order_by(db.alerts.c.id))
-    return [{"id": r.id, "run_id": r.run_id, "kind": r.kind, "step": r.step, "key": r.key, "layer": r.layer,
-             "value": protocol.encode_float(db.from_db_float(r.value)) if r.value is not None or r.kind in
-             ("nan_loss", "nonfinite_gradients") else None, "severity": r.severity, "message": r.message,
-             "created_at": r.created_at} for r in rows]
+    return [alert_dict(r) for r in rows]

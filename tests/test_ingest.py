@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gradwatch import protocol
 from gradwatch_server import db
+from gradwatch_server.batch import decode
 from gradwatch_server.ingest import apply_batch, load_state, open_run
 
 LAYERS = ["in.weight", "in.bias", "out.weight", "out.bias"]
@@ -13,7 +14,7 @@ def _batch(seq, steps, norm, layer_norms, loss=1.0):
     records = [{"step": s, "t": 1000.0 + s,
                 "scalars": {"loss": protocol.encode_float(loss), "grad/global_norm": protocol.encode_float(norm)},
                 "vectors": {"grad": [protocol.encode_float(v) for v in layer_norms]}} for s in steps]
-    return {"seq": seq, "records": records, "layouts": {"grad": LAYERS}}
+    return decode({"type": "batch", "seq": seq, "records": records, "layouts": {"grad": LAYERS}})
 
 
 def _setup(tmp_path):
@@ -26,6 +27,11 @@ def _setup(tmp_path):
 def _apply(engine, state, msg):
     with engine.begin() as conn:
         return [a["kind"] for a in apply_batch(conn, state, msg)["alerts"]]
+
+
+def _apply_full(engine, state, msg):
+    with engine.begin() as conn:
+        return apply_batch(conn, state, msg)["alerts"]
 
 
 def _restart(engine, run_id):
@@ -48,8 +54,11 @@ def test_an_episode_alerted_before_a_restart_is_not_alerted_again(tmp_path):
     assert _apply(engine, _restart(engine, run_id), _batch(2, range(25, 60), 1.0, dead)) == []
     # ... while a new episode after the restart still is.
     alive = [1.0] * 4
-    assert _apply(engine, _restart(engine, run_id), _batch(3, range(60, 61), 1.0, alive)) == []
-    assert _apply(engine, _restart(engine, run_id), _batch(4, range(61, 90), 1.0, dead)) == ["zero_gradients"]
+    assert _apply(engine, _restart(engine, run_id), _batch(3, range(60, 160), 1.0, alive)) == []
+    # A recurrence is folded into the stored alert: one card, counted twice, with the latest step.
+    again = _apply_full(engine, _restart(engine, run_id), _batch(4, range(160, 200), 1.0, dead))
+    assert [(a["kind"], a["count"], a["step"] < 25) for a in again] == [("zero_gradients", 2, True)]
+    assert again[0]["last_step"] >= 160
 
 
 def test_replay_reads_only_the_recent_steps(tmp_path):

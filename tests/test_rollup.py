@@ -11,8 +11,12 @@ import pytest
 from gradwatch_server import rollup
 
 
+def _wall(step):
+    return 1000.0 + step * 0.5 if step != rollup.NONE else rollup.NONE
+
+
 def _brute(steps, values, present):
-    """The summary of one block by looking at every point in order."""
+    """The summary of one block by looking at every point in order (walls: 1000 + step / 2)."""
     out = []
     for slot in range(values.shape[1]):
         pts = [(s, v[slot]) for s, v, p in zip(steps, values, present) if p[slot]]
@@ -23,8 +27,8 @@ def _brute(steps, values, present):
         def first(pred):
             return next((s for s, v in pts if pred(v)), rollup.NONE)
 
-        out.append([lo[1], lo[0], hi[1], hi[0], first(math.isnan), first(lambda v: v == math.inf),
-                    first(lambda v: v == -math.inf)])
+        named = [lo[0], hi[0], first(math.isnan), first(lambda v: v == math.inf), first(lambda v: v == -math.inf)]
+        out.append([lo[1], lo[0], hi[1], hi[0], *named[2:], *[_wall(s) for s in named]])
     return np.array(out).T
 
 
@@ -40,7 +44,8 @@ def test_summaries_match_brute_force_across_batch_splits(seed):
     cuts = sorted(rng.sample(range(1, k), min(k - 1, rng.randint(0, 3)))) if k > 1 else []
     for lo, hi in zip([0, *cuts], [*cuts, k]):
         groups = np.zeros(hi - lo, dtype=np.int64)
-        _, counts, data = rollup.summarise(steps[lo:hi], values[lo:hi], present[lo:hi], groups)
+        _, counts, data = rollup.summarise(steps[lo:hi], 1000.0 + steps[lo:hi] * 0.5, values[lo:hi],
+                                           present[lo:hi], groups)
         rollup.merge(block, data[0], int(counts[0]))
     assert block.n == k
     np.testing.assert_array_equal(block.data, _brute(steps, values, present))
@@ -50,13 +55,15 @@ def test_summarise_splits_points_into_their_blocks():
     steps = np.arange(40, dtype=np.float64)
     values = steps[:, None].copy()
     values[21, 0] = math.nan
-    ids, counts, data = rollup.summarise(steps, values, np.ones_like(values, dtype=bool), (steps // 16).astype(np.int64))
+    ids, counts, data = rollup.summarise(steps, steps + 1000.0, values, np.ones_like(values, dtype=bool),
+                                         (steps // 16).astype(np.int64))
     assert ids.tolist() == [0, 1, 2] and counts.tolist() == [16, 16, 8]
     assert data[:, rollup.MAX_S, 0].tolist() == [15, 31, 39] and data[1, rollup.NAN_S, 0] == 21
 
 
 def test_candidates_are_the_named_points_in_step_order():
     data = rollup.empty(1).data
-    data[:, 0] = [-1.0, 9, 5.0, 3, 7, rollup.NONE, rollup.NONE]
-    steps, values = rollup.candidates(data[None], 0)
-    assert steps == [3, 7, 9] and values[0] == 5.0 and math.isnan(values[1]) and values[2] == -1.0
+    data[:, 0] = [-1.0, 9, 5.0, 3, 7, rollup.NONE, rollup.NONE, 109.0, 103.0, 107.0, rollup.NONE, rollup.NONE]
+    steps, values, walls = rollup.candidates(data[None], 0)
+    assert steps.tolist() == [3, 7, 9] and values[0] == 5.0 and math.isnan(values[1]) and values[2] == -1.0
+    assert walls.tolist() == [103.0, 107.0, 109.0]  # each point keeps its own wall time

@@ -10,6 +10,7 @@ import pytest
 
 from gradwatch import protocol
 from gradwatch_server import db, store
+from gradwatch_server.batch import decode
 from gradwatch_server.ingest import apply_batch, load_state, open_run
 
 N = 60_000
@@ -50,7 +51,7 @@ def _ingest(engine, steps: range, restart_at: int | None = None) -> int:
         msg = {"type": "batch", "seq": seq, "records": records,
                "layouts": {"grad": [f"l{j}" for j in range(LAYERS)]} if seq == 1 else {}}
         with engine.begin() as conn:
-            apply_batch(conn, state, msg)
+            apply_batch(conn, state, decode(msg))
     return run_id
 
 
@@ -138,7 +139,8 @@ def test_rollup_reads_fall_back_to_raw_when_the_layout_changed(tmp_path):
         records = [{"step": i, "t": float(i), "scalars": {}, "vectors": {"grad": [float(i % 10)] * width}}
                    for i in range(lo, lo + 5000)]
         with engine.begin() as conn:
-            apply_batch(conn, state, {"seq": seq, "records": records, "layouts": {"grad": [f"l{j}" for j in range(width)]}})
+            apply_batch(conn, state, decode({"type": "batch", "seq": seq, "records": records,
+                                             "layouts": {"grad": [f"l{j}" for j in range(width)]}}))
     with engine.connect() as conn:
         s = store.get_series(conn, run_id, "grad/l0", max_points=40)
         heat = store.get_heatmap(conn, run_id, "grad", max_steps=10)

@@ -1,19 +1,48 @@
-"""The ingest websocket: a training process streams its run here (protocol in gradwatch.protocol)."""
+"""The ingest websocket: a training process streams its run here (protocol in gradwatch.protocol).
+
+Batches are read, decoded and queued for the writer while earlier ones are still being
+committed (a pipeline of at most ``IN_FLIGHT`` per connection), and answered in order: ``ack``
+once committed (with ``refused`` when part of it could not be stored), ``ack`` again for a
+duplicate, ``nack`` for a gap, and ``error`` + close for a run deleted meanwhile.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from gradwatch import protocol
 
+from .. import batch as batches
+
 router = APIRouter()
 log = logging.getLogger("gradwatch.ingest")
+IN_FLIGHT = 16  # batches of one connection queued for the writer at once (back-pressure beyond)
+BIG_FRAME = 256 << 10  # frames above this are decoded on a worker thread, off the event loop
 
 
-async def _refuse(ws: WebSocket, message: str, code: int) -> None:
-    await ws.send_text(protocol.dumps({"type": "error", "message": message}))
-    await ws.close(code=code, reason=message[:120])
+async def _refuse(ws: WebSocket, message: str, code: int, reason: str | None = None) -> None:
+    body = {"type": "error", "message": message}
+    if reason:
+        body["code"] = reason
+    try:
+        await ws.send_text(protocol.dumps(body))
+        await ws.close(code=code, reason=message[:120])
+    except (WebSocketDisconnect, RuntimeError):
+        pass
+
+
+def _frame_limit(ws: WebSocket) -> int:
+    return getattr(ws.app.state.services.settings, "max_frame_bytes", 16 << 20)
+
+
+async def _receive(ws: WebSocket) -> str:
+    text = await ws.receive_text()
+    if len(text) > _frame_limit(ws):
+        raise protocol.ProtocolError(f"frame of {len(text)} bytes is over the server's limit of "
+                                     f"{_frame_limit(ws)} (max_frame_bytes); send smaller batches")
+    return text
 
 
 @router.websocket(protocol.INGEST_PATH)
@@ -22,50 +51,82 @@ async def ingest(ws: WebSocket) -> None:
     services = ws.app.state.services
     await ws.accept()
     try:
-        hello = protocol.loads(await ws.receive_text())
+        hello = protocol.loads(await _receive(ws))
         info = protocol.check_hello(hello)
+        opened = await services.open_run(info, _resume_from(hello), protocol.hello_layouts(hello))
     except protocol.ProtocolError as exc:
         code = protocol.CLOSE_PROTOCOL_MISMATCH if "version" in str(exc) else protocol.CLOSE_BAD_MESSAGE
         await _refuse(ws, str(exc), code)
         return
     except WebSocketDisconnect:
         return
-    resume = hello.get("resume_from")
-    resume = resume if isinstance(resume, int) and not isinstance(resume, bool) else None
-    layouts = hello.get("layouts") if isinstance(hello.get("layouts"), dict) else None
-    try:
-        opened = await services.open_run(info, resume, layouts)
-    except protocol.ProtocolError as exc:
-        await _refuse(ws, str(exc), protocol.CLOSE_BAD_MESSAGE)
-        return
-    run_id, last_seq = opened["run_id"], opened["acked_seq"]
+    run_id = opened["run_id"]
     services.connected[run_id] += 1
+    replies: asyncio.Queue = asyncio.Queue(IN_FLIGHT)
+    answering = asyncio.ensure_future(_answer(ws, services, run_id, replies))
     try:
         await ws.send_text(protocol.dumps({"type": "welcome", "protocol": protocol.PROTOCOL_VERSION,
-                                           "run_id": run_id, "acked_seq": last_seq,
+                                           "run_id": run_id, "acked_seq": opened["acked_seq"],
                                            "features": protocol.SERVER_FEATURES}))
-        while True:
-            message = protocol.loads(await ws.receive_text())
-            seq = message.get("seq")
-            if message.get("type") != "batch" or not isinstance(seq, int):
-                raise protocol.ProtocolError("expected a batch with an integer seq")
-            if seq <= last_seq:
-                await ws.send_text(protocol.dumps({"type": "ack", "seq": seq}))
-                continue
-            if seq != last_seq + 1:
-                await ws.send_text(protocol.dumps({"type": "nack", "expected": last_seq + 1}))
-                continue
-            result = await services.ingest_batch(run_id, message)
-            if "expected" in result:  # another connection of this run moved on meanwhile
-                last_seq = result["expected"] - 1
-                await ws.send_text(protocol.dumps({"type": "nack", "expected": result["expected"]}))
-                continue
-            last_seq = seq
-            await ws.send_text(protocol.dumps({"type": "ack", "seq": seq}))
-    except WebSocketDisconnect:
+        while not answering.done():
+            text = await _receive(ws)
+            message = await (asyncio.to_thread(_decode, text) if len(text) > BIG_FRAME else _wrap(_decode(text)))
+            await replies.put((message.seq, services.submit_batch(run_id, message)))
+    except (WebSocketDisconnect, RuntimeError):
         pass
     except protocol.ProtocolError as exc:
-        log.warning("run %s sent a bad batch: %s", run_id, exc)
-        await _refuse(ws, f"bad batch (nothing of it was stored): {exc}", protocol.CLOSE_BAD_MESSAGE)
+        log.warning("run %s sent a frame that is not a batch: %s", run_id, exc)
+        if not answering.done():
+            await replies.put((None, exc))
     finally:
         services.connected[run_id] -= 1
+        if not answering.done():
+            await replies.put(None)
+        await asyncio.gather(answering, return_exceptions=True)
+
+
+async def _wrap(value):
+    return value
+
+
+def _decode(text: str) -> batches.Batch:
+    return batches.decode(protocol.loads(text))
+
+
+def _resume_from(hello: dict) -> int | None:
+    resume = hello.get("resume_from")
+    return resume if type(resume) is int and resume >= 1 else None
+
+
+async def _answer(ws: WebSocket, services, run_id: int, replies: asyncio.Queue) -> None:
+    """Send each batch's answer in order, once the writer has dealt with it."""
+    while True:
+        item = await replies.get()
+        if item is None:
+            return
+        seq, pending = item
+        if isinstance(pending, Exception):
+            await _refuse(ws, f"bad frame (nothing of it was stored): {pending}", protocol.CLOSE_BAD_MESSAGE)
+            return
+        try:
+            result = await pending
+        except Exception as exc:  # the database failed this batch: the client keeps it and resends
+            log.warning("run %s batch %s could not be stored: %r", run_id, seq, exc)
+            await _refuse(ws, "the server could not store a batch (it will be resent)", 1011)
+            return
+        try:
+            if "deleted" in result:
+                await _refuse(ws, f"run {run_id} was deleted on the server; stop sending it",
+                              protocol.CLOSE_RUN_DELETED, "run_deleted")
+                return
+            if "expected" in result:
+                await ws.send_text(protocol.dumps({"type": "nack", "expected": result["expected"]}))
+                continue
+            ack = {"type": "ack", "seq": seq}
+            if "duplicate" not in result:
+                services.after_batch(run_id, result)
+                if result.get("refused"):
+                    ack["refused"] = result["refused"]
+            await ws.send_text(protocol.dumps(ack))
+        except (WebSocketDisconnect, RuntimeError):
+            return

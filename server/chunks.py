@@ -1,0 +1,190 @@
+"""A key's points stored in blocks ("chunks"): packing, appending with compaction, reading a range.
+
+Why blocks (measured in docs/storage.md): a row per point costs the database a B-tree entry,
+an index entry and SQLAlchemy's per-row Python work; a row per few thousand points costs one
+of each for all of them, so ingest beats raw row-per-point inserts. A live run sends small
+batches, so each batch first lands as a small row; once a key's small rows hold a full chunk
+they are merged into one (each point is written about twice, never rewritten in place).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from sqlalchemy import delete, func, select
+
+from . import db
+
+CHUNK_VALUES = 2048  # values (steps x slots) per full chunk: 48 KiB for a scalar key
+
+
+def capacity(slots: int) -> int:
+    """Steps per full chunk for a key with ``slots`` values per step."""
+    return max(16, CHUNK_VALUES // max(1, slots))
+
+
+def f64(array: np.ndarray) -> bytes:
+    """float64 little-endian bytes (NaN/inf bit-exact): the one packing of values on the server."""
+    return np.ascontiguousarray(array, dtype="<f8").tobytes()
+
+
+def from_f64(blob: bytes) -> np.ndarray:
+    return np.frombuffer(blob, dtype="<f8")
+
+
+@dataclass
+class Points:
+    """Points of one key in step order: steps (n,), walls (n,), values (n, slots), missing (n, slots) or None."""
+
+    steps: np.ndarray
+    walls: np.ndarray
+    values: np.ndarray
+    missing: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def present(self) -> np.ndarray:
+        return np.ones(self.values.shape, dtype=bool) if self.missing is None else ~self.missing
+
+    def take(self, index) -> "Points":
+        return Points(self.steps[index], self.walls[index], self.values[index],
+                      None if self.missing is None else self.missing[index])
+
+
+@dataclass
+class Tail:
+    """A key's small rows not yet merged into a full chunk (kept in memory to merge without a read)."""
+
+    ids: list = field(default_factory=list)
+    parts: list = field(default_factory=list)
+    n: int = 0
+    slots: int | None = None
+
+
+def _row(key_id: int, p: Points) -> dict:
+    missing = p.missing if p.missing is not None and p.missing.any() else None
+    return {"key_id": key_id, "first_step": int(p.steps.min()), "last_step": int(p.steps.max()), "n": len(p),
+            "steps": np.ascontiguousarray(p.steps, dtype="<i8").tobytes(), "walls": f64(p.walls),
+            "data": f64(p.values), "missing": None if missing is None else missing.astype(np.uint8).tobytes()}
+
+
+def concat(parts: list[Points]) -> Points:
+    if len(parts) == 1:
+        return parts[0]
+    missing = None
+    if any(p.missing is not None for p in parts):
+        missing = np.concatenate([p.missing if p.missing is not None else np.zeros(p.values.shape, dtype=bool)
+                                  for p in parts])
+    return Points(np.concatenate([p.steps for p in parts]), np.concatenate([p.walls for p in parts]),
+                  np.concatenate([p.values for p in parts]), missing)
+
+
+def append(conn, tail: Tail, key_id: int, points: Points) -> None:
+    """Store a batch's points of one key: full chunks at once, the rest as a small row merged later."""
+    slots = points.values.shape[1]
+    cap = capacity(slots)
+    if tail.slots is not None and tail.slots != slots:  # the layout changed: leave the old rows as they are
+        tail.ids, tail.parts, tail.n = [], [], 0
+    tail.slots = slots
+    full = (len(points) // cap) * cap
+    rows = [_row(key_id, points.take(slice(i, i + cap))) for i in range(0, full, cap)]
+    if rows:
+        conn.execute(db.chunks.insert(), rows)
+    if full == len(points):
+        return
+    rest = points.take(slice(full, None))
+    if tail.n + len(rest) >= cap and tail.ids:  # merge the small rows and this remainder into one chunk
+        conn.execute(delete(db.chunks).where(db.chunks.c.id.in_(tail.ids)))
+        conn.execute(db.chunks.insert(), [_row(key_id, concat(tail.parts + [rest]))])
+        tail.ids, tail.parts, tail.n = [], [], 0
+        return
+    row_id = conn.execute(db.chunks.insert().values(**_row(key_id, rest))).inserted_primary_key[0]
+    tail.ids.append(row_id)
+    tail.parts.append(rest)
+    tail.n += len(rest)
+
+
+def _decode(row, slots: int | None) -> Points:
+    """One chunk row as Points; ``slots`` pads (no value) or cuts rows written under another layout."""
+    steps = np.frombuffer(row.steps, dtype="<i8")
+    n = len(steps)
+    width = len(row.data) // 8 // n if n else 0
+    values = from_f64(row.data).reshape(n, width)
+    missing = None if row.missing is None else np.frombuffer(row.missing, dtype=np.uint8).reshape(n, width) != 0
+    if slots is not None and slots != width:
+        padded = np.full((n, slots), np.nan)
+        gone = np.ones((n, slots), dtype=bool)
+        keep = min(slots, width)
+        padded[:, :keep] = values[:, :keep]
+        gone[:, :keep] = False if missing is None else missing[:, :keep]
+        values, missing = padded, gone
+    return Points(steps, from_f64(row.walls), values, missing)
+
+
+def read(conn, key_id: int, lo: int | None = None, hi: int | None = None, slots: int | None = None) -> Points:
+    """Every point of a key with lo <= step <= hi, in step order (repeated steps in arrival order)."""
+    cols = db.chunks.c
+    query = select(cols.steps, cols.walls, cols.data, cols.missing).where(cols.key_id == key_id)
+    if lo is not None:
+        query = query.where(cols.last_step >= lo)
+    if hi is not None:
+        query = query.where(cols.first_step <= hi)
+    parts = [_decode(r, slots) for r in conn.execute(query.order_by(cols.id))]
+    if not parts:
+        width = slots or 1
+        return Points(np.zeros(0, np.int64), np.zeros(0), np.zeros((0, width)), None)
+    if slots is None and len({p.values.shape[1] for p in parts}) > 1:
+        width = max(p.values.shape[1] for p in parts)
+        parts = [_decode(r, width) for r in conn.execute(query.order_by(cols.id))]
+    points = concat(parts)
+    keep = np.ones(len(points), dtype=bool)
+    if lo is not None:
+        keep &= points.steps >= lo
+    if hi is not None:
+        keep &= points.steps <= hi
+    order = np.argsort(points.steps[keep], kind="stable")
+    return points.take(np.flatnonzero(keep)[order])
+
+
+def bounds(conn, key_id: int, start: int | None, end: int | None) -> tuple:
+    """The (first, last) step of a key's points within [start, end], from chunk headers; (None, None) if none.
+
+    Exact at the ends of a key's data; inside a chunk that straddles ``start`` or ``end`` the bound
+    is the range edge itself (readers only use these to size buckets).
+    """
+    cols = db.chunks.c
+    q_lo = select(func.min(cols.first_step)).where(cols.key_id == key_id)
+    q_hi = select(func.max(cols.last_step)).where(cols.key_id == key_id)
+    if start is not None:
+        q_lo = q_lo.where(cols.last_step >= start)
+        q_hi = q_hi.where(cols.last_step >= start)
+    if end is not None:
+        q_lo = q_lo.where(cols.first_step <= end)
+        q_hi = q_hi.where(cols.first_step <= end)
+    lo, hi = conn.execute(q_lo).scalar(), conn.execute(q_hi).scalar()
+    if lo is None or hi is None:
+        return None, None
+    lo = max(lo, start) if start is not None else lo
+    hi = min(hi, end) if end is not None else hi
+    return (lo, hi) if lo <= hi else (None, None)
+
+
+def latest(conn, key_id: int, count: int, slots: int | None = None) -> Points:
+    """The ``count`` highest-step points of a key (for warming the health rules after a restart)."""
+    cols = db.chunks.c
+    rows = conn.execute(select(cols.steps, cols.walls, cols.data, cols.missing).where(cols.key_id == key_id)
+                        .order_by(cols.last_step.desc()).limit(max(4, count))).all()
+    if not rows:
+        return read(conn, -1, slots=slots)
+    parts = [_decode(r, slots) for r in rows]
+    if slots is None and len({p.values.shape[1] for p in parts}) > 1:
+        parts = [_decode(r, parts[0].values.shape[1]) for r in rows]
+    points = concat(parts)
+    order = np.argsort(points.steps, kind="stable")
+    return points.take(order[-count:])
+
+
+def delete_keys(conn, key_ids) -> None:
+    conn.execute(delete(db.chunks).where(db.chunks.c.key_id.in_(key_ids)))

@@ -1,0 +1,86 @@
+"""Bringing a database written by an earlier release up to the current schema, in place, at start.
+
+- 0.1 stored one row per point (``points``) and per vector step (``vectors``), and rollups with
+  7 rows per block: its points are packed into chunks, the rollups rebuilt with wall times, and
+  the old tables dropped (one transaction: a failure leaves the database as it was).
+- New columns (alert counts and steps, run secrets) are added; on PostgreSQL step columns are
+  widened to 64 bits.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+from sqlalchemy import inspect, text
+
+from . import chunks, db, rollup
+
+log = logging.getLogger("gradwatch.server")
+
+NEW_COLUMNS = {
+    "alerts": [("count", "INTEGER NOT NULL DEFAULT 1"), ("last_step", "BIGINT"), ("confirmed_step", "BIGINT"),
+               ("updated_at", "FLOAT")],
+    "runs": [("secret", "VARCHAR(64)")],
+}
+STEP_COLUMNS = [("runs", "last_step"), ("alerts", "step"), ("rollups", "block")]
+
+
+def upgrade(engine) -> None:
+    """Create missing tables and bring older ones up to date."""
+    db.metadata.create_all(engine)
+    insp = inspect(engine)
+    with engine.begin() as conn:
+        for table, columns in NEW_COLUMNS.items():
+            have = {c["name"] for c in insp.get_columns(table)}
+            for name, ddl in columns:
+                if name not in have:
+                    conn.execute(text(f'ALTER TABLE {table} ADD COLUMN "{name}" {ddl}'))
+        if engine.dialect.name == "postgresql":
+            for table, column in STEP_COLUMNS:
+                kind = {c["name"]: str(c["type"]).upper() for c in insp.get_columns(table)}.get(column)
+                if kind == "INTEGER":
+                    conn.execute(text(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE BIGINT"))
+        if insp.has_table("points") or insp.has_table("vectors"):
+            log.warning("gradwatch: converting a database from gradwatch 0.1 to chunked storage (once)")
+            convert_rows(conn, insp.has_table("points"), insp.has_table("vectors"))
+
+
+def convert_rows(conn, has_points: bool, has_vectors: bool) -> None:
+    """Pack 0.1's row-per-point tables into chunks, rebuild every rollup, drop the old tables."""
+    if has_points:
+        for (key_id,) in conn.execute(text("SELECT DISTINCT key_id FROM points")).all():
+            rows = conn.execute(text("SELECT step, wall_time, value FROM points WHERE key_id = :k ORDER BY step"),
+                                {"k": key_id}).all()
+            values = np.array([np.nan if r[2] is None else r[2] for r in rows], dtype=np.float64).reshape(-1, 1)
+            _store(conn, key_id, np.array([r[0] for r in rows], dtype=np.int64),
+                   np.array([r[1] for r in rows], dtype=np.float64), values, None)
+    if has_vectors:
+        for (key_id,) in conn.execute(text("SELECT DISTINCT key_id FROM vectors")).all():
+            rows = conn.execute(text("SELECT step, wall_time, data, missing FROM vectors WHERE key_id = :k "
+                                     "ORDER BY step"), {"k": key_id}).all()
+            width = max(len(r[2]) // 8 for r in rows)
+            values = np.full((len(rows), width), np.nan)
+            missing = np.zeros((len(rows), width), dtype=bool)
+            for i, r in enumerate(rows):
+                row = chunks.from_f64(r[2])
+                values[i, :len(row)] = row
+                missing[i, len(row):] = True
+                missing[i, [j for j in json.loads(r[3] or "[]") if j < width]] = True
+            _store(conn, key_id, np.array([r[0] for r in rows], dtype=np.int64),
+                   np.array([r[1] for r in rows], dtype=np.float64), values, missing)
+    conn.execute(text("DELETE FROM rollups"))
+    layouts = {r.id: r.layers for r in conn.execute(db.metric_keys.select())}
+    for key_id, layers in layouts.items():
+        slots = len(json.loads(layers)) if layers else 1
+        points = chunks.read(conn, key_id, slots=slots)
+        if len(points) and slots:
+            rollup.update_rollups(conn, {}, key_id, points.steps, points.walls, points.values, points.present())
+    for table in ("points", "vectors"):
+        conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
+
+
+def _store(conn, key_id, steps, walls, values, missing) -> None:
+    if len(steps):
+        chunks.append(conn, chunks.Tail(), key_id, chunks.Points(steps, walls, values, missing))
