@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
+import re
 import secrets
 from http.cookies import SimpleCookie
 from urllib.parse import quote, urlsplit
@@ -133,7 +135,9 @@ def check_token(auth: Auth, scope, headers: dict) -> None:
     wants_page = (scope["type"] == "http" and scope.get("method") in ("GET", "HEAD")
                   and not path.startswith("/api/") and "text/html" in headers.get("accept", ""))
     if wants_page:
-        raise Refusal(303, "login required", {"location": "/login?next=" + quote(path, safe="/")})
+        query = scope.get("query_string", b"").decode("latin-1")
+        target = path + ("?" + query if query else "")
+        raise Refusal(303, "login required", {"location": "/login?next=" + quote(target, safe="/")})
     raise Refusal(401, "a valid token is required: send 'Authorization: Bearer <token>' "
                        "(the server's --token / GRADWATCH_TOKEN), or log in at /login",
                   {"www-authenticate": 'Bearer realm="gradwatch"'})
@@ -188,22 +192,36 @@ async def refuse(scope, receive, send, refusal: Refusal) -> None:
         await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
 
 
-class _DenialNoise:
-    """Drops uvicorn's false 'without completing handshake' ERROR after a websocket denial response."""
+
+SECRET_HEADER = re.compile(r"((?:authorization|cookie|set-cookie)\s*:\s*)\S.*", re.I)
+ONCE_CODE = re.compile(r"(once=)[^&\s\"]+")
+
+
+class LogGuard:
+    """Keeps secrets out of uvicorn's logs and drops one false ERROR it logs after a denial."""
 
     # uvicorn's websockets-sansio protocol (the default since 0.35) does not mark the handshake done
-    # after a denial, so every refused websocket logged an ERROR (Kludex/uvicorn PR #3138); our
-    # routes always accept, so this message never means anything else here.
-    MESSAGE = "ASGI callable returned without completing handshake."
+    # after a denial response, so every refused websocket logged this ERROR (Kludex/uvicorn PR
+    # #3138); our routes always accept, so here it never means anything else.
+    DENIAL_NOISE = "ASGI callable returned without completing handshake."
 
     def filter(self, record) -> bool:
-        return record.getMessage() != self.MESSAGE
+        if record.name == "uvicorn.access" and isinstance(record.args, tuple):
+            # the access line's path may carry a one-time login code
+            record.args = tuple(ONCE_CODE.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args)
+            return True
+        message = record.getMessage()
+        if message == self.DENIAL_NOISE:
+            return False
+        redacted = ONCE_CODE.sub(r"\1***", SECRET_HEADER.sub(r"\1***", message))
+        if redacted != message:  # at debug level the websocket handshake headers are logged
+            record.msg, record.args = redacted, ()
+        return True
 
 
-def quiet_denial_noise() -> None:
-    """Install the filter once on uvicorn's error logger."""
-    import logging
-
-    logger = logging.getLogger("uvicorn.error")
-    if not any(isinstance(f, _DenialNoise) for f in logger.filters):
-        logger.addFilter(_DenialNoise())
+def guard_logs() -> None:
+    """Install LogGuard once on the loggers uvicorn (and websockets through it) write to."""
+    for name in ("uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, LogGuard) for f in logger.filters):
+            logger.addFilter(LogGuard())

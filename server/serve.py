@@ -24,9 +24,9 @@ def _server(settings: Settings):
     import uvicorn
 
     from .app import create_app
-    from .security import quiet_denial_noise
+    from .security import guard_logs
 
-    quiet_denial_noise()
+    guard_logs()
     config = uvicorn.Config(create_app(settings), log_level=settings.log_level, ws_max_size=settings.max_frame_bytes,
                             ws_ping_interval=20, ws_ping_timeout=60, timeout_graceful_shutdown=3)
     return uvicorn.Server(config)
