@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import atexit
 import math
+import numbers
 import os
 import sys
 import threading
@@ -14,9 +14,14 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import metadata, protocol
+from . import metadata, protocol, signals, spool
 from .sender import Sender
 from .values import to_value
+
+try:  # the health engineer's threshold checks; init() works without them until they land
+    from . import thresholds as _thresholds
+except ImportError:  # pragma: no cover - depends on the tree
+    _thresholds = None
 
 ON_NAN_MODES = ("warn", "raise", "stop")
 
@@ -27,10 +32,7 @@ class TrainingDiverged(RuntimeError):
 
 def default_spool_root() -> Path:
     """Where undelivered batches wait on disk: $GRADWATCH_SPOOL_DIR or ~/.cache/gradwatch/spool."""
-    if os.environ.get("GRADWATCH_SPOOL_DIR"):
-        return Path(os.environ["GRADWATCH_SPOOL_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "gradwatch" / "spool"
+    return spool.default_root()
 
 
 class Run:
@@ -45,15 +47,24 @@ class Run:
         on_nan: "warn" (print), "raise" (``log`` raises TrainingDiverged) or "stop"
             (``run.should_stop`` turns True) when a loss goes NaN/inf.
         tags: labels for filtering runs.
-        flush_interval: seconds between batches sent by the background thread.
+        flush_interval: longest wait before queued records are sent while a batch is in flight
+            (an idle link sends at once).
+        token: the server's token; default $GRADWATCH_TOKEN. Sent as a header, never stored.
+        spool_dir: where undelivered batches wait on disk; default $GRADWATCH_SPOOL_DIR/<uid>.
+        max_memory_bytes: memory for unacked batches before they go to disk.
+
+    Raises:
+        ValueError, TypeError: bad ``on_nan``, ``alerts``, ``tags`` or ``config`` (at once, not at
+            every connection attempt).
     """
 
     def __init__(self, project: str = "default", name: str | None = None, config: Mapping | None = None, *,
                  server: str | None = None, alerts: Mapping | None = None, on_nan: str = "warn",
                  tags: list[str] | None = None, flush_interval: float = 0.2, spool_dir: str | None = None,
-                 max_memory_bytes: int = 32 << 20):
+                 max_memory_bytes: int = 32 << 20, token: str | None = None):
         if on_nan not in ON_NAN_MODES:
             raise ValueError(f"on_nan must be one of {ON_NAN_MODES}, got {on_nan!r}")
+        alerts, tags = _check_alerts(alerts), _check_tags(tags)
         self.uid = uuid.uuid4().hex
         self.project = str(project)
         self.name = str(name) if name else f"run-{self.uid[:6]}"
@@ -69,19 +80,25 @@ class Run:
         self._warned: set[str] = set()
         self._key_is_loss: dict[str, bool] = {}  # keys already validated -> is it a loss?
         self._lock = threading.Lock()
+        self._pid = os.getpid()
         info = {"uid": self.uid, "project": self.project, "name": self.name, "config": _jsonable(self.config),
-                "meta": metadata.collect(), "alerts": dict(alerts or {}), "tags": list(tags or [])}
-        spool = Path(spool_dir) if spool_dir else default_spool_root() / self.uid
-        self._sender = Sender(self.server, info, spool, flush_interval=flush_interval,
-                              max_memory_bytes=max_memory_bytes, inspect=self._inspect_resolved)
+                "meta": metadata.collect(), "alerts": alerts, "tags": tags}
+        where = Path(spool_dir) if spool_dir else default_spool_root() / self.uid
+        self._sender = Sender(self.server, info, where, flush_interval=flush_interval, max_memory_bytes=max_memory_bytes,
+                              inspect=self._inspect_resolved, token=token or os.environ.get("GRADWATCH_TOKEN") or None)
         self._sender.put(("event", {"type": "status", "status": "running"}))
         self._sender.start()
-        _track(self)
+        signals.track(self)
 
     # -- public API ----------------------------------------------------------------------
     @property
+    def id(self) -> int | None:
+        """The run's id on the server (None until the server has answered)."""
+        return self._sender.run_id
+
+    @property
     def url(self) -> str:
-        """Address of this run's page (known once the server has answered)."""
+        """Address of this run's page (the server's address until the server has answered)."""
         run_id = self._sender.run_id
         return f"{self.server}/runs/{run_id}" if run_id is not None else self.server
 
@@ -100,6 +117,8 @@ class Run:
         Raises:
             TrainingDiverged: only with on_nan="raise", once a loss is NaN/inf.
         """
+        if self._finished and os.getpid() != self._pid:
+            return  # a forked child (DataLoader worker): the parent's run is not ours to log to
         try:
             self._log(data, step)
         except Exception as exc:  # a bad call must not kill the training job
@@ -129,26 +148,42 @@ class Run:
         self._watcher = Watcher(self, model, optimizer, scaler, every)
         return self
 
-    def finish(self, status: str = "finished", timeout: float = 30.0) -> None:
-        """Flush everything to the server and mark the run ended; safe to call twice.
+    def finish(self, status: str = "finished", timeout: float = 30.0, *, _budget: float | None = None) -> None:
+        """Deliver everything to the server and mark the run ended; safe to call twice.
+
+        Waits as long as the server keeps acknowledging (a progress line on stderr when that
+        takes more than ~2 s); a server that cannot be reached is given about a second.
+        What is not delivered stays on disk, and the message says how to send it later.
 
         Args:
             status: "finished" or "failed".
-            timeout: seconds to wait for the server to confirm; what is not confirmed
-                stays on disk (``gradwatch sync`` sends it later).
+            timeout: seconds without any progress after which it stops waiting.
         """
         if self._finished:
             return
         self._finished = True
-        if self._watcher is not None:
-            self._watcher.remove()
-        self._sender.put(("event", {"type": "status", "status": status}))
-        left = self._sender.close(timeout)
-        if left:
-            print(f"gradwatch: {left} batch(es) could not be delivered to {self.server}; they are kept in "
-                  f"{self._sender.outbox.spool_dir} - send them later with "
-                  f"`gradwatch sync {self._sender.outbox.spool_dir}`", file=sys.stderr)
-        _untrack(self)
+        sender = self._sender
+        try:
+            if self._watcher is not None:
+                self._watcher.remove()
+            sender.put(("event", {"type": "status", "status": status}))
+            sender.hurry_up()
+            sender.deliver(patience=timeout, grace=3.0 if sender.ever_connected else 1.0, cap=_budget, progress=True)
+        finally:  # even when a second Ctrl-C lands in the wait: spool what is left
+            with signals.blocked():
+                kept, lost = sender.close()
+            signals.untrack(self)
+            self._say_what_is_left(kept, lost)
+
+    def _say_what_is_left(self, kept: int, lost: int) -> None:
+        where = self._sender.outbox.spool_dir
+        if kept:
+            print(f"gradwatch: {self._sender.pending_records():,} step(s) in {kept} batch(es) were not delivered to "
+                  f"{self.server}; they are kept in {where} - send them later with `gradwatch sync {where}`",
+                  file=sys.stderr)
+        if lost:
+            print(f"gradwatch: {lost} batch(es) could not be written to {where} ({self._sender.outbox.disk_error}) "
+                  "and are lost", file=sys.stderr)
 
     def record_exception(self, exc: BaseException) -> None:
         """Attach a training-script exception (and the memory state) to the run."""
@@ -166,7 +201,9 @@ class Run:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc is not None and not isinstance(exc, (KeyboardInterrupt, TrainingDiverged)):
+        if isinstance(exc, KeyboardInterrupt):  # Ctrl-C: keep everything, but be quick about it
+            self.finish("failed", _budget=signals.INTERRUPT_BUDGET_S)
+        elif exc is not None and not isinstance(exc, TrainingDiverged):
             self.record_exception(exc)
             self.finish("failed")
         else:
@@ -199,6 +236,12 @@ class Run:
                 self._check_loss(step, key, scalars[key])
         if scalars:
             self._sender.put(("rec", step, time.time(), scalars, {}))
+
+    def _disown(self) -> None:
+        """In a forked child: never send, finish or spill the parent's run."""
+        self._finished = True
+        self._sender.closed_for_puts = True
+        self._sender.outbox.forget_lock()
 
     def _current_step(self) -> int:
         return self._step
@@ -251,40 +294,54 @@ def _jsonable(value: Any) -> Any:
         return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
+    value = _plain(value)  # numpy scalars are numbers, not their repr
     if isinstance(value, float):
-        return protocol.encode_float(value)
+        return protocol.encode_float(float(value))
     if value is None or isinstance(value, (bool, int, str)):
-        return value
+        return value if type(value) in (bool, int, str, type(None)) else (str(value) if isinstance(value, str) else int(value))
     return repr(value)
 
 
-# -- process-wide bookkeeping: finish runs at exit, record uncaught exceptions ----------
-_live: list[Run] = []
-_hook_installed = False
+def _plain(value: Any) -> Any:
+    """numpy scalars (and other number types) as Python numbers; anything else unchanged."""
+    if isinstance(value, (bool, int, float, str)) or value is None:
+        return value
+    if type(value).__module__ == "numpy" and hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    return value
 
 
-def _track(run: Run) -> None:
-    global _hook_installed
-    _live.append(run)
-    if not _hook_installed:
-        _hook_installed = True
-        previous = sys.excepthook
-
-        def excepthook(exc_type, exc, tb):
-            for r in list(_live):
-                r.record_exception(exc)
-                r.finish("failed")
-            previous(exc_type, exc, tb)
-
-        sys.excepthook = excepthook
-        atexit.register(_finish_all)
-
-
-def _untrack(run: Run) -> None:
-    if run in _live:
-        _live.remove(run)
+def _check_alerts(alerts: Mapping | None) -> dict:
+    """Thresholds as {str: number}; a clear error now instead of a refused hello at every connection."""
+    if alerts is None:
+        return {}
+    if not isinstance(alerts, Mapping):
+        raise TypeError(f"alerts must be a dict of rule.threshold -> number, got {type(alerts).__name__}")
+    out = {}
+    for key, value in alerts.items():
+        value = _plain(value)
+        if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            raise ValueError(f"alerts[{key!r}] must be a finite number, got {value!r}")
+        out[key] = value
+    if _thresholds is not None and hasattr(_thresholds, "validate"):
+        _thresholds.validate(out)
+    return out
 
 
-def _finish_all() -> None:
-    for run in list(_live):
-        run.finish("finished", timeout=10.0)
+def _check_tags(tags) -> list[str]:
+    if tags is None:
+        return []
+    if isinstance(tags, str) or not isinstance(tags, (list, tuple, set)):
+        raise TypeError(f"tags must be a list of strings, got {tags!r}")
+    out = []
+    for tag in tags:
+        tag = _plain(tag)
+        if not isinstance(tag, (str, int, float)) or isinstance(tag, bool):
+            raise TypeError(f"tags must be strings, got {tag!r}")
+        out.append(str(tag))
+    return out

@@ -1,9 +1,19 @@
-"""The background thread that batches records and delivers them to the server."""
+"""The background thread that batches records and delivers them to the server.
+
+Flow: ``put`` (training thread) appends to a deque; this thread encodes what is queued into
+numbered batches in the ``Outbox`` and streams them over one websocket, at most ``WINDOW``
+unacked at a time. An idle link sends a record at once; a busy one accumulates records while
+a batch is in flight, so batches grow with the load.
+
+Garbage matters here: a full (gen-2) collection triggered inside ``log()`` stalls training for
+~100 ms in a process that imported torch. So this thread keeps what it leaves to the cycle
+collector small: one connection object at a time, closed when dropped, exceptions never kept
+(their tracebacks hold frames), no thread per attempt.
+"""
 
 from __future__ import annotations
 
 import collections
-import math
 import sys
 import threading
 import time
@@ -11,265 +21,358 @@ from pathlib import Path
 from typing import Callable
 
 from . import protocol
-from .outbox import Outbox, write_run_info
-from .values import Deferred, resolve
+from .link import Link, LinkClosed, Refused
+from .outbox import Outbox, gap_alert
+from .values import TARGET_BATCH_BYTES, Encoder, item_bytes
 
-MAX_RECORDS_PER_BATCH = 2000
-# The training thread gives up the GIL inside many torch calls; if this thread is busy encoding
-# it keeps the GIL until Python's switch interval (5 ms) forces it out, and the training thread
-# waits that long. Records are serialised one by one (a 300-layer record takes ~0.3 ms; a whole
-# 256-record batch in one json.dumps call held the GIL for ~70 ms) and the GIL is handed back
-# every few records, so the training thread never waits long.
-YIELD_EVERY = 4
-
-
-def ingest_url(server: str) -> str:
-    """http(s)://host:port -> ws(s)://host:port/ws/ingest."""
-    server = server.rstrip("/")
-    if server.startswith("https://"):
-        server = "wss://" + server[len("https://"):]
-    elif server.startswith("http://"):
-        server = "ws://" + server[len("http://"):]
-    elif not server.startswith(("ws://", "wss://")):
-        server = "ws://" + server
-    return server + protocol.INGEST_PATH
+WINDOW = 8                  # batches sent and not yet acked, at most (flow control)
+MAX_QUEUE_BYTES = 64 << 20  # hand-off queue bound (estimated); past it records are dropped and counted
+DRAIN_ITEMS = 50000         # items encoded per pass, so acks are read between passes of a backlog
+MAX_HELD_EVENTS = 1000      # run events kept aside while the disk is full
 
 
 class Sender(threading.Thread):
     """Drains records handed over by ``put`` and sends them in numbered, acked batches.
 
-    ``put`` is a deque append: it never blocks and never raises. The thread reconnects
-    with backoff, resends what the server has not acked, and keeps everything (memory,
-    then disk) until it is acked.
+    ``put`` is a deque append: it never blocks and never raises. The thread reconnects with
+    backoff, resends what the server has not acked, and keeps everything (memory, then disk)
+    until it is acked; what it cannot keep is counted and reported as a ``data_gap`` alert.
     """
 
     def __init__(self, server: str, run_info: dict, spool_dir: Path, *, flush_interval: float = 0.2,
-                 max_memory_bytes: int = 32 << 20, inspect: Callable | None = None, outbox: Outbox | None = None):
+                 max_memory_bytes: int = 32 << 20, inspect: Callable | None = None, outbox: Outbox | None = None,
+                 token: str | None = None, max_queue_bytes: int = MAX_QUEUE_BYTES, notify: Callable | None = None):
         super().__init__(name="gradwatch-sender", daemon=True)
-        self.url = ingest_url(server)
-        self.run_info = run_info
+        self.link = Link(server, run_info, token)
+        self.url = self.link.url
         self.flush_interval = flush_interval
-        self.inspect = inspect
-        self.outbox = outbox or Outbox(spool_dir, max_memory_bytes)
+        self.max_queue_bytes = max_queue_bytes
+        self.outbox = outbox or Outbox(spool_dir, max_memory_bytes, run_info)
+        self.encoder = Encoder(inspect)
+        self.quiet = False  # sync prints its own summary
+        self._told: set[str] = set()
+        # Written by the training thread only (read here): no lock needed for plain counters.
         self._queue: collections.deque = collections.deque()
-        self._seq = max(self.outbox.seqs_from(0), default=0)
-        self._layouts: dict[str, list[str]] = {}  # every vector layout sent so far (repeated in each hello)
-        self._acked = 0
-        self._sent_upto = 0
-        self._put_count = 0
-        self._done_count = 0
+        self._put_bytes = self._put_count = self._put_records = 0
+        self._dropped = 0
+        self._drop_steps: list = [None, None]
+        self._idle = False
+        self.closed_for_puts = False
+        # Written by this thread (or by close() once it stopped).
+        self._taken_bytes = self._taken_count = self._taken_records = 0
+        self._dropped_seen = 0
+        self._gap = [0, None, None, set()]  # records, first step, last step, reasons
+        self._held_events: list = []
+        self._seq = self.outbox.last() or 0
+        self._acked = self._sent_upto = 0
+        self.acked_records = 0
+        self._last_drain = 0.0
+        self._next_connect = 0.0
+        self._backoff = 0.1
+        self.hurry = False
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._drain_lock = threading.Lock()
-        # What the server announced in its last welcome; until one arrives, batches use the plain
-        # JSON forms every server takes (they may wait in the outbox for a server of any version).
-        self.features: set[str] = set()
-        self._idle = threading.Condition()
-        self.run_id: int | None = None
-        self.fatal_error: str | None = None
-        self.connected = False
-        self.errors = 0
-        write_run_info(self.outbox.spool_dir, run_info)
+
+    # -- state the run reads --------------------------------------------------------------
+    run_id = property(lambda self: self.link.run_id)
+    connected = property(lambda self: self.link.conn is not None)
+    ever_connected = property(lambda self: self.link.ever_connected)
+    fatal = property(lambda self: self.link.fatal)
+    features = property(lambda self: self.link.features)
+
+    def pending_records(self) -> int:
+        """Records logged and not yet acked (queued or in the outbox)."""
+        return self._put_records - self._dropped - self.acked_records
 
     # -- called from the training thread ------------------------------------------------
     def put(self, item: tuple) -> None:
         """Hand over ('rec', step, t, scalars, vectors), ('event', dict) or ('layout', key, names)."""
+        if self.closed_for_puts:
+            return
+        size = item_bytes(item)
+        if item[0] == "rec":
+            self._put_records += 1
+            if self._put_bytes - self._taken_bytes + size > self.max_queue_bytes:
+                self._dropped += 1  # the sender is stuck: count it (reported as a gap), never grow
+                if self._drop_steps[0] is None:
+                    self._drop_steps[0] = item[1]
+                self._drop_steps[1] = item[1]
+                return
+        self._put_bytes += size
         self._put_count += 1
         self._queue.append(item)
+        if self._idle:  # the thread sleeps with nothing to do: send this at once
+            self._idle = False
+            self._wake.set()
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything put so far is acked; True on success."""
-        deadline = time.monotonic() + timeout
-        wanted, target = self._put_count, None
-        while time.monotonic() < deadline:
-            self._wake.set()
-            if target is None and self._done_count >= wanted:
-                target = self._seq
-            if target is not None and self._acked >= target:
-                return True
-            if not self.is_alive() or self.fatal_error:
-                return False
-            time.sleep(0.01)
-        return False
+        return self.deliver(patience=timeout, grace=timeout, cap=timeout)
 
-    def close(self, timeout: float = 10.0) -> int:
-        """Flush, stop the thread, and spill what is left; returns the batches left undelivered."""
-        self.flush(timeout)
+    def deliver(self, patience: float, grace: float, cap: float | None = None, progress: bool = False) -> bool:
+        """Wait while delivery progresses; True once everything put so far is acked.
+
+        Gives up after ``patience`` s without an ack advancing, ``grace`` s without a connection,
+        or ``cap`` s in all. ``progress`` prints a progress line when it takes more than ~2 s.
+        """
+        start = last_progress = time.monotonic()
+        wanted, target = self._put_count, None
+        last_acked, unreachable_since = self._acked, None
+        meter = _Progress(self.pending_records()) if progress else None
+        try:
+            while True:
+                self._wake.set()
+                if target is None and self._taken_count >= wanted:
+                    target = self._seq
+                if target is not None and self._acked >= target:
+                    return True
+                if self.fatal or not self.is_alive():
+                    return False
+                now = time.monotonic()
+                if self._acked != last_acked:
+                    last_acked, last_progress = self._acked, now
+                unreachable_since = None if self.connected else (unreachable_since or now)
+                if (unreachable_since and now - unreachable_since > grace) or now - last_progress > patience \
+                        or (cap is not None and now - start > cap):
+                    return False
+                if meter is not None:
+                    meter.show(now - start, self.pending_records())
+                time.sleep(0.01)
+        finally:
+            if meter is not None:
+                meter.done()
+
+    def hurry_up(self) -> None:
+        """At finish: retry a lost connection at once and every 0.25 s at most."""
+        self.hurry = True
+        self._backoff = min(self._backoff, 0.25)
+        self._next_connect = 0.0
+        self._wake.set()
+
+    def close(self) -> tuple[int, int]:
+        """Stop the thread and keep what is left on disk; returns (batches on disk, batches lost)."""
         self._stopping.set()
         self._wake.set()
-        self.join(timeout=max(1.0, timeout / 4))
-        self._drain()  # anything put after the thread stopped
-        return self.outbox.spill_all()
+        self.join(timeout=3.0)
+        if self._drain_lock.acquire(timeout=2.0):  # the thread may be stuck inside a drain
+            try:
+                while self._queue and not self.link.deleted:
+                    self._drain_locked()
+            finally:
+                self._drain_lock.release()
+        if self.link.deleted:
+            return 0, 0
+        kept, lost = self.outbox.spill_all()
+        self.outbox.close()
+        return kept, lost
 
     # -- the thread ----------------------------------------------------------------------
     def run(self) -> None:
-        conn = None
-        backoff = 0.1
-        next_connect = 0.0
-        while not self._stopping.is_set():
-            try:
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self._cycle()
+                except LinkClosed:
+                    self._lost_link()
+                except Exception as exc:  # never let the thread die: the data is still queued
+                    self._lost_link()
+                    self.notify(f"error:{type(exc).__name__}", f"gradwatch: sender error (will retry): {exc!r}")
+                    del exc  # no traceback (and its frames) left behind
+                    self._stopping.wait(0.1)
+        finally:
+            self.link.close()
+
+    def _cycle(self) -> None:
+        now = time.monotonic()
+        if self.link.deleted:
+            return self._discard_all()
+        if self.link.conn is None:
+            if self._queue and (now - self._last_drain >= self.flush_interval or self._backlog()):
                 self._drain()
-                if conn is None and self.fatal_error is None and time.monotonic() >= next_connect and len(self.outbox):
-                    conn = self._connect()
-                    if conn is None:
-                        next_connect = time.monotonic() + backoff
-                        backoff = min(backoff * 2, 5.0)
-                    else:
-                        backoff = 0.1
-                if conn is not None:
-                    conn = self._pump(conn)
-                else:
-                    self._wake.wait(self.flush_interval)
-                    self._wake.clear()
-            except Exception as exc:  # never let the thread die: the data is still queued
-                self.errors += 1
-                conn = self._drop(conn)
-                if self.errors <= 3:
-                    print(f"gradwatch: sender error (will retry): {exc!r}", file=sys.stderr)
-                time.sleep(0.1)
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:
-                pass
+            if not self.fatal and len(self.outbox) and now >= self._next_connect:
+                self._connect()
+            if self.link.conn is None:
+                self._wait(self.flush_interval)
+            return
+        inflight = self._sent_upto - self._acked
+        if self._queue and (inflight == 0 or now - self._last_drain >= self.flush_interval or self._backlog()):
+            self._drain()
+        self._send_window()
+        if self._sent_upto > self._acked:
+            due = self._last_drain + self.flush_interval - time.monotonic() if self._queue else self.flush_interval
+            self._receive(max(0.001, due))
+        else:
+            self._receive(0)  # a server error or close while idle
+            self._wait(self.flush_interval)
 
-    def _drop(self, conn):
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:
-                pass
-        self.connected = False
-        return None
+    def _backlog(self) -> bool:
+        return self._put_bytes - self._taken_bytes > TARGET_BATCH_BYTES
 
-    def _connect(self):
-        from websockets.sync.client import connect
+    def _wait(self, timeout: float) -> None:
+        self._idle = True
+        if not self._queue or self.link.conn is None:
+            self._wake.wait(timeout)
+        self._idle = False
+        self._wake.clear()
 
+    def _connect(self) -> None:
         try:
-            conn = connect(self.url, open_timeout=3, close_timeout=1, max_size=None).__enter__()
-        except Exception:
-            return None
-        try:
-            conn.send(protocol.dumps(protocol.hello(self.run_info, resume_from=self.outbox.first(),
-                                                    layouts=self._layouts)))
-            reply = protocol.loads(conn.recv(timeout=10))
-        except Exception:
-            return self._drop(conn)
-        if reply.get("type") == "error":
-            self.fatal_error = str(reply.get("message"))
-            print(f"gradwatch: server refused the run: {self.fatal_error}; data kept in "
-                  f"{self.outbox.spool_dir}", file=sys.stderr)
-            return self._drop(conn)
-        self.run_id = reply.get("run_id")
-        self.features = set(reply.get("features") or [])
-        self._on_ack(int(reply.get("acked_seq", 0)))
+            welcome = self.link.open(resume_from=self.outbox.first(), layouts=self.encoder.layouts)
+        except Refused as refusal:
+            if not self.link.deleted:  # a deleted run says so itself (see _discard_all)
+                self.notify(refusal.kind, refusal.text.replace("<spool>", str(self.outbox.spool_dir)))
+            return
+        except LinkClosed as closed:
+            reason = closed.reason
+            self._next_connect = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, 0.25 if self.hurry else 5.0)
+            if not self.ever_connected:  # say it once, early, and where the data goes meanwhile
+                self.notify("unreachable", f"gradwatch: cannot reach the server at {self.link.server} ({reason}); "
+                            f"training goes on and the data is kept (in memory, then in {self.outbox.spool_dir}) "
+                            "until it answers")
+            return
+        self._backoff = 0.1
+        self.notify("registered", f"gradwatch: run {self.run_id} → {self.link.server}/runs/{self.run_id}")
+        self._on_ack(int(welcome.get("acked_seq", 0)))
         self._sent_upto = self._acked
-        self.connected = True
-        return conn
 
-    def _pump(self, conn):
-        """Send what is unsent, then wait briefly for acks; returns None when the link broke."""
-        for seq in self.outbox.seqs_from(self._sent_upto + 1):
+    def _lost_link(self) -> None:
+        if self.link.conn is not None:
+            self.link.close()
+            self._next_connect = time.monotonic() + self._backoff
+            if not self.link.deleted:
+                self.notify("lost", f"gradwatch: lost the connection to {self.link.server}; retrying in the "
+                            "background (nothing logged is lost meanwhile)")
+
+    def _send_window(self) -> None:
+        """Send unsent batches while fewer than WINDOW are unacked."""
+        while self._sent_upto - self._acked < WINDOW:
+            seq = self.outbox.next_after(self._sent_upto)
+            if seq is None:
+                return
             data = self.outbox.get(seq)
             if data is not None:
-                conn.send(data.decode())
+                self.link.send(data)
             self._sent_upto = seq
-        deadline = time.monotonic() + self.flush_interval
-        try:
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or self._wake.is_set():
-                    self._wake.clear()
-                    return conn
-                try:
-                    frame = conn.recv(timeout=remaining)
-                except TimeoutError:
-                    return conn
-                self._handle(protocol.loads(frame))
-        except Exception:
-            return self._drop(conn)
+
+    def _receive(self, timeout: float) -> None:
+        """Handle the server's replies: wait up to ``timeout`` for one, then take what is there."""
+        message = self.link.receive(timeout)
+        while message is not None:
+            self._handle(message)
+            message = self.link.receive(0)
 
     def _handle(self, message: dict) -> None:
         kind = message.get("type")
         if kind == "ack":
+            if message.get("refused"):  # stored what it could; the rest is gone for good: say why, once
+                self.notify(f"refused:{message['refused']}", f"gradwatch: the server could not store "
+                            f"{message.get('refused_records', 'some')} record(s) of a batch: {message['refused']}")
             self._on_ack(int(message["seq"]))
         elif kind == "nack":
-            self._sent_upto = int(message["expected"]) - 1
+            expected = int(message["expected"])
+            if expected - 1 < self._sent_upto:  # resend from there (later nacks of the same gap add nothing)
+                self._sent_upto = max(self._acked, expected - 1)
         elif kind == "error":
-            print(f"gradwatch: server error: {message.get('message')}", file=sys.stderr)
-            raise ConnectionError(message.get("message"))
+            self.link.on_error(message)
+            raise LinkClosed(str(message.get("message")))
 
     def _on_ack(self, seq: int) -> None:
         if seq > self._acked:
+            self.acked_records += self.outbox.ack(seq)
             self._acked = seq
-        self.outbox.ack(self._acked)
 
+    # -- encoding --------------------------------------------------------------------------
     def _drain(self) -> None:
         """Move queued items into numbered batches in the outbox."""
         with self._drain_lock:  # close() may drain from the caller's thread while this one still runs
             self._drain_locked()
 
     def _drain_locked(self) -> None:
-        while self._queue:
-            items = []
-            while self._queue and len(items) < MAX_RECORDS_PER_BATCH:
-                items.append(self._queue.popleft())
-            self._seq += 1
-            self.outbox.add(self._seq, self._encode(self._seq, items).encode())
-            self._done_count += len(items)
+        self._last_drain = time.monotonic()
+        items = []
+        queue = self._queue
+        while queue and len(items) < DRAIN_ITEMS:
+            items.append(queue.popleft())
+        for item in items:
+            self._taken_bytes += item_bytes(item)
+            self._taken_records += item[0] == "rec"
+        self._taken_count += len(items)
+        if self.outbox.full():  # the disk refuses writes too: count what cannot be kept, never grow
+            return self._discard(items, f"disk full: {self.outbox.disk_error}")
+        events, self._held_events = self._held_events + self._gap_events(), []
+        for seq, text, records in self.encoder.encode(items, self._seq + 1, self.features, events):
+            self.outbox.add(seq, text, records)
+            self._seq = seq
 
-    def _encode(self, seq: int, items: list) -> str:
-        """One batch as JSON text, built record by record with the GIL handed back in between."""
-        deferred = [d for item in items if item[0] == "rec" for d in _deferred_in(item)]
-        resolved = dict(zip(map(id, deferred), resolve(deferred))) if deferred else {}
-        records, events, layouts = [], [], {}
-        for n, item in enumerate(items):
-            if n % YIELD_EVERY == YIELD_EVERY - 1:
-                time.sleep(0)  # hand the GIL back often: see YIELD_EVERY
-            if item[0] == "event":
-                events.append(item[1])
+    def _discard(self, items: list, why: str) -> None:
+        for item in items:
+            if item[0] == "rec":
+                self._note_gap(1, item[1], item[1], why)
             elif item[0] == "layout":
-                layouts[item[1]] = self._layouts[item[1]] = list(item[2])
-            else:
-                records.append(protocol.dumps(self._encode_record(item, resolved)))
-        return protocol.batch_text(seq, records, layouts, events)
+                self.encoder.layouts[item[1]] = list(item[2])  # still sent in every hello
+            elif len(self._held_events) < MAX_HELD_EVENTS:
+                self._held_events.append(item[1])
 
-    def _encode_record(self, item: tuple, resolved: dict) -> dict:
-        _, step, wall, scalars, vectors = item
-        plain = {}
-        for key, value in scalars.items():
-            plain[key] = resolved[id(value)][0] if isinstance(value, Deferred) else value
-        if self.inspect is not None:
-            self.inspect(step, plain)
-        out_vectors = {}
-        binary = protocol.VECTOR_F64 in self.features
-        for key, (value, missing, size) in vectors.items():
-            values = resolved[id(value)] if isinstance(value, Deferred) else list(value)
-            if missing or len(values) != size:
-                full: list = [None] * size
-                it = iter(values)
-                missing_set = set(missing)
-                for i in range(size):
-                    if i not in missing_set:
-                        full[i] = next(it)
-                values = full
-            if binary:  # base64 float64: NaN/inf exact, and ~8x less work than JSON numbers
-                out_vectors[key] = protocol.encode_vector_f64(values)
-            elif not missing and math.isfinite(sum(values)):
-                out_vectors[key] = values  # all finite (a NaN/inf would make the sum non-finite): no encoding
-            else:
-                out_vectors[key] = [protocol.encode_float(v) for v in values]
-        record = {"step": step, "t": wall, "scalars": {k: protocol.encode_float(v) for k, v in plain.items()}}
-        if out_vectors:
-            record["vectors"] = out_vectors
-        return record
+    def _discard_all(self) -> None:
+        """The run was deleted on the server: nothing of it is kept or sent any more."""
+        self.closed_for_puts = True
+        self._queue.clear()
+        if len(self.outbox) or self.outbox.spool_dir.exists():
+            self.outbox.discard()
+        self.notify("deleted", f"gradwatch: run {self.run_id} was deleted on the server; nothing more is sent "
+                    "for it (training goes on)")
+        self._stopping.wait(0.5)
+
+    def notify(self, kind: str, text: str) -> None:
+        """Tell the user something on stderr, once per kind."""
+        if kind not in self._told and not self.quiet:
+            self._told.add(kind)
+            print(text, file=sys.stderr, flush=True)
+
+    def _note_gap(self, records: int, first, last, why: str) -> None:
+        gap = self._gap
+        gap[0] += records
+        gap[1] = first if gap[1] is None else gap[1]
+        gap[2] = last
+        gap[3].add(why)
+
+    def _gap_events(self) -> list:
+        """Alerts for what could not be kept since the last batch (training-side drops included)."""
+        dropped = self._dropped - self._dropped_seen
+        if dropped:
+            self._dropped_seen += dropped
+            first, last = self._drop_steps
+            self._drop_steps[0] = None
+            self._note_gap(dropped, first, last, "the sender fell behind (queue over its memory bound)")
+        if not self._gap[0]:
+            return []
+        records, first, last, reasons = self._gap
+        self._gap = [0, None, None, set()]
+        self.notify(f"gap:{sorted(reasons)[0]}", f"gradwatch: {records} record(s) could not be kept: "
+                    f"{'; '.join(sorted(reasons))} (reported to the server as a data_gap alert)")
+        return [gap_alert(records, first, last, "; ".join(sorted(reasons)))]
 
 
-def _deferred_in(item: tuple):
-    _, _, _, scalars, vectors = item
-    for value in scalars.values():
-        if isinstance(value, Deferred):
-            yield value
-    for value, _, _ in vectors.values():
-        if isinstance(value, Deferred):
-            yield value
+class _Progress:
+    """`gradwatch: sending 412,000 steps to the server… 63 %` on stderr, once delivery takes > 2 s."""
+
+    def __init__(self, total: int):
+        self.total = max(1, total)
+        self.shown = 0.0
+        self.tty = sys.stderr.isatty()
+
+    def show(self, elapsed: float, pending: int) -> None:
+        every = 0.5 if self.tty else 5.0
+        if elapsed < 2.0 or elapsed - self.shown < every:
+            return
+        self.shown = elapsed
+        done = 100 * (self.total - pending) // self.total
+        line = f"gradwatch: sending {self.total:,} steps to the server… {max(0, done)} %"
+        sys.stderr.write(("\r" + line) if self.tty else line + "\n")
+        sys.stderr.flush()
+
+    def done(self) -> None:
+        if self.shown and self.tty:
+            sys.stderr.write("\n")

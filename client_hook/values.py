@@ -7,9 +7,13 @@ on the background thread: one copy per device per flush instead of one sync per 
 
 from __future__ import annotations
 
+import math
 import numbers
 import sys
+import time
 from typing import Any
+
+from . import protocol
 
 
 class Deferred:
@@ -81,3 +85,147 @@ def resolve(items: list[Deferred]) -> list[list[float]]:
             out[i] = values[pos:pos + size]
             pos += size
     return out  # type: ignore[return-value]
+
+
+# -- encoding queued items into batches ---------------------------------------------------------
+# Batches are split by encoded size as well as by count: the server refuses frames over its limit
+# (16 MiB by default), and a small frame keeps one slow batch from holding the link.
+MAX_BATCH_RECORDS = 20000
+TARGET_BATCH_BYTES = 2 << 20   # estimated size at which a chunk is cut
+MAX_FRAME_BYTES = 4 << 20      # encoded size above which a batch is split in halves
+COLUMNS = getattr(protocol, "COLUMNS", "columns")
+YIELD_EVERY = 64               # records prepared between GIL hand-backs (see Encoder.encode)
+
+
+def item_bytes(item: tuple) -> int:
+    """Rough in-memory/encoded size of one queued item, for byte budgets; cheap (no encoding)."""
+    if item[0] != "rec":
+        return 512
+    size = 64 + 40 * len(item[3])
+    for vector in item[4].values():
+        size += 16 + 12 * vector[2]
+    return size
+
+
+class Encoder:
+    """Turns queued items into numbered batch texts (records or columns form), each fitting a frame."""
+
+    def __init__(self, inspect=None):
+        self.inspect = inspect
+        self.layouts: dict[str, list[str]] = {}  # every vector layout seen (repeated in each hello)
+
+    def encode(self, items: list, next_seq: int, features: set, events: list = ()) -> list[tuple[int, bytes, int]]:
+        """Batches for ``items`` numbered from ``next_seq``: [(seq, text, record count)]."""
+        out: list = []
+        chunks = list(_chunks(items))
+        if events:  # extra sender events (a data gap) ride with the first batch
+            chunks = chunks or [[]]
+            chunks[0] = [("event", e) for e in events] + chunks[0]
+        seq = next_seq
+        for chunk in chunks:
+            plain, layouts, evs = self._prepare(chunk)
+            seq = _emit(plain, layouts, evs, features, seq, out)
+        return out
+
+    def _prepare(self, chunk: list) -> tuple[list, dict, list]:
+        """Records as (step, wall, {key: float}, {key: [float | None]}), device values read in one go."""
+        deferred = [d for item in chunk if item[0] == "rec" for d in _deferred_in(item)]
+        resolved = dict(zip(map(id, deferred), resolve(deferred))) if deferred else {}
+        plain, layouts, events = [], {}, []
+        for n, item in enumerate(chunk):
+            if n % YIELD_EVERY == YIELD_EVERY - 1:
+                time.sleep(0)  # hand the GIL back: the training thread may be waiting for it
+            if item[0] == "event":
+                events.append(item[1])
+            elif item[0] == "layout":
+                layouts[item[1]] = self.layouts[item[1]] = list(item[2])
+            else:
+                plain.append(self._plain(item, resolved))
+        return plain, layouts, events
+
+    def _plain(self, item: tuple, resolved: dict) -> tuple:
+        _, step, wall, scalars, vectors = item
+        values = {k: resolved[id(v)][0] if isinstance(v, Deferred) else v for k, v in scalars.items()}
+        if self.inspect is not None:
+            self.inspect(step, values)
+        vecs = {}
+        for key, (value, missing, size) in vectors.items():
+            got = resolved[id(value)] if isinstance(value, Deferred) else list(value)
+            if missing or len(got) != size:
+                full: list = [None] * size
+                it = iter(got)
+                gone = set(missing)
+                for i in range(size):
+                    if i not in gone:
+                        full[i] = next(it, None)
+                got = full
+            vecs[key] = got
+        return step, wall, values, vecs
+
+
+def _emit(plain: list, layouts: dict, events: list, features: set, seq: int, out: list) -> int:
+    """Append batch ``seq`` (or, when over the frame limit, its halves) to out; returns the next seq."""
+    text = _batch_text(seq, plain, layouts, events, features).encode()
+    if len(text) > MAX_FRAME_BYTES and len(plain) > 1:
+        half = len(plain) // 2  # layouts and events go with the first half, which comes first
+        seq = _emit(plain[:half], layouts, events, features, seq, out)
+        return _emit(plain[half:], {}, [], features, seq, out)
+    out.append((seq, text, len(plain)))
+    return seq + 1
+
+
+def _chunks(items: list):
+    """Consecutive runs of items, each under the record count and estimated byte targets."""
+    chunk, size, records = [], 0, 0
+    for item in items:
+        cost = item_bytes(item)
+        if chunk and (records >= MAX_BATCH_RECORDS or size + cost > TARGET_BATCH_BYTES):
+            yield chunk
+            chunk, size, records = [], 0, 0
+        chunk.append(item)
+        size += cost
+        records += item[0] == "rec"
+    if chunk:
+        yield chunk
+
+
+def _batch_text(seq: int, plain: list, layouts: dict, events: list, features: set) -> str:
+    if COLUMNS in features and plain and hasattr(protocol, "encode_columns"):
+        try:
+            msg: dict = {"type": "batch", "seq": seq, "columns": protocol.encode_columns(plain)}
+        except ValueError:  # a vector changed width inside the batch (re-watched model): records carry that
+            pass
+        else:
+            if layouts:
+                msg["layouts"] = layouts
+            if events:
+                msg["events"] = events
+            return protocol.dumps(msg)
+    binary = protocol.VECTOR_F64 in features
+    texts = []
+    for n, (step, wall, scalars, vectors) in enumerate(plain):
+        if n % YIELD_EVERY == YIELD_EVERY - 1:
+            time.sleep(0)
+        record: dict = {"step": step, "t": wall, "scalars": {k: protocol.encode_float(v) for k, v in scalars.items()}}
+        if vectors:
+            record["vectors"] = {k: _vector(v, binary) for k, v in vectors.items()}
+        texts.append(protocol.dumps(record))
+    return protocol.batch_text(seq, texts, layouts, events)
+
+
+def _vector(values: list, binary: bool) -> list | dict:
+    if binary:  # base64 float64: NaN/inf exact, and ~8x less work than JSON numbers
+        return protocol.encode_vector_f64(values)
+    if None not in values and math.isfinite(sum(values)):
+        return values  # all finite (a NaN/inf makes the sum non-finite): nothing to encode
+    return [protocol.encode_float(v) for v in values]
+
+
+def _deferred_in(item: tuple):
+    _, _, _, scalars, vectors = item
+    for value in scalars.values():
+        if isinstance(value, Deferred):
+            yield value
+    for value, _, _ in vectors.values():
+        if isinstance(value, Deferred):
+            yield value

@@ -1,34 +1,55 @@
-"""``gradwatch sync DIR``: deliver what a training process left on disk."""
+"""``gradwatch sync [DIR]``: deliver what training processes left on disk."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 
-def sync(spool_dir: str, server: str | None = None) -> int:
-    """Send the spooled batches of one run; returns a process exit code."""
-    from gradwatch.outbox import Outbox
-    from gradwatch.protocol import DEFAULT_SERVER
-    from gradwatch.sender import Sender
+def sync(spool_dir: str | None = None, server: str | None = None, token: str | None = None) -> int:
+    """Send spooled runs: one run's spool, every run under a spool root, or (no path) every pending run.
 
-    path = Path(spool_dir)
-    info_file = path / "run.json"
-    if not info_file.is_file():
-        print(f"gradwatch sync: {path} has no run.json; is it a gradwatch spool directory?", file=sys.stderr)
+    Returns a process exit code: 0 when everything was delivered (or nothing was pending).
+    """
+    from gradwatch import spool
+    from gradwatch.protocol import DEFAULT_SERVER
+
+    server = (server or os.environ.get("GRADWATCH_SERVER") or DEFAULT_SERVER).rstrip("/")
+    token = token or os.environ.get("GRADWATCH_TOKEN") or None
+    targets = _targets(spool_dir)
+    if targets is None:
         return 2
-    outbox = Outbox.load(path)
-    if not len(outbox):
-        print("gradwatch sync: nothing left to send")
+    if not targets:
+        print(f"gradwatch sync: nothing to send under {spool_dir or spool.default_root()}")
         return 0
-    server = server or os.environ.get("GRADWATCH_SERVER") or DEFAULT_SERVER
-    sender = Sender(server, json.loads(info_file.read_text()), path, outbox=outbox)
-    sender.start()
-    left = sender.close(timeout=120)
-    if left:
-        print(f"gradwatch sync: {left} batch(es) still undelivered (server {server})", file=sys.stderr)
-        return 1
-    print(f"gradwatch sync: delivered; run {sender.run_id} is at {server}/runs/{sender.run_id}")
-    return 0
+    failed = 0
+    for path in targets:
+        ok, run_id, why = spool.deliver(path, server, token)
+        if ok:
+            where = f"run {run_id} is at {server}/runs/{run_id}" if run_id is not None else "nothing left to send"
+            print(f"gradwatch sync: {path.name}: delivered; {where}")
+        else:
+            failed += 1
+            print(f"gradwatch sync: {path}: not delivered: {why}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _targets(spool_dir: str | None) -> list[Path] | None:
+    """The run spools to deliver, or None (after saying why) when the path is not usable."""
+    from gradwatch import spool
+
+    if spool_dir is None:
+        return spool.pending_runs(spool.default_root())
+    path = Path(spool_dir)
+    if not path.exists():
+        print(f"gradwatch sync: {path} does not exist", file=sys.stderr)
+        return None
+    if (path / spool.INFO_NAME).is_file():
+        return [path]
+    runs = spool.pending_runs(path) if path.is_dir() else []
+    if not runs:
+        print(f"gradwatch sync: {path} has no run.json and no run spools in it; is it a gradwatch spool "
+              "directory?", file=sys.stderr)
+        return None
+    return runs
