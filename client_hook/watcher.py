@@ -29,27 +29,87 @@ class Watcher:
         self.model = model
         self.optimizer = optimizer
         self.scaler = scaler
-        self.params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.names = [n for n, _ in self.params]
+        # Every parameter, in registration order; which of them train is read at each capture, so a
+        # layer frozen (or unfrozen) after watch() is simply not (or again) reported.
+        self.params = list(model.named_parameters())
+        self.names = [n for n, p in self.params if p.requires_grad]
         self.device = next((p.device for _, p in self.params), torch.device("cpu"))
         self.handles: list = []
         self._pending_backward = False
         self._last_breakdown_step = -10**9
-        run._put_layout(GRAD_VECTOR, self.names)
+        self._trainable_ids: tuple = ()
+        self._hooked: set = set()
+        self._forward_order: dict = {}
+        self._order_handles = self._hook_forward_order(model)
         if optimizer is not None:
             self.handles.append(optimizer.register_step_pre_hook(self._on_optimizer_step))
             self._report_unoptimized()
         else:
-            for _, p in self.params:
-                self.handles.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
+            self._hook_new_trainables()
         if scaler is not None:
             self._wrap_scaler_update(scaler)
 
+    def _hook_new_trainables(self) -> None:
+        """Without an optimizer, capture when gradients are ready: hook every trainable parameter once."""
+        for _, p in self.params:
+            if p.requires_grad and id(p) not in self._hooked:
+                self._hooked.add(id(p))
+                self.handles.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
+
+    # -- layer order ----------------------------------------------------------------------
+    def _hook_forward_order(self, model) -> list:
+        """Note the order modules first run in (until the first capture), for an input-to-output layout."""
+        handles = []
+        for path, module in model.named_modules():
+            if path == "" or next(module.parameters(recurse=False), None) is not None:
+                def seen(mod, args, path=path):
+                    self._forward_order.setdefault(path, len(self._forward_order))
+                handles.append(module.register_forward_pre_hook(seen))
+        return handles
+
+    def _execution_order(self) -> list:
+        """Parameters in the order their modules ran in the first forward pass; registration order for
+        ties and as the fallback. A module that never ran itself (its parent used its weights, like
+        MultiheadAttention's out_proj) sits with its nearest ancestor that ran; unused ones go last."""
+        order = self._forward_order
+        if not order:
+            return self.params
+        last = len(self.params) + len(order)
+
+        def rank(item):
+            index, (name, _) = item
+            parts = name.split(".")[:-1]
+            for cut in range(len(parts), 0, -1):
+                path = ".".join(parts[:cut])
+                if path in order:
+                    return (order[path], index)
+            return (order.get("", last) if not parts else last, index)
+
+        return [p for _, p in sorted(enumerate(self.params), key=rank)]
+
+    def _trainable(self) -> list:
+        """The parameters that require grad right now, input side first; a new layout is sent when it changes."""
+        if self._order_handles:
+            for handle in self._order_handles:
+                handle.remove()
+            self._order_handles = []
+            self.params = self._execution_order()
+        trainable = [(n, p) for n, p in self.params if p.requires_grad]
+        ids = tuple(id(p) for _, p in trainable)
+        if ids != self._trainable_ids:
+            self._trainable_ids = ids
+            self.names = [n for n, _ in trainable]
+            self.run._put_layout(GRAD_VECTOR, self.names)  # before the first record that uses it
+            if self.optimizer is None:
+                self._hook_new_trainables()
+        return trainable
+
     def remove(self) -> None:
         """Detach every hook this watcher installed."""
-        for handle in self.handles:
+        for handle in self.handles + self._order_handles:
             handle.remove()
         self.handles.clear()
+        self._order_handles = []
         if self.scaler is not None and "update" in vars(self.scaler):
             del self.scaler.update
 
@@ -75,7 +135,7 @@ class Watcher:
             return
         scalars: dict[str, Any] = {}
         vectors = {}
-        grads = [p.grad for _, p in self.params]
+        grads = [p.grad for _, p in self._trainable()]
         missing = [i for i, g in enumerate(grads) if g is None]
         present = [g for g in grads if g is not None]
         if present:
@@ -163,7 +223,7 @@ class Watcher:
     def _report_unoptimized(self) -> None:
         """Parameters that require grad but that the optimizer does not hold never train."""
         held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
-        orphans = [n for n, p in self.params if id(p) not in held]
+        orphans = [n for n, p in self.params if p.requires_grad and id(p) not in held]
         if orphans:
             self.run._put_event({
                 "type": "alert", "kind": "missing_gradients", "severity": "warning", "step": None,
