@@ -5,6 +5,9 @@ from __future__ import annotations
 import re
 
 # (pattern on "Type: message", title, advice). First match wins; order from specific to generic.
+# Every pattern is a plain alternation or has a bounded repeat, and the text is cut to MAX_TEXT
+# characters first, so a hostile or huge exception message costs linear time at most.
+MAX_TEXT = 4000
 _RULES: list[tuple[str, str, str]] = [
     (r"out of memory|OutOfMemoryError",
      "CUDA ran out of memory",
@@ -25,7 +28,7 @@ _RULES: list[tuple[str, str, str]] = [
      "Something cut the graph between the parameters and the loss: .detach(), torch.no_grad(), .item(), "
      ".numpy() round-trips, or building the loss from Python numbers. Keep the computation in tensors and "
      "check that model parameters have requires_grad=True."),
-    (r"mat1 and mat2 shapes cannot be multiplied|size mismatch|shape .* is invalid|must match the size|"
+    (r"mat1 and mat2 shapes cannot be multiplied|size mismatch|shape '[^'\n]{0,200}' is invalid|must match the size|"
      r"shapes cannot be multiplied|Sizes of tensors must match|doesn't match the broadcast shape|"
      r"Expected input batch_size",
      "Shape mismatch",
@@ -49,11 +52,14 @@ _RULES: list[tuple[str, str, str]] = [
 ]
 
 
+_COMPILED = [(re.compile(pattern), title, advice) for pattern, title, advice in _RULES]
+
+
 def diagnose(exc_type: str, message: str, memory: dict | None = None) -> dict | None:
     """Return {"title", "advice"} for a known failure, else None."""
-    text = f"{exc_type}: {message}"
-    for pattern, title, advice in _RULES:
-        if re.search(pattern, text):
+    text = f"{str(exc_type)[:200]}: {str(message)[:MAX_TEXT]}"
+    for pattern, title, advice in _COMPILED:
+        if pattern.search(text):
             if memory and title.startswith("CUDA ran out"):
                 held = ", ".join(f"{k.split('/')[-1]} {v / 2**20:.0f} MiB" for k, v in memory.items()
                                  if isinstance(v, (int, float)))

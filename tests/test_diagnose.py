@@ -31,3 +31,26 @@ def test_device_mismatch_and_oom_texts():
                    {"memory/cuda_allocated": 2**30})
     assert oom["title"] == "CUDA ran out of memory" and "1024 MiB" in oom["advice"]
     assert diagnose("ValueError", "something else entirely") is None
+
+
+def test_view_shape_error_is_a_shape_mismatch():
+    exc = _raise(lambda: torch.arange(10).view(3, -1))
+    assert diagnose(type(exc).__name__, str(exc))["title"] == "Shape mismatch"
+
+
+def test_hostile_messages_stay_fast():
+    import time
+
+    hostile = [
+        "shape '" * 200_000,                  # many starts for the shape pattern, none closing
+        "shape '[1, 2]" + " " * 1_000_000,    # an unterminated quote followed by a megabyte
+        "x" * 5_000_000 + " out of memory",  # the tell-tale words past the part that is read
+        "\n".join(["expected scalar type"] * 100_000),
+    ]
+    for message in hostile:
+        start = time.perf_counter()
+        diagnose("RuntimeError", message)
+        assert time.perf_counter() - start < 0.5, message[:40]
+    # Only the first MAX_TEXT characters are read: a match buried after them is not looked for.
+    assert diagnose("RuntimeError", "x" * 5_000_000 + " out of memory") is None
+    assert diagnose("RuntimeError", "CUDA out of memory" + "x" * 5_000_000)["title"] == "CUDA ran out of memory"
