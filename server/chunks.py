@@ -82,28 +82,27 @@ def concat(parts: list[Points]) -> Points:
 
 
 def append(conn, tail: Tail, key_id: int, points: Points) -> None:
-    """Store a batch's points of one key: full chunks at once, the rest as a small row merged later."""
+    """Store a batch's points of one key: a small row until the key's small rows fill a chunk, then
+    full chunks (the small rows merged in first, so repeated steps keep their arrival order)."""
     slots = points.values.shape[1]
     cap = capacity(slots)
     if tail.slots is not None and tail.slots != slots:  # the layout changed: leave the old rows as they are
         tail.ids, tail.parts, tail.n = [], [], 0
     tail.slots = slots
-    full = (len(points) // cap) * cap
-    rows = [_row(key_id, points.take(slice(i, i + cap))) for i in range(0, full, cap)]
-    if rows:
-        conn.execute(db.chunks.insert(), rows)
-    if full == len(points):
-        return
-    rest = points.take(slice(full, None))
-    if tail.n + len(rest) >= cap and tail.ids:  # merge the small rows and this remainder into one chunk
-        conn.execute(delete(db.chunks).where(db.chunks.c.id.in_(tail.ids)))
-        conn.execute(db.chunks.insert(), [_row(key_id, concat(tail.parts + [rest]))])
-        tail.ids, tail.parts, tail.n = [], [], 0
-        return
-    row_id = conn.execute(db.chunks.insert().values(**_row(key_id, rest))).inserted_primary_key[0]
+    if tail.n + len(points) >= cap:
+        if tail.ids:
+            conn.execute(delete(db.chunks).where(db.chunks.c.id.in_(tail.ids)))
+            points = concat(tail.parts + [points])
+            tail.ids, tail.parts, tail.n = [], [], 0
+        full = (len(points) // cap) * cap
+        conn.execute(db.chunks.insert(), [_row(key_id, points.take(slice(i, i + cap))) for i in range(0, full, cap)])
+        if full == len(points):
+            return
+        points = points.take(slice(full, None))
+    row_id = conn.execute(db.chunks.insert().values(**_row(key_id, points))).inserted_primary_key[0]
     tail.ids.append(row_id)
-    tail.parts.append(rest)
-    tail.n += len(rest)
+    tail.parts.append(points)
+    tail.n += len(points)
 
 
 def _decode(row, slots: int | None) -> Points:

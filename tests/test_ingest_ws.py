@@ -1,0 +1,181 @@
+"""The ingest websocket against a real server, spoken to frame by frame: what is stored, refused and answered."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from websockets.exceptions import ConnectionClosedError
+from websockets.sync.client import connect
+
+from gradwatch import protocol
+from conftest import wait_runs
+
+
+def ingest_url(server_url: str) -> str:
+    return "ws" + server_url[len("http"):] + protocol.INGEST_PATH
+
+
+class Link:
+    """A raw ingest connection: hello, then batches; replies read one by one."""
+
+    def __init__(self, server_url: str, uid: str = "u-1", secret: str = "s-1", **hello):
+        self.ws = connect(ingest_url(server_url), max_size=None)
+        run = {"uid": uid, "project": "p", "name": "n", "secret": secret, **hello.pop("run", {})}
+        self.ws.send(json.dumps({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "run": run, **hello}))
+        self.welcome = json.loads(self.ws.recv(timeout=10))
+
+    def send(self, message) -> dict:
+        self.ws.send(message if isinstance(message, str) else protocol.dumps(message))
+        return json.loads(self.ws.recv(timeout=10))
+
+    def close(self):
+        self.ws.close()
+
+
+def _columns_batch(seq, records, **extra):
+    return {"type": "batch", "seq": seq, "columns": protocol.encode_columns(records), **extra}
+
+
+def test_columns_round_trip_nan_and_inf_exactly(server, api):
+    link = Link(server.url)
+    assert protocol.COLUMNS in link.welcome["features"]
+    records = [(s, 1000.0 + s, {"loss": [1.5, math.nan, math.inf, -math.inf][s % 4]}, {"grad": [0.1 * s, None]})
+               for s in range(40)]
+    reply = link.send(_columns_batch(1, records, layouts={"grad": ["a.weight", "b.weight"]}))
+    assert reply == {"type": "ack", "seq": 1}
+    run_id = link.welcome["run_id"]
+    loss = api.get(f"/api/runs/{run_id}/series?key=loss")
+    assert loss["steps"] == list(range(40)) and loss["values"][:4] == [1.5, "NaN", "Infinity", "-Infinity"]
+    assert loss["wall_times"][:2] == [1000.0, 1001.0]
+    layer = api.get(f"/api/runs/{run_id}/series?key=grad/b.weight")
+    assert layer["values"][:3] == [None, None, None]  # no gradient: missing, not NaN
+    assert api.get(f"/api/runs/{run_id}/series?key=grad/a.weight")["values"][3] == 0.30000000000000004
+    link.close()
+
+
+def test_a_bad_record_is_refused_and_the_rest_is_stored(server, api):
+    link = Link(server.url)
+    records = [{"step": 0, "t": 1.0, "scalars": {"loss": 1.0}},
+               {"step": 1, "t": 2.0, "scalars": {"loss": 10 ** 400}},  # beyond float range
+               {"step": 2, "t": 3.0, "scalars": ["not", "an", "object"]},
+               {"step": 3, "t": 4.0, "scalars": {"loss": 0.5, "\ud800bad": 1.0}},  # a lone surrogate key
+               {"step": 4, "t": 5.0, "scalars": {"loss": 0.25}}]
+    reply = link.send({"type": "batch", "seq": 1, "records": records})
+    assert reply["type"] == "ack" and reply["seq"] == 1 and "record 1" in reply["refused"]
+    run_id = link.welcome["run_id"]
+    assert api.get(f"/api/runs/{run_id}/series?key=loss")["steps"] == [0, 4]
+    alerts = api.get(f"/api/runs/{run_id}/alerts")
+    assert [a["kind"] for a in alerts] == ["data_refused"] and "record 2" in alerts[0]["message"]
+    # ... and the next batch goes on as usual: nothing is stuck behind the refused part.
+    assert link.send({"type": "batch", "seq": 2, "records": [{"step": 5, "t": 6.0, "scalars": {"loss": 0.1}}]}) == \
+        {"type": "ack", "seq": 2}
+    link.close()
+
+
+def test_a_layout_change_inside_a_batch_stores_everything(server, api):
+    """Old-width vectors beside a wider new layout (a layer appended mid-run) no longer block the run."""
+    link = Link(server.url)
+    records = [{"step": 0, "t": 1.0, "scalars": {"loss": 1.0}, "vectors": {"grad": [1.0, 2.0]}}]
+    records += [{"step": s, "t": 1.0 + s, "scalars": {"loss": 1.0}, "vectors": {"grad": [1.0, 2.0, 3.0]}}
+                for s in range(1, 300)]
+    reply = link.send({"type": "batch", "seq": 1, "records": records, "layouts": {"grad": ["a", "b", "c"]}})
+    assert reply == {"type": "ack", "seq": 1}
+    run_id = link.welcome["run_id"]
+    assert len(api.get(f"/api/runs/{run_id}/series?key=loss")["steps"]) == 300
+    assert api.get(f"/api/runs/{run_id}/series?key=grad/c")["values"][:2] == [None, 3.0]
+    link.close()
+
+
+def test_duplicates_are_acked_gaps_are_nacked(server, api):
+    link = Link(server.url)
+    batch = _columns_batch(1, [(0, 1.0, {"loss": 1.0}, {})])
+    assert link.send(batch) == {"type": "ack", "seq": 1}
+    assert link.send(batch) == {"type": "ack", "seq": 1}
+    assert link.send(_columns_batch(3, [(2, 1.0, {"loss": 1.0}, {})])) == {"type": "nack", "expected": 2}
+    assert api.get(f"/api/runs/{link.welcome['run_id']}/series?key=loss")["steps"] == [0]
+    link.close()
+
+
+def test_another_client_cannot_resume_or_move_a_run_forward(server, api):
+    owner = Link(server.url, uid="victim", secret="right")
+    assert owner.send(_columns_batch(1, [(0, 1.0, {"loss": 1.0}, {})]))["type"] == "ack"
+    owner.close()
+    thief = connect(ingest_url(server.url))
+    thief.send(json.dumps({"type": "hello", "protocol": 1, "run": {"uid": "victim", "secret": "guess"},
+                           "resume_from": 10 ** 9}))
+    reply = json.loads(thief.recv(timeout=10))
+    assert reply["type"] == "error" and "secret" in reply["message"]
+    thief.close()
+    again = Link(server.url, uid="victim", secret="right")
+    assert again.welcome["acked_seq"] == 1  # the sequence did not move
+    assert again.send(_columns_batch(2, [(1, 2.0, {"loss": 0.5}, {})])) == {"type": "ack", "seq": 2}
+    assert api.get(f"/api/runs/{again.welcome['run_id']}/series?key=loss")["steps"] == [0, 1]
+    again.close()
+
+
+def test_a_deleted_run_tells_its_client_to_stop(server, api):
+    link = Link(server.url)
+    assert link.send(_columns_batch(1, [(0, 1.0, {"loss": 1.0}, {})]))["type"] == "ack"
+    status, _ = api.request("DELETE", f"/api/runs/{link.welcome['run_id']}")
+    assert status == 200
+    reply = link.send(_columns_batch(2, [(1, 1.0, {"loss": 1.0}, {})]))
+    assert reply["type"] == "error" and reply["code"] == "run_deleted"
+    assert api.get("/api/runs") == []  # not recreated under a new id
+    link.close()
+
+
+def test_hostile_hellos_get_a_clear_error(server, api):
+    for hello, expect in [
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ({"type": "hello", "protocol": 1, "run": {"uid": "x", "name": ["no"]}}, "name must be a string"),
+        ({"type": "hello", "protocol": 1, "run": {"uid": "x"}, "layouts": [1]}, "layouts"),
+        ({"type": "hello", "protocol": 1, "run": {"uid": "x" * 65}}, "uid"),
+    ]:
+        ws = connect(ingest_url(server.url), max_size=None)
+        ws.send(hello if isinstance(hello, str) else json.dumps(hello))
+        reply = json.loads(ws.recv(timeout=10))
+        assert reply["type"] == "error" and expect in reply["message"], (reply, expect)
+        ws.close()
+    assert api.get("/api/runs") == []
+
+
+def test_a_bare_nan_in_the_config_is_stored_as_a_string(server, api):
+    ws = connect(ingest_url(server.url))
+    ws.send('{"type": "hello", "protocol": 1, "run": {"uid": "nan-cfg", "name": "\\ud800x", "config": {"lr": NaN}}}')
+    assert json.loads(ws.recv(timeout=10))["type"] == "welcome"
+    wait_runs(api)
+    run = api.get(f"/api/runs/{api.get('/api/runs')[0]['id']}")
+    assert run["config"] == {"lr": "NaN"} and run["name"] == "?x"
+    ws.close()
+
+
+def test_a_frame_over_the_limit_is_refused_with_the_reason(server, api):
+    link = Link(server.url)
+    assert link.send(_columns_batch(1, [(0, 1.0, {"loss": 1.0}, {})]))["type"] == "ack"
+    limit = server.settings.max_frame_bytes
+    with pytest.raises(ConnectionClosedError) as refused:
+        link.send('{"type": "batch", "seq": 2, "records": [], "pad": "' + "x" * limit + '"}')
+    assert refused.value.rcvd.code == 1009 and "exceeds limit" in refused.value.rcvd.reason
+    assert api.get(f"/api/runs/{link.welcome['run_id']}/series?key=loss")["steps"] == [0]  # nothing lost
+
+
+def test_keys_over_the_run_limit_are_refused_and_reported(tmp_path):
+    import dataclasses
+
+    from gradwatch_server.serve import BackgroundServer
+    from gradwatch_server.settings import Settings
+    from conftest import Api
+
+    settings = Settings(host="127.0.0.1", port=0, db=f"sqlite:///{tmp_path / 'k.db'}")
+    srv = BackgroundServer(dataclasses.replace(settings, max_keys_per_run=3)).start()
+    try:
+        link = Link(srv.url)
+        reply = link.send(_columns_batch(1, [(0, 1.0, {f"k{i}": 1.0 for i in range(5)}, {})]))
+        assert "already has 3 keys" in reply["refused"]
+        keys = Api(srv.url).get(f"/api/runs/{link.welcome['run_id']}/keys")
+        assert len(keys) == 3
+        link.close()
+    finally:
+        srv.stop()
