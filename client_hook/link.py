@@ -93,8 +93,9 @@ class Link:
         from websockets.sync.client import connect
 
         try:
-            return connect(self.url, open_timeout=3, close_timeout=1, max_size=None,
-                           additional_headers=self._headers), None, None
+            conn = connect(self.url, open_timeout=3, close_timeout=1, max_size=None,
+                           additional_headers=self._headers)
+            return conn.__enter__(), None, None  # a connection kept across calls, closed by close()
         except InvalidStatus as exc:
             status = exc.response.status_code
             return None, status, f"HTTP {status}"

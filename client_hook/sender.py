@@ -70,6 +70,7 @@ class Sender(threading.Thread):
         self._next_connect = 0.0
         self._backoff = 0.1
         self.hurry = False
+        self.failures = 0  # connection attempts that failed
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._drain_lock = threading.Lock()
@@ -118,7 +119,7 @@ class Sender(threading.Thread):
         """
         start = last_progress = time.monotonic()
         wanted, target = self._put_count, None
-        last_acked, unreachable_since = self._acked, None
+        last_acked, unreachable_since, failures = self._acked, None, self.failures
         meter = _Progress(self.pending_records()) if progress else None
         try:
             while True:
@@ -132,7 +133,9 @@ class Sender(threading.Thread):
                 now = time.monotonic()
                 if self._acked != last_acked:
                     last_acked, last_progress = self._acked, now
-                unreachable_since = None if self.connected else (unreachable_since or now)
+                # Unreachable: not connected although an attempt failed since we began waiting.
+                unreachable = not self.connected and self.failures > failures
+                unreachable_since = (unreachable_since or now) if unreachable else None
                 if (unreachable_since and now - unreachable_since > grace) or now - last_progress > patience \
                         or (cap is not None and now - start > cap):
                     return False
@@ -188,11 +191,13 @@ class Sender(threading.Thread):
         if self.link.deleted:
             return self._discard_all()
         if self.link.conn is None:
-            if self._queue and (now - self._last_drain >= self.flush_interval or self._backlog()):
-                self._drain()
-            if not self.fatal and len(self.outbox) and now >= self._next_connect:
-                self._connect()
+            if not self.fatal and (self._queue or len(self.outbox)) and now >= self._next_connect:
+                self._connect()  # before encoding: a welcome may offer the cheaper columnar form
             if self.link.conn is None:
+                # Keep the hand-off queue short (it may hold device tensors), without encoding
+                # record by record while a server may be about to answer.
+                if self._queue and (now - self._last_drain >= max(1.0, self.flush_interval) or self._backlog()):
+                    self._drain()
                 self._wait(self.flush_interval)
             return
         inflight = self._sent_upto - self._acked
@@ -225,6 +230,7 @@ class Sender(threading.Thread):
             return
         except LinkClosed as closed:
             reason = closed.reason
+            self.failures += 1
             self._next_connect = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, 0.25 if self.hurry else 5.0)
             if not self.ever_connected:  # say it once, early, and where the data goes meanwhile
@@ -238,12 +244,11 @@ class Sender(threading.Thread):
         self._sent_upto = self._acked
 
     def _lost_link(self) -> None:
-        if self.link.conn is not None:
-            self.link.close()
-            self._next_connect = time.monotonic() + self._backoff
-            if not self.link.deleted:
-                self.notify("lost", f"gradwatch: lost the connection to {self.link.server}; retrying in the "
-                            "background (nothing logged is lost meanwhile)")
+        self.link.close()
+        self._next_connect = time.monotonic() + self._backoff
+        if self.ever_connected and not self.link.deleted:
+            self.notify("lost", f"gradwatch: lost the connection to {self.link.server}; retrying in the "
+                        "background (nothing logged is lost meanwhile)")
 
     def _send_window(self) -> None:
         """Send unsent batches while fewer than WINDOW are unacked."""
@@ -298,13 +303,14 @@ class Sender(threading.Thread):
         for item in items:
             self._taken_bytes += item_bytes(item)
             self._taken_records += item[0] == "rec"
-        self._taken_count += len(items)
         if self.outbox.full():  # the disk refuses writes too: count what cannot be kept, never grow
-            return self._discard(items, f"disk full: {self.outbox.disk_error}")
-        events, self._held_events = self._held_events + self._gap_events(), []
-        for seq, text, records in self.encoder.encode(items, self._seq + 1, self.features, events):
-            self.outbox.add(seq, text, records)
-            self._seq = seq
+            self._discard(items, f"disk full: {self.outbox.disk_error}")
+        else:
+            events, self._held_events = self._held_events + self._gap_events(), []
+            for seq, text, records in self.encoder.encode(items, self._seq + 1, self.features, events):
+                self.outbox.add(seq, text, records)
+                self._seq = seq
+        self._taken_count += len(items)  # only now: deliver() reads _seq once this covers its items
 
     def _discard(self, items: list, why: str) -> None:
         for item in items:

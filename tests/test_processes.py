@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,8 +15,15 @@ import pytest
 
 from conftest import Api
 from gradwatch_server.serve import BackgroundServer
+from gradwatch_server.sync import sync
 
 HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _worker(url, name, steps, *extra):
@@ -60,3 +69,73 @@ def test_killed_training_process_is_marked_crashed(settings):
         assert api.get("/api/runs/1/series?key=loss")["steps"] == list(range(50))  # nothing logged is lost
     finally:
         srv.stop()
+
+
+def _wait_status(api, status, run_id=1, seconds=10.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and api.get(f"/api/runs/{run_id}")["status"] != status:
+        time.sleep(0.05)
+    return api.get(f"/api/runs/{run_id}")
+
+
+def test_sigterm_delivers_everything_then_dies_of_sigterm(server, api):
+    proc = _worker(server.url, "preempted", 400, "wait")
+    assert proc.stdout.readline().strip() == "logged"  # logged, nothing flushed on purpose
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - start < 6, err
+    assert proc.returncode == -signal.SIGTERM, err  # the default outcome, as without gradwatch
+    assert api.get("/api/runs/1/series?key=step_seen")["steps"] == list(range(400))
+    assert _wait_status(api, "failed")["status"] == "failed"
+
+
+def test_sigterm_without_a_server_spools_everything_and_sync_delivers_it(settings, tmp_path):
+    port = free_port()
+    spool_root = tmp_path / "spool"
+    proc = _worker(f"http://127.0.0.1:{port}", "offline-term", 300, "wait")
+    assert proc.stdout.readline().strip() == "logged"
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - start < 5, err
+    assert proc.returncode == -signal.SIGTERM
+    assert "gradwatch sync" in err and str(spool_root) in err
+    srv = BackgroundServer(dataclasses.replace(settings, port=port)).start()
+    try:
+        assert sync(None, srv.url) == 0
+        api = Api(srv.url)
+        assert api.get("/api/runs/1/series?key=step_seen")["steps"] == list(range(300))
+        assert not list(spool_root.iterdir())  # delivered spools are removed
+    finally:
+        srv.stop()
+
+
+def test_ctrl_c_keeps_everything_and_the_interrupt_propagates(server, api):
+    proc = _worker(server.url, "interrupted", 300, "wait")
+    assert proc.stdout.readline().strip() == "logged"
+    start = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - start < 6, err
+    assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in err  # Python's own outcome of Ctrl-C
+    assert api.get("/api/runs/1/series?key=step_seen")["steps"] == list(range(300))
+
+
+def test_a_run_that_never_reached_a_server_spools_within_about_a_second(tmp_path):
+    proc = _worker(f"http://127.0.0.1:{free_port()}", "never", 100)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert err.count("cannot reach the server") == 1  # said once, early
+    assert "gradwatch sync" in err
+
+
+def test_forked_child_never_sends_finishes_or_spills_the_parents_run(server, api, tmp_path):
+    proc = _worker(server.url, "forking", 50, "fork")
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "child exit 0" in out
+    run = api.get("/api/runs/1")
+    assert run["status"] == "finished" and run["last_step"] == 49  # nothing from the child
+    assert api.get("/api/runs/1/series?key=loss")["steps"] == list(range(50))
+    assert not (tmp_path / "spool").exists() or not list((tmp_path / "spool").rglob("0*.json"))
