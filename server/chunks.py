@@ -81,8 +81,31 @@ def concat(parts: list[Points]) -> Points:
                   np.concatenate([p.values for p in parts]), missing)
 
 
-def append(conn, tail: Tail, key_id: int, points: Points) -> None:
-    """Store a batch's points of one key: a small row until the key's small rows fill a chunk, then
+@dataclass
+class Writes:
+    """The chunk rows of one batch, across keys, written with three statements in all."""
+
+    deletes: list = field(default_factory=list)   # ids of small rows merged into full chunks
+    full: list = field(default_factory=list)      # rows of full chunks
+    small: list = field(default_factory=list)     # (tail, points, row) of small rows: their ids go to the tail
+
+    def flush(self, conn) -> None:
+        if self.deletes:
+            conn.execute(delete(db.chunks).where(db.chunks.c.id.in_(self.deletes)))
+        if self.full:
+            conn.execute(db.chunks.insert(), self.full)
+        if self.small:
+            ids = conn.execute(db.chunks.insert().returning(db.chunks.c.id, sort_by_parameter_order=True),
+                               [row for _tail, _points, row in self.small]).scalars().all()
+            for (tail, points, _row), row_id in zip(self.small, ids):
+                tail.ids.append(row_id)
+                tail.parts.append(points)
+                tail.n += len(points)
+        self.deletes, self.full, self.small = [], [], []
+
+
+def append(writes: Writes, tail: Tail, key_id: int, points: Points) -> None:
+    """Plan a batch's points of one key: a small row until the key's small rows fill a chunk, then
     full chunks (the small rows merged in first, so repeated steps keep their arrival order)."""
     slots = points.values.shape[1]
     cap = capacity(slots)
@@ -91,18 +114,22 @@ def append(conn, tail: Tail, key_id: int, points: Points) -> None:
     tail.slots = slots
     if tail.n + len(points) >= cap:
         if tail.ids:
-            conn.execute(delete(db.chunks).where(db.chunks.c.id.in_(tail.ids)))
+            writes.deletes += tail.ids
             points = concat(tail.parts + [points])
             tail.ids, tail.parts, tail.n = [], [], 0
         full = (len(points) // cap) * cap
-        conn.execute(db.chunks.insert(), [_row(key_id, points.take(slice(i, i + cap))) for i in range(0, full, cap)])
+        writes.full += [_row(key_id, points.take(slice(i, i + cap))) for i in range(0, full, cap)]
         if full == len(points):
             return
         points = points.take(slice(full, None))
-    row_id = conn.execute(db.chunks.insert().values(**_row(key_id, points))).inserted_primary_key[0]
-    tail.ids.append(row_id)
-    tail.parts.append(points)
-    tail.n += len(points)
+    writes.small.append((tail, points, _row(key_id, points)))
+
+
+def append_now(conn, tail: Tail, key_id: int, points: Points) -> None:
+    """``append`` and write at once (one key)."""
+    writes = Writes()
+    append(writes, tail, key_id, points)
+    writes.flush(conn)
 
 
 def _decode(row, slots: int | None) -> Points:

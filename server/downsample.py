@@ -9,44 +9,36 @@ kept too: the first of each kind in every bucket. Compare: striding or reservoir
 
 from __future__ import annotations
 
-import math
+import numpy as np
 
 
-def envelope(steps: list[int], values: list[float], max_points: int) -> list[int]:
-    """Indices (ascending) of the points to keep; all of them when they already fit."""
+def envelope(steps, values, max_points: int) -> list[int]:
+    """Indices (ascending) of the points to keep; all of them when they already fit.
+
+    ``steps`` ascending. Whole arrays at a time (numpy), so a 1M-point raw range costs milliseconds.
+    """
     n = len(steps)
     if max_points <= 0 or n <= max_points:
         return list(range(n))
+    st = np.asarray(steps, dtype=np.float64)
+    v = np.asarray(values, dtype=np.float64)
     buckets = max(1, max_points // 4)
-    lo, hi = steps[0], steps[-1]
-    width = (hi - lo + 1) / buckets
-    keep: set[int] = set()
-    start = 0
-    while start < n:
-        b = int((steps[start] - lo) / width)
-        end = start
-        while end + 1 < n and int((steps[end + 1] - lo) / width) == b:
-            end += 1
-        keep.update(_bucket(values, start, end))
-        start = end + 1
-    return sorted(keep)
+    width = (st[-1] - st[0] + 1) / buckets
+    bucket = ((st - st[0]) / width).astype(np.int64)
+    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+    keep = [starts, np.r_[starts[1:], n] - 1]
+    index = np.arange(n)
+    seg = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, n]))  # point -> its bucket
+    finite = np.isfinite(v)
+    for sign in (1.0, -1.0):  # the first minimum and the first maximum of each bucket
+        masked = np.where(finite, sign * v, np.inf)
+        best = np.minimum.reduceat(masked, starts)
+        keep.append(_first(finite & (masked == best[seg]), index, starts, n))
+    for kind in (np.isnan(v), v == np.inf, v == -np.inf):  # the first NaN, +inf and -inf of each bucket
+        keep.append(_first(kind, index, starts, n))
+    return np.unique(np.concatenate(keep)).tolist()
 
 
-def _bucket(values: list[float], start: int, end: int) -> set[int]:
-    keep = {start, end}
-    lo_i = hi_i = None
-    seen_special: set[str] = set()
-    for i in range(start, end + 1):
-        v = values[i]
-        if not math.isfinite(v):
-            kind = "nan" if math.isnan(v) else ("+" if v > 0 else "-")
-            if kind not in seen_special:
-                seen_special.add(kind)
-                keep.add(i)
-            continue
-        if lo_i is None or v < values[lo_i]:
-            lo_i = i
-        if hi_i is None or v > values[hi_i]:
-            hi_i = i
-    keep.update(i for i in (lo_i, hi_i) if i is not None)
-    return keep
+def _first(mask: np.ndarray, index: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray:
+    first = np.minimum.reduceat(np.where(mask, index, n), starts)
+    return first[first < n]

@@ -266,30 +266,46 @@ def _apply_layouts(conn, state: RunState, batch: Batch, limits: Limits) -> None:
 def _store_columns(conn, state: RunState, batch: Batch, limits: Limits) -> dict:
     """Every key's points into chunks and rollups; returns key -> (kind, steps, walls, Column) as stored."""
     stored = {}
+    chunk_writes, rollup_writes = chunks.Writes(), rollup.Writes()
+    shared = []  # scalar keys logged at every step of the batch: their rollups are summarised together
     for kind, columns in (("scalar", batch.scalars), ("vector", batch.vectors)):
         for key, column in columns.items():
-            slots = column.values.shape[1]
-            if kind == "vector" and not 0 < slots <= limits.max_layers:
-                batch.problems.append(f"vector {key!r} with {slots} values per step not stored "
-                                      f"(limit 1-{limits.max_layers})")
-                continue
-            if kind == "scalar" and key in state.layouts or kind == "vector" and key in state.key_ids \
-                    and key not in state.layouts:
-                batch.problems.append(f"{key!r} was logged both as a number and as a vector; {kind} values not stored")
-                continue
-            layers = state.layouts.get(key) or ([f"param[{i}]" for i in range(slots)] if kind == "vector" else None)
-            key_id = _key_id(conn, state, key, limits, layers)
+            key_id = _accept(conn, state, batch, limits, kind, key, column.values.shape[1])
             if key_id is None:
-                batch.problems.append(f"key {key!r} not stored: the run already has {limits.max_keys} keys")
                 continue
-            if kind == "vector" and key not in state.layouts:
-                state.layouts[key] = layers
             steps, walls = batch.column_steps(column)
             points = chunks.Points(steps, walls, column.values, column.missing)
-            chunks.append(conn, state.tails.setdefault(key, chunks.Tail()), key_id, points)
-            rollup.update_rollups(conn, state.rollups, key_id, steps, walls, column.values, points.present())
+            chunks.append(chunk_writes, state.tails.setdefault(key, chunks.Tail()), key_id, points)
+            if kind == "scalar" and column.rows is None:
+                shared.append((key_id, column.values[:, 0]))
+            else:
+                rollup.update_rollups(conn, state.rollups, key_id, steps, walls, column.values, points.present(),
+                                      rollup_writes)
             stored[key] = (kind, steps, walls, column)
+    if shared:
+        values = np.stack([v for _k, v in shared], axis=1)
+        rollup.update_many(conn, state.rollups, [k for k, _v in shared], batch.steps, batch.walls, values,
+                           np.ones(values.shape, dtype=bool), rollup_writes)
+    chunk_writes.flush(conn)
+    rollup_writes.flush(conn)
     return stored
+
+
+def _accept(conn, state: RunState, batch: Batch, limits: Limits, kind: str, key: str, slots: int) -> int | None:
+    """The key id to store a column under, or None (and the reason in ``batch.problems``)."""
+    if kind == "vector" and not 0 < slots <= limits.max_layers:
+        batch.problems.append(f"vector {key!r} with {slots} values per step not stored (limit 1-{limits.max_layers})")
+        return None
+    if (key in state.layouts) != (kind == "vector") and key in state.key_ids:
+        batch.problems.append(f"{key!r} was logged both as a number and as a vector; {kind} values not stored")
+        return None
+    layers = state.layouts.get(key) or ([f"param[{i}]" for i in range(slots)] if kind == "vector" else None)
+    key_id = _key_id(conn, state, key, limits, layers)
+    if key_id is None:
+        batch.problems.append(f"key {key!r} not stored: the run already has {limits.max_keys} keys")
+    elif kind == "vector" and key not in state.layouts:
+        state.layouts[key] = layers
+    return key_id
 
 
 def _observe(state: RunState, batch: Batch) -> list:

@@ -83,4 +83,4 @@ def convert_rows(conn, has_points: bool, has_vectors: bool) -> None:
 
 def _store(conn, key_id, steps, walls, values, missing) -> None:
     if len(steps):
-        chunks.append(conn, chunks.Tail(), key_id, chunks.Points(steps, walls, values, missing))
+        chunks.append_now(conn, chunks.Tail(), key_id, chunks.Points(steps, walls, values, missing))

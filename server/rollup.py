@@ -1,6 +1,6 @@
 """Rollups: per-block summaries written with the data, so big runs read fast and still show every spike.
 
-For every key and every block of ``level`` consecutive steps (levels 16 to 65536, each 4x the last) one row
+For every key and every block of ``level`` consecutive steps (levels 256 to 262144, each 4x the last) one row
 keeps, per slot (a scalar has one slot, a per-layer vector one per layer): the finite minimum
 and maximum with the steps (and wall times) they occurred at, and the first step (and wall time)
 of each non-finite kind (NaN, +inf, -inf). Each of those is a real logged point, so an envelope computed over a range's
@@ -11,7 +11,7 @@ longer match; readers then fall back to the raw points for that range.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from sqlalchemy import bindparam, func, select, update
@@ -19,7 +19,9 @@ from sqlalchemy import bindparam, func, select, update
 from . import db
 from .chunks import f64, from_f64
 
-LEVELS = (16, 64, 256, 1024, 4096, 16384, 65536)
+# Finer levels would cost more rows than they save: a range of < 256 steps per bucket is read raw
+# from its chunks (a few thousand points, milliseconds). 262144 keeps a 10M-step chart to ~40 blocks.
+LEVELS = (256, 1024, 4096, 16384, 65536, 262144)
 MIN_V, MIN_S, MAX_V, MAX_S, NAN_S, PINF_S, NINF_S = range(7)
 STEP_ROWS = (MIN_S, MAX_S, NAN_S, PINF_S, NINF_S)
 WALL_OF = {row: 7 + i for i, row in enumerate(STEP_ROWS)}  # the wall time of each step row
@@ -87,9 +89,43 @@ def merge(block: Block, data: np.ndarray, n: int) -> bool:
     return not np.array_equal(before, d, equal_nan=True)
 
 
+@dataclass
+class Writes:
+    """Rollup rows of one batch, across keys: inserted, rewritten, or only recounted; three statements."""
+
+    inserts: list = field(default_factory=list)
+    updates: list = field(default_factory=list)
+    counts: list = field(default_factory=list)
+
+    def flush(self, conn) -> None:
+        if self.inserts:
+            conn.execute(db.rollups.insert(), self.inserts)
+        if self.updates:
+            conn.execute(_UPDATE.values(n=bindparam("n"), data=bindparam("d")), self.updates)
+        if self.counts:
+            conn.execute(_UPDATE.values(n=bindparam("n")), self.counts)
+        self.inserts, self.updates, self.counts = [], [], []
+
+
 def update_rollups(conn, cache: dict, key_id: int, steps: np.ndarray, walls: np.ndarray, values: np.ndarray,
-                   present: np.ndarray) -> None:
-    """Fold a batch of one key (values and presence: (k, slots) arrays) into every level."""
+                   present: np.ndarray, writes: Writes | None = None) -> None:
+    """Fold a batch of one key (values and presence: (k, slots) arrays) into every level.
+
+    With ``writes`` the rows are collected there (the caller flushes once per batch); else written now.
+    """
+    now = writes is None
+    writes = Writes() if now else writes
+    _update(conn, cache, [(key_id, slice(None))], steps, walls, values, present, writes)
+    if now:
+        writes.flush(conn)
+
+
+def update_many(conn, cache: dict, key_ids: list[int], steps, walls, values, present, writes: Writes) -> None:
+    """``update_rollups`` for scalar keys logged at the same steps, summarised together: column j is key j."""
+    _update(conn, cache, [(k, slice(j, j + 1)) for j, k in enumerate(key_ids)], steps, walls, values, present, writes)
+
+
+def _update(conn, cache: dict, targets: list, steps, walls, values, present, writes: Writes) -> None:
     if not len(steps):
         return
     order = np.argsort(steps, kind="stable")
@@ -98,31 +134,35 @@ def update_rollups(conn, cache: dict, key_id: int, steps: np.ndarray, walls: np.
     # A live batch (~20 steps) usually falls inside one block of every level but the finest: one
     # summary of the whole batch serves all of those; only levels it straddles are cut per block.
     whole = summarise(st, wl, vals, present, np.zeros(len(st), dtype=np.int64))
-    inserts, updates, counts = [], [], []
     for level in LEVELS:
         first, last = int(st[0] // level), int(st[-1] // level)
         if first == last:
             parts = [(first, int(whole[1][0]), whole[2][0])]
         else:
             ids, ns, sums = summarise(st, wl, vals, present, (st // level).astype(np.int64))
-            parts = zip(ids.tolist(), ns.tolist(), sums)
-        for b, n, data in parts:
-            block = _cached(conn, cache, key_id, level, int(b), vals.shape[1])
-            changed = merge(block, data, int(n))
-            row = {"k": key_id, "lv": level, "b": int(b), "n": block.n}
-            if not block.stored:
-                inserts.append({"key_id": key_id, "level": level, "block": int(b), "n": block.n, "data": encode(block.data)})
-                block.stored = True
-            elif changed:
-                updates.append({**row, "d": encode(block.data)})
-            else:
-                counts.append(row)  # same extremes, more points: rewrite the count, not the summary
-    if inserts:
-        conn.execute(db.rollups.insert(), inserts)
-    if updates:
-        conn.execute(_UPDATE.values(n=bindparam("n"), data=bindparam("d")), updates)
-    if counts:
-        conn.execute(_UPDATE.values(n=bindparam("n")), counts)
+            parts = list(zip(ids.tolist(), ns.tolist(), sums))
+        for key_id, cols in targets:
+            for b, n, data in parts:
+                _fold(conn, cache, writes, key_id, level, int(b), int(n), data[:, cols])
+
+
+def _fold(conn, cache: dict, writes: Writes, key_id: int, level: int, b: int, n: int, data: np.ndarray) -> None:
+    """One block summary of one key into its stored block (a new row, a rewrite or a recount)."""
+    hit = cache.get((key_id, level))
+    if hit is not None and b > hit[2]:  # a block never seen before: its summary is the batch's
+        cache[(key_id, level)] = (b, Block(data.copy(), n, True), b)
+        writes.inserts.append({"key_id": key_id, "level": level, "block": b, "n": n, "data": encode(data)})
+        return
+    block = _cached(conn, cache, key_id, level, b, data.shape[1])
+    changed = merge(block, data, n)
+    row = {"k": key_id, "lv": level, "b": b, "n": block.n}
+    if not block.stored:
+        writes.inserts.append({"key_id": key_id, "level": level, "block": b, "n": block.n, "data": encode(block.data)})
+        block.stored = True
+    elif changed:
+        writes.updates.append({**row, "d": encode(block.data)})
+    else:
+        writes.counts.append(row)  # same extremes, more points: rewrite the count, not the summary
 
 
 _UPDATE = update(db.rollups).where(db.rollups.c.key_id == bindparam("k"), db.rollups.c.level == bindparam("lv"),

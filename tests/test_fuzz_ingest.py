@@ -88,7 +88,7 @@ def test_chunks_keep_every_point_in_step_order_across_batches(tmp_path, points, 
         with engine.begin() as conn:
             for i in range(0, len(points), split):
                 part = points[i:i + split]
-                chunks.append(conn, tail, 1, chunks.Points(np.array([p[0] for p in part], dtype=np.int64),
+                chunks.append_now(conn, tail, 1, chunks.Points(np.array([p[0] for p in part], dtype=np.int64),
                                                            np.arange(len(part), dtype=np.float64),
                                                            np.array([[p[1]] for p in part]), None))
         with engine.connect() as conn:
