@@ -178,7 +178,8 @@ class Run:
     def _say_what_is_left(self, kept: int, lost: int) -> None:
         where = self._sender.outbox.spool_dir
         if kept:
-            print(f"gradwatch: {self._sender.pending_records():,} step(s) in {kept} batch(es) were not delivered to "
+            steps = self._sender.pending_records()
+            print(f"gradwatch: {f'{steps:,} step(s) in ' if steps > 0 else ''}{kept} batch(es) were not delivered to "
                   f"{self.server}; they are kept in {where} - send them later with `gradwatch sync {where}`",
                   file=sys.stderr)
         if lost:

@@ -1,0 +1,163 @@
+"""The sender against a real server: latency, flow control, frame size, refusals, gaps."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import socket
+import time
+
+import gradwatch
+from conftest import Api, wait_runs
+from gradwatch import protocol, values
+from gradwatch.sender import WINDOW
+from gradwatch_server.serve import BackgroundServer
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_idle_link_sends_a_record_at_once(server, api):
+    run = gradwatch.init(project="s", name="latency", server=server.url, flush_interval=2.0)
+    wait_runs(api)
+    time.sleep(0.3)  # the link is idle now
+    delays = []
+    for step in range(5):
+        start = time.monotonic()
+        run.log({"loss": float(step)})
+        while _last_step(api) != step:
+            time.sleep(0.005)
+        delays.append(time.monotonic() - start)
+        time.sleep(0.1)
+    run.finish()
+    assert max(delays) < 0.5, delays  # far below the 2 s flush interval: nothing waited for it
+
+
+def _last_step(api):
+    status, body = api.request("GET", "/api/runs/1/series?key=loss")
+    return body["steps"][-1] if status == 200 and body["steps"] else None
+
+
+def test_a_backlog_goes_out_with_a_bounded_window_and_arrives_whole(settings, monkeypatch):
+    monkeypatch.setattr(values, "MAX_BATCH_RECORDS", 20)  # many small batches
+    port = free_port()
+    run = gradwatch.init(project="s", name="window", server=f"http://127.0.0.1:{port}", flush_interval=0.01)
+    for i in range(3000):
+        run.log({"loss": float(i)})
+    time.sleep(1.5)  # encoded into the outbox while nothing answers
+    sender = run._sender
+    assert len(sender.outbox) >= 100
+    in_flight = []
+    send = sender.link.send
+    monkeypatch.setattr(sender.link, "send", lambda data: (in_flight.append(sender._sent_upto - sender._acked), send(data))[1])
+    srv = BackgroundServer(dataclasses.replace(settings, port=port)).start()
+    try:
+        run.finish(timeout=30)
+        assert in_flight and max(in_flight) < WINDOW  # never more than WINDOW unacked on the wire
+        assert Api(srv.url).get("/api/runs/1/series?key=loss")["steps"] == list(range(3000))
+    finally:
+        srv.stop()
+
+
+def test_batches_are_split_to_fit_a_frame(monkeypatch):
+    monkeypatch.setattr(values, "MAX_FRAME_BYTES", 3000)
+    items = [("rec", s, 1.0, {"loss": float(s)}, {"v": (list(range(40)), [], 40)}) for s in range(60)]
+    items.insert(0, ("layout", "v", [f"l{i}" for i in range(40)]))
+    for features in (set(), {protocol.VECTOR_F64}, {values.COLUMNS}):
+        out = values.Encoder().encode(items, 7, features)
+        assert [seq for seq, _, _ in out] == list(range(7, 7 + len(out))) and len(out) > 2
+        assert all(len(text) <= 3000 for _, text, n in out if n > 1)
+        assert sum(n for _, _, n in out) == 60
+        first = json.loads(out[0][1])
+        assert first["layouts"]["v"][0] == "l0"
+
+
+def test_a_deleted_run_is_not_recreated_and_the_client_stops(server, api, capfd):
+    run = gradwatch.init(project="s", name="doomed", server=server.url, flush_interval=0.02)
+    for i in range(20):
+        run.log({"loss": float(i)})
+    assert run._sender.flush(10)
+    assert api.request("DELETE", "/api/runs/1")[0] in (200, 204)
+    for i in range(20, 200):
+        run.log({"loss": float(i)})
+        time.sleep(0.002)
+    start = time.monotonic()
+    run.finish(timeout=5)
+    assert time.monotonic() - start < 3
+    assert api.get("/api/runs") == []  # waits on the server: run_deleted instead of a new run + data_gap
+    err = capfd.readouterr().err
+    assert err.count("was deleted on the server") == 1
+    assert not run._sender.outbox.spool_dir.exists()
+
+
+def test_a_refused_batch_is_dropped_with_one_warning_and_the_rest_is_stored(server, api, capfd):
+    """Issue #8: a model re-watched with more layers must not block the run forever."""
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(4, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run = gradwatch.init(project="s", name="rewatch", server=server.url, flush_interval=0.05)
+    run.watch(model, opt)
+
+    def step():
+        loss = model(torch.randn(2, 4)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        run.log({"loss": loss})
+
+    step()
+    model.append(nn.Linear(4, 4))
+    opt.add_param_group({"params": model[1].parameters()})
+    run.watch(model, opt)
+    for _ in range(299):
+        step()
+    start = time.monotonic()
+    run.finish(timeout=10)
+    assert time.monotonic() - start < 10
+    assert len(api.get("/api/runs/1/series?key=loss")["steps"]) == 300
+    assert api.get("/api/runs/1")["status"] == "finished"
+    assert capfd.readouterr().err.count("could not store") <= 1
+
+
+def test_wrong_token_is_said_once_and_the_data_stays_spooled(settings, tmp_path, capfd):
+    srv = BackgroundServer(dataclasses.replace(settings, token="right-token")).start()
+    try:
+        spool = tmp_path / "tok"
+        run = gradwatch.init(project="s", name="tok", server=srv.url, spool_dir=str(spool), token="wrong-token")
+        for i in range(30):
+            run.log({"loss": float(i)})
+        start = time.monotonic()
+        run.finish(timeout=5)
+        assert time.monotonic() - start < 3
+        err = capfd.readouterr().err
+        assert err.count("refused the token (HTTP 401)") == 1 and "gradwatch sync" in err
+        assert "wrong-token" not in err and "wrong-token" not in (spool / "run.json").read_text()
+        assert list(spool.glob("0*.json"))
+        good = gradwatch.init(project="s", name="tok2", server=srv.url, token="right-token")
+        good.log({"loss": 1.0})
+        good.finish(timeout=10)
+        assert good.id is not None and good.url.endswith(f"/runs/{good.id}")
+    finally:
+        srv.stop()
+
+
+def test_a_stuck_sender_drops_with_accounting_and_reports_the_gap(server, api, tmp_path):
+    from gradwatch.sender import Sender
+
+    info = {"uid": "gap-run", "project": "s", "name": "gap"}
+    sender = Sender(server.url, info, tmp_path / "gap", max_queue_bytes=20_000)
+    for i in range(2000):  # the thread has not started: as stuck as it gets
+        sender.put(("rec", i, 1.0, {"loss": float(i)}, {}))
+    assert len(sender._queue) < 200 and sender._dropped > 1800  # bounded in bytes, never blocked
+    sender.start()
+    assert sender.flush(10)
+    sender.close()
+    gaps = [a for a in api.get("/api/runs/1/alerts") if a["kind"] == "data_gap"]
+    assert len(gaps) == 1 and f"{sender._dropped} record" in gaps[0]["message"]
+    kept = api.get("/api/runs/1/series?key=loss")["steps"]
+    assert kept == list(range(len(kept))) and len(kept) + sender._dropped == 2000

@@ -1,0 +1,63 @@
+"""`gradwatch sync`: every pending run with no path, idempotent, delivered spools removed."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+
+import gradwatch
+from conftest import Api
+from gradwatch import spool
+from gradwatch_server.serve import BackgroundServer
+from gradwatch_server.sync import sync
+
+
+def _offline_run(port: int, name: str, steps: int) -> None:
+    run = gradwatch.init(project="sync", name=name, server=f"http://127.0.0.1:{port}")
+    for i in range(steps):
+        run.log({"loss": float(i)})
+    run.finish(timeout=1)
+
+
+def test_sync_without_a_path_delivers_every_pending_run_once(settings, tmp_path, capsys):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _offline_run(port, "a", 40)
+    _offline_run(port, "b", 60)
+    root = tmp_path / "spool"
+    assert len(spool.pending_runs(root)) == 2
+    srv = BackgroundServer(dataclasses.replace(settings, port=port)).start()
+    try:
+        assert sync(None, srv.url) == 0
+        api = Api(srv.url)
+        runs = {r["name"]: r for r in api.get("/api/runs")}
+        assert sorted(runs) == ["a", "b"]
+        assert api.get(f"/api/runs/{runs['b']['id']}/series?key=loss")["steps"] == list(range(60))
+        assert not list(root.iterdir())  # delivered spools are removed
+        assert sync(None, srv.url) == 0  # again: nothing left, nothing stored twice
+        assert "nothing to send" in capsys.readouterr().out
+        assert len(api.get("/api/runs")) == 2
+    finally:
+        srv.stop()
+
+
+def test_sync_of_a_missing_path_says_it_does_not_exist(tmp_path, capsys):
+    assert sync(str(tmp_path / "does-not-exist"), "http://127.0.0.1:1") == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_sync_skips_a_spool_a_live_run_holds(server, tmp_path):
+    run = gradwatch.init(project="sync", name="live", server="http://127.0.0.1:1", max_memory_bytes=100,
+                         flush_interval=0.01)
+    for i in range(500):
+        run.log({"loss": float(i)})
+        if i % 100 == 99:
+            run._sender._drain()  # several batches: all but the newest go to disk (100-byte budget)
+    where = run._sender.outbox.spool_dir
+    assert (where / "run.json").is_file()
+    ok, _, why = spool.deliver(where, server.url)
+    assert not ok and "in use" in why
+    run.finish(timeout=1)
+    assert spool.deliver(where, server.url)[0]
+    assert not where.exists()
