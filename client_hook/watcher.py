@@ -40,6 +40,7 @@ class Watcher:
         self._trainable_ids: tuple = ()
         self._hooked: set = set()
         self._forward_order: dict = {}
+        self._cuda_total: float | None = None
         self._order_handles = self._hook_forward_order(model)
         if optimizer is not None:
             self.handles.append(optimizer.register_step_pre_hook(self._on_optimizer_step))
@@ -199,11 +200,17 @@ class Watcher:
         torch = self.torch
         if self.device.type == "cuda":
             # These are host-side allocator counters: reading them does not sync the device.
-            return {
+            out = {
                 "memory/cuda_allocated": float(torch.cuda.memory_allocated(self.device)),
                 "memory/cuda_reserved": float(torch.cuda.memory_reserved(self.device)),
                 "memory/cuda_peak": float(torch.cuda.max_memory_allocated(self.device)),
             }
+            if self._cuda_total is None:
+                # The device's capacity, once (init() does not touch CUDA, so the run's metadata may lack
+                # it): the server's memory_pressure rule measures reserved memory against it.
+                self._cuda_total = float(torch.cuda.get_device_properties(self.device).total_memory)
+                out["memory/cuda_total"] = self._cuda_total
+            return out
         rss = process_rss()
         return {"memory/rss": float(rss)} if rss is not None else {}
 

@@ -40,7 +40,7 @@ __all__ = ["Alert", "Observation", "Monitor", "DEFAULTS", "GRAD_VECTOR", "KINDS"
 
 DEFAULTS = _thresholds.DEFAULTS
 GRAD_VECTOR = "grad"
-RULE_KEYS = frozenset({"grad/global_norm", "memory/cuda_reserved", "amp/scale"})
+RULE_KEYS = frozenset({"grad/global_norm", "memory/cuda_reserved", "memory/cuda_total", "amp/scale"})
 # Every kind an alert can have: the rules', the client's (missing_gradients for parameters left out of
 # the optimizer, memory_pressure for an OOM crash) and the server's own data_gap.
 KINDS = ("nan_loss", "loss_spike", "loss_divergence", "nonfinite_gradients", "exploding_gradients",

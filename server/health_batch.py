@@ -17,7 +17,8 @@ from gradwatch.protocol import is_loss_key
 
 from .health_common import Observation, healthy_run
 from .health_grads import GLOBAL
-from .health_loss import SPIKE_REFRESH, divergence_state, is_spike, spike_state
+from .health_loss import SPIKE_REFRESH, divergence_state, spike_state
+from .health_system import TOTAL
 
 
 def observe_batch(monitor, steps, scalars, vectors) -> list:
@@ -46,7 +47,8 @@ def observe_batch(monitor, steps, scalars, vectors) -> list:
             ("vanishing", lambda st: _vanishing(st, grad, th)),
             ("zero", lambda st: _streak_free(st, grad, lambda v, p: p & (v == 0.0))),
             ("missing", lambda st: _streak_free(st, grad, lambda v, p: ~p)),
-            ("memory", lambda st: _memory(st, sc.get("memory/cuda_reserved"), monitor.total_memory, th)),
+            ("memory", lambda st: TOTAL not in sc and _memory(st, sc.get("memory/cuda_reserved"),
+                                                              st.get("total") or monitor.total_memory, th)),
             ("amp", lambda st: "amp/scale" not in sc))
     for name, check in bulk:
         if not check(s.setdefault(name, {})):

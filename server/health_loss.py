@@ -104,8 +104,8 @@ def check_loss_divergence(state: dict, obs: Observation, th: dict) -> list[Alert
             med = statistics.median(recent)
             out.append(Alert("loss_divergence", obs.step, value, "critical", key=key, message=(
                 f"{key} diverged at step {obs.step}: {fmt(value)} is {value / first:,.0f}x its first value "
-                f"{fmt(first)} (recent median {fmt(med)}), without going NaN. The learning rate is almost "
-                "certainly too high for this model: lower it (try 10x lower), add warmup, and clip "
+                f"{fmt(first)} (recent median {fmt(med)}), without going NaN. Unless it comes straight back down (one bad "
+                "batch does), the learning rate is too high for this model: lower it (try 10x), add warmup, clip "
                 "gradients (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)).")))
         recent.append(value)
     return out

@@ -6,9 +6,14 @@ from collections import deque
 
 from .health_common import Alert, Observation, episode, fmt
 
+TOTAL = "memory/cuda_total"
+
 
 def check_memory_pressure(state: dict, obs: Observation, th: dict, total: float | None) -> list[Alert]:
     """CUDA memory reserved close to the device's capacity: an OOM is near."""
+    if obs.scalars.get(TOTAL):  # the device's capacity, sent once by the client's watcher
+        state["total"] = obs.scalars[TOTAL]
+    total = state.get("total") or total
     reserved = obs.scalars.get("memory/cuda_reserved")
     if reserved is None or not total:
         return []
@@ -33,11 +38,11 @@ def check_amp_overflow(state: dict, obs: Observation, th: dict) -> list[Alert]:
     scale = obs.scalars.get("amp/scale")
     if scale is None:
         return []
-    drops = amp_drops(state, th)
+    drops = amp_drops(state, th)  # per scaler update: the step of a skipped one (the scale dropped), else None
     prev = state.get("prev")
     state["prev"] = scale
-    drops.append(1 if prev is not None and scale < prev else 0)
-    skipped = sum(drops)
+    drops.append(obs.step if prev is not None and scale < prev else None)
+    skipped = len(drops) - drops.count(None)
     if skipped < th["amp_overflow.skips"]:
         if skipped == 0:
             state["open"] = False  # the episode ends once the window holds no skipped step at all
@@ -45,7 +50,8 @@ def check_amp_overflow(state: dict, obs: Observation, th: dict) -> list[Alert]:
     if state.get("open"):
         return []
     state["open"] = True
-    return [Alert("amp_overflow", obs.step, scale, "warning", key="amp/scale", message=(
+    first = next(s for s in drops if s is not None)
+    return [Alert("amp_overflow", first, scale, "warning", key="amp/scale", confirmed_step=obs.step, message=(
         f"The AMP GradScaler skipped {skipped} of the last {len(drops)} steps (loss scale now {fmt(scale)}): "
         "gradients overflow fp16. Check for very large activations or losses, use bf16 if the GPU supports it, "
         "or lower the learning rate."))]

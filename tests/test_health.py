@@ -133,6 +133,12 @@ def test_loss_spike_against_robust_spread_but_not_on_noise():
     assert [(a.kind, a.step) for a in alerts] == [("loss_spike", 60)]
 
 
+def test_memory_pressure_against_the_capacity_the_watcher_sends():
+    alerts = feed(Monitor(), [(0, {"memory/cuda_reserved": 50.0, "memory/cuda_total": 80.0}, None),
+                              (1, {"memory/cuda_reserved": 79.0}, None)])
+    assert [(a.kind, a.step) for a in alerts] == [("memory_pressure", 1)]
+
+
 def test_memory_pressure_uses_device_capacity():
     monitor = Monitor(meta={"cuda_total_memory": 80 * 2**30})
     alerts = feed(monitor, [(0, {"memory/cuda_reserved": 50.0 * 2**30}, None),
@@ -143,7 +149,7 @@ def test_memory_pressure_uses_device_capacity():
 def test_amp_overflow_counts_scale_drops():
     scales = [65536.0 / 2**i for i in range(8)]
     alerts = feed(Monitor(), [(i, {"amp/scale": s}, None) for i, s in enumerate(scales)])
-    assert [(a.kind, a.step) for a in alerts] == [("amp_overflow", 5)]
+    assert [(a.kind, a.step, a.confirmed_step) for a in alerts] == [("amp_overflow", 1, 5)]
 
 
 def test_nonfinite_gradients_name_first_layer_once_the_loss_of_the_step_is_known():
@@ -223,7 +229,7 @@ def streams(draw):
         step += draw(st.sampled_from([0, 1, 1, 1, 2]))
         scalars = {}
         for key, p in (("loss", 0.7), ("val/loss", 0.15), ("grad/global_norm", 0.5), ("memory/cuda_reserved", 0.1),
-                       ("amp/scale", 0.1), ("lr", 0.2)):
+                       ("memory/cuda_total", 0.03), ("amp/scale", 0.1), ("lr", 0.2)):
             if draw(st.floats(0, 1)) < p:
                 scalars[key] = draw(value)
         norms = draw(st.lists(slot, min_size=6, max_size=6)) if draw(st.booleans()) else None
@@ -231,7 +237,7 @@ def streams(draw):
     return records
 
 
-def _batched(records, keys=("loss", "val/loss", "grad/global_norm", "memory/cuda_reserved", "amp/scale", "lr")):
+def _batched(records, keys=("loss", "val/loss", "grad/global_norm", "memory/cuda_reserved", "memory/cuda_total", "amp/scale", "lr")):
     steps = np.array([r[0] for r in records], dtype=np.int64)
     scalars = {}
     for key in keys:
@@ -247,7 +253,7 @@ def _batched(records, keys=("loss", "val/loss", "grad/global_norm", "memory/cuda
     return steps, scalars, vectors
 
 
-def _ordered(record, keys=("loss", "val/loss", "grad/global_norm", "memory/cuda_reserved", "amp/scale", "lr")):
+def _ordered(record, keys=("loss", "val/loss", "grad/global_norm", "memory/cuda_reserved", "memory/cuda_total", "amp/scale", "lr")):
     step, scalars, norms = record
     return step, {k: scalars[k] for k in keys if k in scalars}, norms
 

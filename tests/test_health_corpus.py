@@ -1,142 +1,347 @@
-"""Every health rule against real PyTorch training runs: pathologies fire, healthy runs stay quiet."""
+"""Every health rule against real PyTorch training runs: pathologies fire at the right step, healthy runs stay quiet.
+
+The corpus runs each case through the real ``watch()`` hooks and the server's rules (``training.Recorder``:
+records fed to ``Monitor.observe_batch`` as the writer does), so it is fast and needs no server; a few
+end-to-end cases at the bottom go through a real server. ``docs/alerts.md`` carries the table this corpus
+produces; regenerate it with ``python tests/test_health_corpus.py`` (a test checks it is current).
+"""
 
 from __future__ import annotations
+
+import math
+import statistics
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 import gradwatch
-from training import fit, mlp, regression_data, train
+from training import (Recorder, SeqClassifier, TinyTransformerLM, cnn, fit, loop, mlp, regression_data, train)
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "alerts.md"
+F = nn.functional
+# What a divergence brings along (NaN later, dead ReLUs after the blow-up) is not a false alarm.
+CONSEQUENCES = {"loss_divergence", "exploding_gradients", "nan_loss", "nonfinite_gradients", "loss_spike",
+                "zero_gradients"}
 
 
+# -- data and training recipes ---------------------------------------------------------------------------
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def regression(seed=0, opt=torch.optim.SGD, lr=0.05, steps=60, bs=32, sched=None, bf16=False, before=None,
+               model=None, loss_fn=None, params=None):
+    torch.manual_seed(seed)
+    model = model or mlp()
+    x, y = regression_data(seed=seed)
+    g = _gen(seed)
+    o = opt(params(model) if params else model.parameters(), lr=lr)
+    return loop(Recorder(), model, o, lambda s: (lambda i: (x[i], y[i]))(torch.randint(0, len(x), (bs,), generator=g)),
+                steps, loss_fn or F.mse_loss, sched=sched(o) if sched else None, bf16=bf16,
+                before=(lambda s: before(s, model, o)) if before else None)
+
+
+def images(seed=0, steps=50):
+    torch.manual_seed(seed)
+    x = torch.randn(128, 1, 12, 12, generator=_gen(seed))
+    y = (x.mean((1, 2, 3)) > 0).long()
+    g, model = _gen(seed + 1), cnn()
+    return loop(Recorder(), model, torch.optim.Adam(model.parameters(), lr=1e-3),
+                lambda s: (lambda i: (x[i], y[i]))(torch.randint(0, 128, (32,), generator=g)), steps, F.cross_entropy)
+
+
+def sequences(seed=0, opt=torch.optim.SGD, lr=0.5, clip=1.0, sched=None, cell=nn.LSTM, steps=50):
+    torch.manual_seed(seed)
+    tokens = torch.randint(0, 30, (256, 10), generator=_gen(seed))
+    labels = (tokens[:, 0] >= 15).long()
+    g, model = _gen(seed + 1), SeqClassifier(cell=cell)
+    o = opt(model.parameters(), lr=lr)
+    return loop(Recorder(), model, o, lambda s: (lambda i: (tokens[i], labels[i]))(torch.randint(0, 256, (32,), generator=g)),
+                steps, F.cross_entropy, sched=sched(o) if sched else None, clip=clip)
+
+
+def language(seed=0, lr=3e-3, clip=1.0, warmup=20, steps=50, model=None, opt=torch.optim.AdamW):
+    torch.manual_seed(seed)
+    model = model or TinyTransformerLM()
+    o = opt(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.LambdaLR(o, lambda s: min(1.0, (s + 1) / warmup)) if warmup else None
+    g = _gen(seed)
+    vocab = model.decoder.out_features
+
+    def batch(step):
+        t = torch.randint(0, vocab, (16, 12), generator=g)
+        return t, t.roll(1, 1)
+
+    return loop(Recorder(), model, o, batch, steps, lambda out, y: F.cross_entropy(out.reshape(-1, vocab), y.reshape(-1)),
+                sched=sched, clip=clip)
+
+
+def _freeze(at, module_index, frozen):
+    def before(step, model, opt):
+        if step == at:
+            for p in model[module_index].parameters():
+                p.requires_grad_(not frozen)
+                p.grad = None
+    return before
+
+
+def _set_lr(at, lr):
+    def before(step, model, opt):
+        if step == at:
+            for group in opt.param_groups:
+                group["lr"] = lr
+    return before
+
+
+def _nan_inputs(at):
+    def loss_fn(out, y, calls=[0]):  # noqa: B006 - counts the calls of this one loss function
+        calls[0] += 1
+        return F.mse_loss(out * (math.nan if calls[0] == at + 1 else 1.0), y)
+    return loss_fn
+
+
+class Cut(nn.Module):
+    """The encoder's output is detached: the encoder never gets a gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder, self.head = nn.Linear(4, 8), nn.Linear(8, 1)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.encoder(x)).detach())
+
+
+def dead_relu():
+    model = mlp()
+    with torch.no_grad():
+        model[0].bias.fill_(-100.0)  # every first-layer unit is dead: its ReLU never passes gradient
+    return regression(model=model, lr=0.01, steps=30)
+
+
+def bad_batch():
+    calls = [0]
+
+    def loss_fn(out, y):
+        calls[0] += 1
+        return F.mse_loss(out, y * (100.0 if calls[0] == 101 else 1.0))  # one corrupted batch, at step 100
+    return regression(opt=torch.optim.Adam, lr=1e-2, steps=120, loss_fn=loss_fn)
+
+
+def amp_overflow():
+    model = mlp()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    x, y = regression_data()
+    return loop(Recorder(), model, torch.optim.SGD(model.parameters(), lr=0.01), lambda s: (x, y), 12,
+                lambda out, t: F.mse_loss(out, t) * 1e36, scaler=scaler)  # overflows once scaled: every step skipped
+
+
+def spirals(lr, steps=60):
+    """The README demo's run: two spirals, the demo MLP, Adam with a cosine schedule."""
+    from gradwatch_server import demo
+
+    model, (x, y), g = demo.make_model(), demo.make_data(), _gen(1)
+    o = torch.optim.Adam(model.parameters(), lr=lr)
+    return loop(Recorder(), model, o, lambda s: (lambda i: (x[i], y[i]))(torch.randint(0, len(x), (128,), generator=g)),
+                steps, F.cross_entropy, sched=torch.optim.lr_scheduler.CosineAnnealingLR(o, steps))
+
+
+def converge():
+    x, _ = regression_data()
+    model = nn.Linear(4, 1)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])  # noise-free: loss and gradients go to ~0
+    return loop(Recorder(), model, torch.optim.Adam(model.parameters(), lr=0.05), lambda s: (x, y), 300, F.mse_loss)
+
+
+_cos = lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, 50)  # noqa: E731
+_step = lambda o: torch.optim.lr_scheduler.StepLR(o, 20, 0.3)  # noqa: E731
+_trainable = lambda m: [p for p in m.parameters() if p.requires_grad]  # noqa: E731
+
+
+def _frozen_from_start(seed=0):
+    model = mlp()
+    for p in model[0].parameters():
+        p.requires_grad_(False)
+    return regression(seed, model=model, lr=0.01, params=_trainable)
+
+
+# name -> (recipe, {kind: first bad step}, kinds also fine as consequences). Empty dict = a healthy run.
+# For the divergences the first bad step is the first loss more than 10x the first one (read off the runs).
+CASES = {
+    "demo spirals adam 3e-3": (lambda: spirals(3e-3), {}, set()),
+    "mlp sgd seed0": (lambda: regression(0), {}, set()),
+    "mlp sgd seed1": (lambda: regression(1), {}, set()),
+    "mlp adam steplr": (lambda: regression(2, torch.optim.Adam, 1e-2, sched=_step), {}, set()),
+    "mlp sgd batch 4 (noisy)": (lambda: regression(3, lr=0.02, bs=4, steps=100), {}, set()),
+    "mlp adam bf16 autocast": (lambda: regression(4, torch.optim.Adam, 1e-2, bf16=True), {}, set()),
+    "linear converging to ~0": (converge, {}, set()),
+    "cnn adam seed0": (lambda: images(0), {}, set()),
+    "cnn adam seed1": (lambda: images(1), {}, set()),
+    "lstm sgd clip": (lambda: sequences(0), {}, set()),
+    "lstm adam cosine no clip": (lambda: sequences(1, torch.optim.Adam, 1e-2, None, _cos), {}, set()),
+    "transformer adamw warmup clip": (lambda: language(0), {}, set()),
+    "transformer sgd no warmup": (lambda: language(1, lr=0.1, clip=None, warmup=0, opt=torch.optim.SGD), {}, set()),
+    "fine-tune, layer frozen from the start": (_frozen_from_start, {}, set()),
+    "layer frozen at step 30": (lambda: regression(5, before=_freeze(30, 0, True)), {}, set()),
+    "gradual unfreezing at step 20": (lambda: regression(6, before=lambda s, m, o: (_freeze(0, 0, True)(s, m, o),
+                                                                                  _freeze(20, 0, False)(s, m, o))),
+                                      {}, set()),
+    "demo spirals adam lr 3 (README demo)": (lambda: spirals(3.0), {"loss_divergence": 1, "exploding_gradients": 1},
+                                             CONSEQUENCES),
+    "mlp sgd lr 2.0": (lambda: regression(0, lr=2.0, steps=40),
+                       {"loss_divergence": 3, "exploding_gradients": 3}, CONSEQUENCES),
+    "tanh rnn lr 100, no clipping": (lambda: sequences(0, lr=100.0, clip=None, cell=nn.RNN, steps=30),
+                                     {"loss_divergence": 1}, CONSEQUENCES),
+    "lr jumps to 50 at step 40": (lambda: regression(7, lr=0.01, steps=60, before=_set_lr(40, 50.0)),
+                                  {"loss_divergence": 41, "exploding_gradients": 41}, CONSEQUENCES),
+    "NaN input at step 30": (lambda: regression(8, steps=40, loss_fn=_nan_inputs(30)),
+                             {"nan_loss": 30, "nonfinite_gradients": 30}, set()),
+    "sqrt(0) in the loss": (lambda: regression(0, steps=5, loss_fn=lambda o, y: torch.sqrt(((o - y) * 0).pow(2).sum())),
+                            {"nonfinite_gradients": 0}, {"nan_loss"}),
+    "deep sigmoid mlp": (lambda: regression(0, lr=0.1, steps=40, model=mlp((4,) + (32,) * 14 + (1,), nn.Sigmoid)),
+                         {"vanishing_gradients": 0}, set()),
+    "dead relu layer": (dead_relu, {"zero_gradients": 0}, set()),
+    "detach in forward": (lambda: regression(0, steps=10, model=Cut()), {"missing_gradients": 0}, set()),
+    "corrupted batch at step 100": (bad_batch, {"loss_spike": 100}, {"exploding_gradients", "loss_divergence"}),
+    "amp loss scale overflow": (amp_overflow, {"amp_overflow": 0}, {"nonfinite_gradients", "nan_loss"}),
+}
+
+
+# -- running the corpus and scoring it ----------------------------------------------------------------------
+_RESULTS: dict = {}
+
+
+def results() -> dict:
+    """name -> alerts, each case run once (single-threaded, seeded: the same numbers every time)."""
+    if not _RESULTS:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            for name, (recipe, _, _) in CASES.items():
+                torch.manual_seed(0)
+                _RESULTS[name] = recipe().alerts()
+        finally:
+            torch.set_num_threads(threads)
+    return _RESULTS
+
+
+def score(res: dict) -> dict:
+    """kind -> {"runs", "caught", "false", "onset": [alert step - first bad step], "delay": [confirmed - first bad]}"""
+    from gradwatch_server.health import KINDS
+
+    table = {k: {"runs": 0, "caught": 0, "false": 0, "onset": [], "delay": []} for k in KINDS if k != "data_gap"}
+    for name, (_, expect, allow) in CASES.items():
+        found = {}
+        for a in res[name]:
+            found.setdefault(a.kind, a)
+            if a.kind not in expect and a.kind not in allow:
+                table[a.kind]["false"] += 1
+        for kind, onset in expect.items():
+            row = table[kind]
+            row["runs"] += 1
+            if kind in found:
+                row["caught"] += 1
+                row["onset"].append(found[kind].step - onset)
+                row["delay"].append(found[kind].confirmed_step - onset)
+    return table
+
+
+def render(table: dict) -> str:
+    healthy = sum(1 for _, e, _ in CASES.values() if not e)
+    lines = [f"From `tests/test_health_corpus.py`: {len(CASES)} real CPU training runs ({healthy} healthy: MLP, CNN, "
+             "LSTM, Transformer; SGD and Adam/AdamW; step, cosine and warmup schedules; clipping; bf16 autocast; "
+             "noisy batches of 4; layers frozen and unfrozen mid-run), the rest each with a known first bad step. "
+             "*Reported step* is the alert's `step` minus the true first bad step (0 = exact); *delay* is its "
+             "`confirmed_step` minus the first bad step (0 = raised on the first bad step).",
+             "", "| kind | runs with the problem | caught | missed | false alarms (all runs) | reported step | "
+             "delay (median / max) |", "|---|---|---|---|---|---|---|"]
+    for kind, row in table.items():
+        if not row["runs"]:
+            lines.append(f"| `{kind}` | 0 | - | - | {row['false']} | - | - (not reproducible on CPU; see "
+                         f"`tests/test_health.py`, `tests/test_watcher.py`) |")
+            continue
+        onset = "exact" if all(o == 0 for o in row["onset"]) else ", ".join(f"{o:+d}" for o in row["onset"])
+        delay = f"{statistics.median(row['delay']):g} / {max(row['delay'])}" if row["delay"] else "-"
+        lines.append(f"| `{kind}` | {row['runs']} | {row['caught']} | {row['runs'] - row['caught']} | {row['false']} "
+                     f"| {onset} | {delay} |")
+    return "\n".join(lines) + "\n"
+
+
+START, END = "<!-- corpus-table:start -->\n", "<!-- corpus-table:end -->"
+
+
+def documented() -> str:
+    text = DOC.read_text()
+    return text[text.index(START) + len(START):text.index(END)]
+
+
+# -- the tests --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(CASES))
+def test_case(name):
+    _, expect, allow = CASES[name]
+    alerts = results()[name]
+    found = {}
+    for a in alerts:
+        found.setdefault(a.kind, a)
+    assert set(expect) <= set(found), (name, [(a.kind, a.step) for a in alerts])
+    unexpected = [(a.kind, a.step, a.message) for a in alerts if a.kind not in expect and a.kind not in allow]
+    assert not unexpected, (name, unexpected)
+    for kind, onset in expect.items():  # the first bad step (AMP: the first skip shows one update late)
+        assert 0 <= found[kind].step - onset <= (1 if kind == "amp_overflow" else 0), (name, kind, found[kind].step)
+    # One alert per problem: a divergence is not a storm of near-identical cards.
+    for kind in found:
+        assert sum(a.kind == kind for a in alerts) <= (2 if kind in ("zero_gradients", "missing_gradients") else 1), \
+            (name, [(a.kind, a.step) for a in alerts])
+
+
+def test_the_rules_name_what_went_wrong():
+    res = results()
+    div = next(a for a in res["demo spirals adam lr 3 (README demo)"] if a.kind == "loss_divergence")
+    assert div.key == "loss" and "loss diverged at step 1" in div.message
+    nan_grads = next(a for a in res["NaN input at step 30"] if a.kind == "nonfinite_gradients")
+    assert "loss itself went non-finite first" in nan_grads.message and nan_grads.layer is None
+    sqrt_grads = next(a for a in res["sqrt(0) in the loss"] if a.kind == "nonfinite_gradients")
+    assert sqrt_grads.layer == "0.weight" and "starts" in sqrt_grads.message
+    missing = next(a for a in res["detach in forward"] if a.kind == "missing_gradients")
+    assert (missing.layer, missing.step, missing.confirmed_step) == ("encoder.weight", 0, 4)
+    zero = next(a for a in res["dead relu layer"] if a.kind == "zero_gradients")
+    assert zero.layer == "0.weight" and "0.bias" in zero.message
+    assert next(a for a in res["deep sigmoid mlp"]).layer.startswith("0.")
+
+
+def test_docs_carry_the_table_this_corpus_produces():
+    assert documented() == render(score(results())), "run: python tests/test_health_corpus.py"
+
+
+def test_every_alert_kind_is_documented():
+    from gradwatch_server import health
+
+    text = DOC.read_text()
+    for kind in health.KINDS:
+        assert f"| `{kind}` |" in text, kind
+    for name in health.DEFAULTS:
+        assert f"`{name}`" in text, name
+
+
+# -- end to end, through a real server ------------------------------------------------------------------
 def alerts_of(api, run_id=1):
     return api.get(f"/api/runs/{run_id}/alerts")
 
 
-def kinds(api, run_id=1):
-    return sorted({a["kind"] for a in alerts_of(api, run_id)})
-
-
-# -- healthy corpus: no alerts ------------------------------------------------------------
-def test_healthy_regression_converging_to_tiny_loss(server, api):
-    run = gradwatch.init(project="healthy", name="converge", server=server.url)
-    x, _ = regression_data()
-    model = nn.Linear(4, 1)
-    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])  # noise-free: loss goes to ~0, so do the grads
-    loss = fit(run, model, torch.optim.Adam(model.parameters(), lr=0.05), x, y, 400)
-    run.finish()
-    assert loss.item() < 1e-6
-    assert alerts_of(api) == []
-
-
-def test_healthy_cnn_classifier(server, api):
-    torch.manual_seed(0)
-    x = torch.randn(128, 1, 12, 12)
-    y = (x.mean((1, 2, 3)) > 0).long()
-    model = nn.Sequential(nn.Conv2d(1, 8, 3), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.ReLU(), nn.Flatten(),
-                          nn.Linear(8 * 8 * 8, 2))
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    run = gradwatch.init(project="healthy", name="cnn", server=server.url)
-    run.watch(model, opt)
-    for step in range(120):
-        idx = torch.randint(0, 128, (32,))
-        loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        run.log({"loss": loss})
-    run.finish()
-    assert alerts_of(api) == []
-
-
-def test_healthy_transformer_with_clipping_and_schedule(server, api):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Embedding(50, 32), nn.TransformerEncoder(
-        nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True), 2), nn.Linear(32, 50))
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20))
-    run = gradwatch.init(project="healthy", name="transformer", server=server.url)
-    run.watch(model, opt)
-    for _ in range(100):
-        tokens = torch.randint(0, 50, (16, 12))
-        logits = model(tokens)
-        loss = nn.functional.cross_entropy(logits.reshape(-1, 50), tokens.roll(1, 1).reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        run.log({"loss": loss})
-    run.finish()
-    assert alerts_of(api) == [], alerts_of(api)
-
-
-def test_fine_tuning_with_frozen_layers_is_not_missing_gradients(server, api):
-    model = mlp()
-    for p in model[0].parameters():
-        p.requires_grad_(False)
-    run = gradwatch.init(project="healthy", name="finetune", server=server.url)
-    train(run, steps=60, lr=0.01, model=model, opt_cls=lambda ps, lr: torch.optim.SGD(
-        [p for p in ps if p.requires_grad], lr=lr))
-    run.finish()
-    assert alerts_of(api) == []
-
-
-# -- pathologies: each fires, once, naming where -------------------------------------------
-def test_too_high_learning_rate_warns_before_the_loss_goes_nan(server, api):
+def test_diverging_run_through_the_server(server, api):
     run = gradwatch.init(project="sick", name="lr-too-high", server=server.url)
-    train(run, steps=80, lr=2.0)
+    train(run, steps=30, lr=2.0)
     run.finish()
-    found = {a["kind"]: a for a in alerts_of(api)}
-    assert "exploding_gradients" in found and "nan_loss" in found
-    assert found["exploding_gradients"]["step"] < found["nan_loss"]["step"]
-    loss = api.get("/api/runs/1/series?key=loss")
-    first_bad = next(s for s, v in zip(loss["steps"], loss["values"]) if isinstance(v, str))
-    assert found["nan_loss"]["step"] == first_bad
+    found = {}
+    for a in alerts_of(api):
+        found.setdefault(a["kind"], a)
+    assert found["loss_divergence"]["step"] == 1 and found["exploding_gradients"]["step"] <= 2
+    assert sum(a["kind"] == "exploding_gradients" for a in alerts_of(api)) == 1
 
 
-def test_sqrt_of_zero_gives_nonfinite_gradients(server, api):
-    run = gradwatch.init(project="sick", name="sqrt0", server=server.url)
-    train(run, steps=5, loss_fn=lambda out, y: torch.sqrt(((out - y) * 0).pow(2).sum()))
-    run.finish()
-    found = {a["kind"]: a for a in alerts_of(api)}
-    assert found["nonfinite_gradients"]["step"] == 0
-    assert found["nonfinite_gradients"]["layer"] == "0.weight"
-
-
-def test_deep_sigmoid_network_has_vanishing_gradients(server, api):
-    torch.manual_seed(0)
-    model = mlp(widths=(4,) + (32,) * 14 + (1,), act=nn.Sigmoid)
-    run = gradwatch.init(project="sick", name="deep-sigmoid", server=server.url)
-    train(run, steps=40, lr=0.1, model=model)
-    run.finish()
-    found = {a["kind"]: a for a in alerts_of(api)}
-    assert list(found) == ["vanishing_gradients"]
-    assert found["vanishing_gradients"]["layer"].startswith("0.")
-
-
-def test_dead_relu_layer_has_zero_gradients(server, api):
-    model = mlp()
-    with torch.no_grad():
-        model[0].bias.fill_(-100.0)  # every first-layer unit is dead: its ReLU never passes gradient
-    run = gradwatch.init(project="sick", name="dead-relu", server=server.url)
-    train(run, steps=30, lr=0.01, model=model)
-    run.finish()
-    found = {a["kind"]: a for a in alerts_of(api)}
-    assert "zero_gradients" in found and found["zero_gradients"]["layer"] == "0.weight"
-    assert "0.bias" in found["zero_gradients"]["message"]
-
-
-def test_detach_in_forward_gives_missing_gradients(server, api):
-    class Cut(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.encoder, self.head = nn.Linear(4, 8), nn.Linear(8, 1)
-
-        def forward(self, x):
-            return self.head(torch.relu(self.encoder(x)).detach())
-
+def test_detach_in_forward_through_the_server(server, api):
     run = gradwatch.init(project="sick", name="detached", server=server.url)
     model = Cut()
     x, y = regression_data()
@@ -144,7 +349,7 @@ def test_detach_in_forward_gives_missing_gradients(server, api):
     run.finish()
     found = {a["kind"]: a for a in alerts_of(api)}
     assert list(found) == ["missing_gradients"]
-    assert found["missing_gradients"]["layer"] == "encoder.weight" and "encoder" in found["missing_gradients"]["message"]
+    assert found["missing_gradients"]["layer"] == "encoder.weight" and found["missing_gradients"]["step"] == 0
 
 
 def test_parameters_left_out_of_the_optimizer(server, api):
@@ -155,47 +360,6 @@ def test_parameters_left_out_of_the_optimizer(server, api):
     run.finish()
     found = {a["kind"]: a for a in alerts_of(api)}
     assert "0.weight" in found["missing_gradients"]["message"]
-
-
-def test_corrupted_batch_causes_loss_spike(server, api):
-    torch.manual_seed(0)
-    x, y = regression_data()
-    model = mlp()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    run = gradwatch.init(project="sick", name="bad-batch", server=server.url)
-    run.watch(model, opt)
-    for step in range(120):
-        idx = torch.randint(0, 256, (32,))
-        target = y[idx] * (100.0 if step == 100 else 1.0)  # one corrupted batch
-        loss = ((model(x[idx]) - target) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        run.log({"loss": loss})
-    run.finish()
-    spikes = [a for a in alerts_of(api) if a["kind"] == "loss_spike"]
-    assert [a["step"] for a in spikes] == [100]
-
-
-def test_amp_grad_scaler_skipping_steps(server, api):
-    model = mlp()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
-    run = gradwatch.init(project="sick", name="amp", server=server.url)
-    run.watch(model, opt, scaler=scaler)
-    x, y = regression_data()
-    for _ in range(12):
-        loss = ((model(x) - y) ** 2).mean() * 1e36  # overflows once scaled: every step is skipped
-        opt.zero_grad()
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        run.log({"loss": loss})
-    run.finish()
-    found = {a["kind"]: a for a in alerts_of(api)}
-    assert "amp_overflow" in found
-    scale = api.get("/api/runs/1/series?key=amp/scale")["values"]
-    assert scale[0] > scale[-1]
 
 
 @pytest.mark.parametrize("mode", ["raise", "stop"])
@@ -229,10 +393,8 @@ def test_crashing_script_records_exception_and_diagnosis(server, api):
             run.watch(model, torch.optim.SGD(model.parameters(), lr=0.1))
             model(torch.randn(3, 5))
     detail = api.get("/api/runs/1")
-    assert detail["status"] == "failed"
-    assert detail["error"]["exc_type"] == "RuntimeError"
-    assert detail["error"]["diagnosis"]["title"] == "Shape mismatch"
-    assert "Traceback" in detail["error"]["traceback"]
+    assert detail["status"] == "failed" and detail["error"]["exc_type"] == "RuntimeError"
+    assert detail["error"]["diagnosis"]["title"] == "Shape mismatch" and "Traceback" in detail["error"]["traceback"]
 
 
 def test_out_of_memory_is_an_alert_with_memory_state(server, api):
@@ -243,6 +405,12 @@ def test_out_of_memory_is_an_alert_with_memory_state(server, api):
             # No CUDA device here: raise the error PyTorch raises when allocation fails.
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
     found = {a["kind"]: a for a in alerts_of(api)}
-    assert found["memory_pressure"]["severity"] == "critical"
-    assert "params=" in found["memory_pressure"]["message"]
+    assert found["memory_pressure"]["severity"] == "critical" and "params=" in found["memory_pressure"]["message"]
     assert api.get("/api/runs/1")["error"]["diagnosis"]["title"] == "CUDA ran out of memory"
+
+
+if __name__ == "__main__":  # regenerate the table in docs/alerts.md
+    table = render(score(results()))
+    text = DOC.read_text()
+    DOC.write_text(text[:text.index(START) + len(START)] + table + text[text.index(END):])
+    sys.stdout.write(table)
