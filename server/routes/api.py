@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import io
+import re
+import urllib.parse
 
 from fastapi import APIRouter, Body, HTTPException, Query, Request
 from fastapi.responses import Response
@@ -82,9 +84,15 @@ def get_series_csv(request: Request, run_id: int, key: str) -> Response:
     writer.writerow(["step", "wall_time", "value"])
     for row in zip(series["steps"], series["wall_times"], series["values"]):
         writer.writerow(["" if v is None else v for v in row])
-    filename = f"run{run_id}-{key.replace('/', '_')}.csv"
     return Response(out.getvalue(), media_type="text/csv",
-                    headers={"Content-Disposition": f'attachment; filename="{filename}"'})
+                    headers={"Content-Disposition": content_disposition(f"run{run_id}-{key.replace('/', '_')}.csv")})
+
+
+def content_disposition(filename: str) -> str:
+    """An attachment header for any file name: HTTP headers are Latin-1, so a key like '损失' or an
+    emoji goes in RFC 5987's ``filename*`` (UTF-8, percent-encoded) beside an ASCII fallback."""
+    fallback = re.sub(r'[^A-Za-z0-9._-]', "_", filename)
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{urllib.parse.quote(filename, safe='')}"
 
 
 @router.get("/api/runs/{run_id}/heatmap")
@@ -104,11 +112,29 @@ def get_alerts(request: Request, run_id: int) -> list[dict]:
 @router.get("/api/compare")
 def compare(request: Request, ids: str) -> dict:
     """Several runs' configs with the keys whose values differ: ids=1,2,3."""
-    try:
-        run_ids = [int(x) for x in ids.split(",") if x.strip()]
-    except ValueError:
-        raise HTTPException(400, "ids must be a comma-separated list of run ids") from None
-    runs = [_services(request).read(store.get_run, i) for i in run_ids]
+    runs = [_services(request).read(store.get_run, i) for i in _id_list(ids)]
     return edits.config_diff(runs)
 
 
+def _id_list(ids: str, limit: int = 200) -> list[int]:
+    try:
+        out = [int(x) for x in ids.split(",") if x.strip()]
+    except ValueError:
+        raise HTTPException(400, "ids must be a comma-separated list of run ids") from None
+    if len(out) > limit:
+        raise HTTPException(400, f"at most {limit} ids at once")
+    return out
+
+
+@router.get("/api/sparklines")
+def sparklines(request: Request, ids: str, key: str = "loss", points: int = Query(40, ge=4, le=400)) -> dict:
+    """Small envelopes of one key for many runs at once (the runs list's per-row sparkline)."""
+    services, out = _services(request), {}
+    for run_id in _id_list(ids):
+        try:
+            s = services.read(store.get_series, run_id, key, points)
+        except store.NotFound:
+            out[str(run_id)] = None  # no such run, or it never logged the key: no sparkline, not an error
+            continue
+        out[str(run_id)] = {"steps": s["steps"], "values": s["values"], "total_points": s["total_points"]}
+    return {"key": key, "runs": out}

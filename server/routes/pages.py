@@ -50,6 +50,13 @@ def compare_page() -> FileResponse:
     return _page("compare.html")
 
 
+@router.get("/favicon.ico", include_in_schema=False)
+def favicon() -> FileResponse:
+    """Browsers ask for /favicon.ico on every page; an SVG answers (a 404 was a console error everywhere)."""
+    return FileResponse(frontend_dir() / "favicon.svg", media_type="image/svg+xml",
+                        headers={"Cache-Control": "max-age=86400"})
+
+
 @router.get("/static/vendor/plotly.min.js", include_in_schema=False)
 def plotly() -> FileResponse:
     return FileResponse(plotly_js(), media_type="application/javascript",
