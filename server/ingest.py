@@ -212,6 +212,7 @@ def _key_id(conn, state: RunState, key: str, limits: Limits, layers: list | None
             run_id=state.run_id, key=key, layers=json.dumps(layers) if layers is not None else None
         )).inserted_primary_key[0]
         state.key_ids[key] = key_id
+        rollup.new_key(state.rollups, key_id)
     return key_id
 
 

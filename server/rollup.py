@@ -169,13 +169,26 @@ _UPDATE = update(db.rollups).where(db.rollups.c.key_id == bindparam("k"), db.rol
                                    db.rollups.c.block == bindparam("b"))
 
 
+def new_key(cache: dict, key_id: int) -> None:
+    """A key created just now has no rollups yet: nothing to look up."""
+    for level in LEVELS:
+        cache[(key_id, level)] = (None, None, -1)
+
+
+def _load_newest(conn, cache: dict, key_id: int) -> None:
+    """The newest stored block of every level of a key, in one query."""
+    newest = dict(conn.execute(select(db.rollups.c.level, func.max(db.rollups.c.block))
+                               .where(db.rollups.c.key_id == key_id).group_by(db.rollups.c.level)).all())
+    for level in LEVELS:
+        cache.setdefault((key_id, level), (None, None, newest.get(level, -1)))
+
+
 def _cached(conn, cache: dict, key_id: int, level: int, b: int, slots: int) -> Block:
     """The block being written; only the newest block per (key, level) stays in memory."""
     hit = cache.get((key_id, level))
     if hit is None:  # first write since the server started: where did this key's rollups end?
-        newest = conn.execute(select(func.max(db.rollups.c.block)).where(
-            db.rollups.c.key_id == key_id, db.rollups.c.level == level)).scalar()
-        hit = (None, None, -1 if newest is None else newest)
+        _load_newest(conn, cache, key_id)
+        hit = cache[(key_id, level)]
     if hit[0] == b and hit[1].data.shape[1] == slots:
         return hit[1]
     row = None
