@@ -17,6 +17,10 @@ def check_changes(body: dict) -> dict:
     unknown = set(body) - {"name", "tags", "notes"}
     if unknown:
         raise ValueError(f"unknown field(s): {', '.join(sorted(unknown))}; allowed: name, tags, notes")
+    for field, value in body.items():
+        texts = value if isinstance(value, list) else [value]
+        if any(isinstance(t, str) and not _valid_text(t) for t in texts):
+            raise ValueError(f"{field} is not valid Unicode text (it holds a lone surrogate)")
     changes = {}
     if "name" in body:
         if not isinstance(body["name"], str) or not body["name"].strip() or len(body["name"]) > 200:
@@ -32,6 +36,14 @@ def check_changes(body: dict) -> dict:
             raise ValueError("notes must be a string of at most 20000 characters")
         changes["notes"] = body["notes"]
     return changes
+
+
+def _valid_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def update_run(conn, run_id: int, changes: dict) -> None:

@@ -360,6 +360,7 @@ def _apply_event(state: RunState, ev, changes: dict) -> list:
         changes["status"] = status
         if status in ("finished", "failed"):
             changes["finished_at"] = changes["updated_at"]
+            return state.monitor.flush()  # an alert held for its step's loss goes out now
         return []
     if kind == "exception":
         error = {k: _strict(ev.get(k)) for k in ("exc_type", "message", "traceback", "step", "memory")}

@@ -88,6 +88,19 @@ def test_a_layout_change_inside_a_batch_stores_everything(server, api):
     link.close()
 
 
+def test_a_narrower_layout_after_freezing_keeps_both_widths_readable(server, api):
+    link = Link(server.url)
+    wide = [(s, 1.0 + s, {"loss": 1.0}, {"grad": [1.0, 2.0, 3.0]}) for s in range(10)]
+    assert link.send(_columns_batch(1, wide, layouts={"grad": ["a", "b", "c"]}))["type"] == "ack"
+    narrow = [(s, 1.0 + s, {"loss": 1.0}, {"grad": [5.0, 6.0]}) for s in range(10, 20)]
+    assert link.send(_columns_batch(2, narrow, layouts={"grad": ["a", "b"]}))["type"] == "ack"
+    run_id = link.welcome["run_id"]
+    assert api.get(f"/api/runs/{run_id}/series?key=grad/b")["values"] == [2.0] * 10 + [6.0] * 10
+    heat = api.get(f"/api/runs/{run_id}/heatmap?key=grad")
+    assert heat["layers"] == ["a", "b"] and len(heat["values"]) == 2
+    link.close()
+
+
 def test_duplicates_are_acked_gaps_are_nacked(server, api):
     link = Link(server.url)
     batch = _columns_batch(1, [(0, 1.0, {"loss": 1.0}, {})])
