@@ -26,7 +26,9 @@ from .outbox import Outbox, gap_alert
 from .values import TARGET_BATCH_BYTES, Encoder, item_bytes
 
 WINDOW = 8                  # batches sent and not yet acked, at most (flow control)
-MAX_QUEUE_BYTES = 64 << 20  # hand-off queue bound (estimated); past it records are dropped and counted
+# Hand-off queue bound (estimated bytes). It only fills when the sender is stuck (or a loop logs
+# ~1M steps faster than they can be encoded: ~300 MB at peak); past it records are dropped and counted.
+MAX_QUEUE_BYTES = 384 << 20
 DRAIN_ITEMS = 50000         # items encoded per pass, so acks are read between passes of a backlog
 MAX_HELD_EVENTS = 1000      # run events kept aside while the disk is full
 
@@ -124,7 +126,7 @@ class Sender(threading.Thread):
         try:
             while True:
                 self._wake.set()
-                if target is None and self._taken_count >= wanted:
+                if target is None and self._taken_count >= wanted and not self._unbatched():
                     target = self._seq
                 if target is not None and self._acked >= target:
                     return True
@@ -191,17 +193,16 @@ class Sender(threading.Thread):
         if self.link.deleted:
             return self._discard_all()
         if self.link.conn is None:
-            if not self.fatal and (self._queue or len(self.outbox)) and now >= self._next_connect:
+            if not self.fatal and (self._work() or len(self.outbox)) and now >= self._next_connect:
                 self._connect()  # before encoding: a welcome may offer the cheaper columnar form
             if self.link.conn is None:
-                # Keep the hand-off queue short (it may hold device tensors), without encoding
-                # record by record while a server may be about to answer.
-                if self._queue and (now - self._last_drain >= max(1.0, self.flush_interval) or self._backlog()):
+                # Keep the hand-off queue short (it may hold device tensors): encode and spill.
+                if self._work() and (now - self._last_drain >= self.flush_interval or self._backlog()):
                     self._drain()
                 self._wait(self.flush_interval)
             return
         inflight = self._sent_upto - self._acked
-        if self._queue and (inflight == 0 or now - self._last_drain >= self.flush_interval or self._backlog()):
+        if self._work() and (inflight == 0 or now - self._last_drain >= self.flush_interval or self._backlog()):
             self._drain()
         self._send_window()
         if self._sent_upto > self._acked:
@@ -210,6 +211,13 @@ class Sender(threading.Thread):
         else:
             self._receive(0)  # a server error or close while idle
             self._wait(self.flush_interval)
+
+    def _unbatched(self) -> bool:
+        """Events held back or a gap not yet reported: they still need a batch."""
+        return bool(self._held_events or self._gap[0] or self._dropped > self._dropped_seen)
+
+    def _work(self) -> bool:
+        return bool(self._queue) or self._unbatched()
 
     def _backlog(self) -> bool:
         return self._put_bytes - self._taken_bytes > TARGET_BATCH_BYTES
@@ -223,7 +231,10 @@ class Sender(threading.Thread):
 
     def _connect(self) -> None:
         try:
-            welcome = self.link.open(resume_from=self.outbox.first(), layouts=self.encoder.layouts)
+            # The oldest batch still held; with none held, the next one: everything before was acked.
+            first = self.outbox.first()
+            welcome = self.link.open(resume_from=first if first is not None else self._seq + 1,
+                                     layouts=self.encoder.layouts)
         except Refused as refusal:
             if not self.link.deleted:  # a deleted run says so itself (see _discard_all)
                 self.notify(refusal.kind, refusal.text.replace("<spool>", str(self.outbox.spool_dir)))

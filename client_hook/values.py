@@ -101,7 +101,7 @@ def item_bytes(item: tuple) -> int:
     """Rough in-memory/encoded size of one queued item, for byte budgets; cheap (no encoding)."""
     if item[0] != "rec":
         return 512
-    size = 64 + 40 * len(item[3])
+    size = 200 + 100 * len(item[3])  # ~ what the tuple, dict and floats take in memory
     for vector in item[4].values():
         size += 16 + 12 * vector[2]
     return size
