@@ -74,19 +74,28 @@ def merge(block: Block, data: np.ndarray, n: int) -> bool:
 
     Returns whether the summary changed (not just its point count).
     """
-    d = block.data
-    before = d.copy()
+    block.n += n
+    return bool(merge_into(block.data, data).any())
+
+
+def merge_into(d: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """``merge`` on (ROWS, columns) arrays, in place on ``d``; returns which columns changed."""
+    changed = np.zeros(d.shape[1], dtype=bool)
     for v_row, s_row, better in ((MIN_V, MIN_S, np.less), (MAX_V, MAX_S, np.greater)):
         take = better(data[v_row], d[v_row]) | ((data[v_row] == d[v_row]) & (data[s_row] != NONE)
                                                  & ((d[s_row] == NONE) | (data[s_row] < d[s_row])))
-        for row in (v_row, s_row, WALL_OF[s_row]):
-            d[row] = np.where(take, data[row], d[row])
+        _take(d, data, take, (v_row, s_row, WALL_OF[s_row]), changed)
     for row in (NAN_S, PINF_S, NINF_S):
         take = (data[row] != NONE) & ((d[row] == NONE) | (data[row] < d[row]))
-        for r in (row, WALL_OF[row]):
-            d[r] = np.where(take, data[r], d[r])
-    block.n += n
-    return not np.array_equal(before, d, equal_nan=True)
+        _take(d, data, take, (row, WALL_OF[row]), changed)
+    return changed
+
+
+def _take(d: np.ndarray, data: np.ndarray, take: np.ndarray, rows: tuple, changed: np.ndarray) -> None:
+    if take.any():
+        for row in rows:
+            d[row] = np.where(take, data[row], d[row])
+        changed |= take
 
 
 @dataclass
@@ -141,28 +150,43 @@ def _update(conn, cache: dict, targets: list, steps, walls, values, present, wri
         else:
             ids, ns, sums = summarise(st, wl, vals, present, (st // level).astype(np.int64))
             parts = list(zip(ids.tolist(), ns.tolist(), sums))
-        for key_id, cols in targets:
-            for b, n, data in parts:
-                _fold(conn, cache, writes, key_id, level, int(b), int(n), data[:, cols])
+        for b, n, data in parts:
+            _fold(conn, cache, writes, targets, level, int(b), int(n), data)
 
 
-def _fold(conn, cache: dict, writes: Writes, key_id: int, level: int, b: int, n: int, data: np.ndarray) -> None:
-    """One block summary of one key into its stored block (a new row, a rewrite or a recount)."""
-    hit = cache.get((key_id, level))
-    if hit is not None and b > hit[2]:  # a block never seen before: its summary is the batch's
-        cache[(key_id, level)] = (b, Block(data.copy(), n, True), b)
-        writes.inserts.append({"key_id": key_id, "level": level, "block": b, "n": n, "data": encode(data)})
+def _fold(conn, cache: dict, writes: Writes, targets: list, level: int, b: int, n: int, data: np.ndarray) -> None:
+    """One block summary of every target key into its stored block (a new row, a rewrite or a recount).
+
+    The keys whose block already holds points are merged in one stacked numpy pass, not key by key.
+    """
+    existing = []
+    for key_id, cols in targets:
+        part = data[:, cols]
+        hit = cache.get((key_id, level))
+        if hit is not None and b > hit[2]:  # a block never seen before: its summary is the batch's
+            cache[(key_id, level)] = (b, Block(part.copy(), n, True), b)
+            writes.inserts.append({"key_id": key_id, "level": level, "block": b, "n": n, "data": encode(part)})
+        else:
+            existing.append((key_id, _cached(conn, cache, key_id, level, b, part.shape[1]), part))
+    if not existing:
         return
-    block = _cached(conn, cache, key_id, level, b, data.shape[1])
-    changed = merge(block, data, n)
-    row = {"k": key_id, "lv": level, "b": b, "n": block.n}
-    if not block.stored:
-        writes.inserts.append({"key_id": key_id, "level": level, "block": b, "n": block.n, "data": encode(block.data)})
-        block.stored = True
-    elif changed:
-        writes.updates.append({**row, "d": encode(block.data)})
-    else:
-        writes.counts.append(row)  # same extremes, more points: rewrite the count, not the summary
+    stacked = np.concatenate([blk.data for _k, blk, _p in existing], axis=1)
+    changed = merge_into(stacked, np.concatenate([p for _k, _b, p in existing], axis=1))
+    offset = 0
+    for key_id, block, part in existing:
+        width = part.shape[1]
+        block.data[:] = stacked[:, offset:offset + width]
+        block.n += n
+        row = {"k": key_id, "lv": level, "b": b, "n": block.n}
+        if not block.stored:
+            writes.inserts.append({"key_id": key_id, "level": level, "block": b, "n": block.n,
+                                   "data": encode(block.data)})
+            block.stored = True
+        elif changed[offset:offset + width].any():
+            writes.updates.append({**row, "d": encode(block.data)})
+        else:
+            writes.counts.append(row)  # same extremes, more points: rewrite the count, not the summary
+        offset += width
 
 
 _UPDATE = update(db.rollups).where(db.rollups.c.key_id == bindparam("k"), db.rollups.c.level == bindparam("lv"),

@@ -25,7 +25,7 @@ class Services:
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self.engine = db.make_engine(settings.db_url)
+        self.engine = db.make_engine(settings.db_url, settings.sqlite_synchronous)
         self.writer = Writer(self.engine, on_group_failure=self._forget_states)
         self.hub = Hub()
         self.webhook = WebhookSender(settings.webhook) if settings.webhook else None

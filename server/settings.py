@@ -43,6 +43,8 @@ SETTINGS: list[Setting] = [
     Setting("alerts", "", "Server-wide health-rule thresholds as JSON, e.g. "
                           "'{\"exploding_gradients.ceiling\": 1000}'; a run's own init(alerts=...) wins."),
     Setting("log_level", "warning", "Server log level (debug, info, warning, error)."),
+    Setting("sqlite_synchronous", "full", "SQLite durability of an ack: full (on disk before the ack; survives a "
+                                          "power loss) or normal (faster; survives a server crash, not a power loss)."),
     Setting("token", "", "Shared secret every route, websocket and page requires (Authorization: Bearer <token>, "
                          "or the login page's cookie); /healthz stays open. Empty: no token."),
     Setting("allowed_hosts", "", "Comma-separated extra Host names the server answers to ('*': any). While bound "
@@ -69,6 +71,7 @@ class Settings:
     crash_timeout: float = 120.0
     alerts: str = ""
     log_level: str = "warning"
+    sqlite_synchronous: str = "full"
     token: str = field(default="", repr=False)  # a secret: never in a repr, a log line or --help
     allowed_hosts: str = ""
     max_connections: int = 1000
@@ -116,6 +119,8 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.token != self.token.strip():
             raise ValueError("token must not start or end with whitespace")
+        if self.sqlite_synchronous not in ("full", "normal"):
+            raise ValueError(f"sqlite_synchronous must be full or normal, got {self.sqlite_synchronous!r}")
         return self
 
 
