@@ -25,11 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gradwatch  # noqa: E402
 from bench_overhead import ServerProcess  # noqa: E402
 
-INSTRUMENT = """() => {
-  window.__flushMs = []; window.__heatMs = []; window.__liveMs.length = 0;
-  const wrap = (fn, sink) => function (...a) { const t = performance.now(); const r = fn.apply(this, a); sink.push(performance.now() - t); return r; };
-  flush = wrap(flush, window.__flushMs);
-  HEAT.draw = wrap(HEAT.draw.bind(HEAT), window.__heatMs);
+# The page is an ES module: the flush timings come from the hook common.throttle reports to
+# (window.__gwFlushMs), the heatmap's draws from wrapping the method on the module's instance.
+INSTRUMENT = """async () => {
+  window.__gwFlushMs = []; window.__heatMs = []; window.__liveMs.length = 0;
+  const { heatmap } = await import("/static/run.js");
+  const draw = heatmap.draw.bind(heatmap);
+  heatmap.draw = (...a) => { const t = performance.now(); const r = draw(...a); window.__heatMs.push(performance.now() - t); return r; };
 }"""
 # Installed before the page's scripts: times every websocket message handler (parse + onLive).
 TIME_MESSAGES = """window.__liveMs = [];
@@ -79,7 +81,7 @@ def main() -> None:
                 time.sleep(0.005)
             elapsed_page = page.evaluate("() => performance.now()") - busy_before
             run.finish(timeout=120)
-            flush_ms = page.evaluate("() => window.__flushMs")
+            flush_ms = page.evaluate("() => window.__gwFlushMs")
             heat_ms = page.evaluate("() => window.__heatMs")
             live_ms = page.evaluate("() => window.__liveMs")
             points = page.evaluate("() => document.getElementById('chart-loss').data[0].x.length")

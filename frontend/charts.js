@@ -1,106 +1,145 @@
 // Live line charts: traces per key, NaN/inf drawn as markers, alert lines, appends via extendTraces.
-"use strict";
+import { ema, esc, extent, fmtNum, onVisible, plotLayout } from "./common.js";
 
-// A line chart bound to a set of keys of one or more series stores. Traces are SVG "scatter",
-// not WebGL: every series is capped at ~8000 points (server envelope, live compaction), SVG is
-// fast enough there, and browsers allow only a few WebGL contexts per page (compare can have many charts).
-class LiveChart {
+const CATCH_UP_MS = 5000;  // an out-of-view chart is never more than this behind (screenshots, printing)
+
+// The y axis for some series: log when asked, or (asked nothing) when the values span more than
+// 3 decades, so a diverging loss does not flatten everything else; a readable log axis (a label
+// per decade or 1-2-5, never the crammed "2 3 ... 9" minor labels); and a flat series (a constant
+// learning rate) centred on its value, not drawn on a made-up 0 line.
+export function yAxis(seriesList, logChoice, bytes) {
+  const ext = extent(seriesList);
+  const decades = ext && ext[0] > 0 ? Math.log10(ext[1] / ext[0]) : 0;
+  const auto = logChoice === null || logChoice === undefined;
+  const log = auto ? decades > 3 : Boolean(logChoice);
+  const axis = { type: log ? "log" : "linear", autorange: true, tickformat: bytes ? "~s" : undefined, ticksuffix: bytes ? "B" : undefined };
+  if (log) {
+    Object.assign(axis, { dtick: decades > 1.5 ? Math.max(1, Math.ceil(decades / 6)) : "D2", exponentformat: "power", minor: { ticks: "" } });
+  } else if (ext && ext[1] - ext[0] <= 1e-9 * Math.max(Math.abs(ext[0]), Math.abs(ext[1]))) {
+    const v = ext[0], pad = v === 0 ? 1 : Math.abs(v) * 0.5;
+    Object.assign(axis, { autorange: false, range: [v - pad, v + pad] });
+  }
+  return { axis, log, auto: auto && log, decades };
+}
+
+// A line chart bound to entries {label, series, color?, t0?}. Traces are SVG "scatter", not WebGL:
+// every series is capped at ~8000 points (server envelope, live compaction), SVG is fast enough
+// there, and browsers allow only a few WebGL contexts per page (compare can have many charts).
+export class LiveChart {
   constructor(div, opts) {
-    this.div = div; this.opts = opts; this.traceOf = {}; this.pending = {}; this.drawn = false;
-    this.shapes = []; this.visible = true; this.stale = false;
-    // A live redraw costs tens of ms per chart: charts scrolled out of view skip them and redraw
-    // once when they come back (opts.redraw supplies the current data).
+    this.div = div; this.opts = opts; this.traceOf = {}; this.drawn = false;
+    this.shapes = []; this.visible = true; this.stale = false; this.catchUp = null; this.draws = 0;
+    // A live redraw costs tens of ms per chart: charts scrolled out of view skip them, catch up
+    // every few seconds, and redraw at once when they come back (opts.redraw supplies the data).
     if (opts.redraw) {
-      GW.onVisible(div, (visible) => {
+      onVisible(div, (visible) => {
         this.visible = visible;
-        if (visible && this.stale) { this.stale = false; opts.redraw(); }
+        if (visible && this.stale) this.refresh();
       });
     }
   }
 
-  xOf(s, i, mode) {
+  refresh() { this.stale = false; clearTimeout(this.catchUp); this.catchUp = null; this.opts.redraw(); }
+  count() { this.div.dataset.draws = ++this.draws; }
+
+  xOf(s, i, mode, t0) {
     if (mode === "wall") return new Date(s.walls[i] * 1000);
-    if (mode === "relative") return s.walls[i] - this.opts.t0();
+    if (mode === "relative") return s.walls[i] - t0;
     return s.steps[i];
   }
+  t0Of(entry) { return entry.t0 !== undefined ? entry.t0 : this.opts.t0 ? this.opts.t0() : 0; }
 
-  // Full draw from the stores (first draw, axis/smoothing changes, new keys).
+  // Full draw (first draw, axis/smoothing changes, new keys, compaction, catch-up).
   render(entries, mode) {
     if (!entries.length && this.opts.empty) return this.showEmpty();
     if (this.empty) { this.div.replaceChildren(); this.empty = false; }
     const traces = []; this.traceOf = {};
     const nan = { x: [], y: [], text: [], type: "scatter", mode: "markers", yaxis: "y2", name: "NaN / inf",
       marker: { symbol: "x", size: 11, color: "#d92d20", line: { width: 2 } }, hoverinfo: "text", showlegend: false };
-    for (const { label, series: s, color } of entries) {
-      const x = s.steps.map((_, i) => this.xOf(s, i, mode));
+    const smoothing = this.opts.smoothing ? this.opts.smoothing() : 0;
+    for (const entry of entries) {
+      const { label, series: s, color } = entry, t0 = this.t0Of(entry);
+      const x = s.steps.map((_, i) => this.xOf(s, i, mode, t0));
       const y = s.values.map((v) => (isFinite(v) ? v : null));
       const idx = { raw: traces.length };
-      const smooth = this.opts.smoothing && this.opts.smoothing() > 0;
-      traces.push({ x, y, type: "scatter", mode: "lines", name: label, connectgaps: false,
-        line: { width: smooth ? 1 : 1.6, color }, opacity: smooth ? 0.35 : 1, showlegend: !smooth });
-      if (smooth) {
+      traces.push({ x, y, type: "scatter", mode: "lines", name: esc(label), connectgaps: false,
+        line: { width: smoothing ? 1 : 1.6, color }, opacity: smoothing ? 0.35 : 1, showlegend: !smoothing });
+      if (smoothing) {
         idx.smooth = traces.length;
-        traces.push({ x, y: GW.ema(s.values, this.opts.smoothing()), type: "scatter", mode: "lines",
-          name: label, line: { width: 2, color } });
+        traces.push({ x, y: ema(s.values, smoothing), type: "scatter", mode: "lines", name: esc(label), line: { width: 2, color } });
       }
       this.traceOf[label] = idx;
-      s.values.forEach((v, i) => { if (!isFinite(v)) this.addNan(nan, label, s.steps[i], v, this.xOf(s, i, mode)); });
+      s.values.forEach((v, i) => { if (!isFinite(v)) this.addNan(nan, label, s.steps[i], v, this.xOf(s, i, mode, t0)); });
     }
     this.nanIndex = traces.length; traces.push(nan);
-    const layout = GW.plotLayout({
-      yaxis: Object.assign(GW.plotLayout().yaxis, { type: this.opts.log && this.opts.log() ? "log" : "linear",
-        tickformat: this.opts.bytes ? "~s" : undefined, ticksuffix: this.opts.bytes ? "B" : undefined }),
+    this.y = yAxis(entries.map((e) => e.series), this.opts.log ? this.opts.log() : false, this.opts.bytes);
+    const base = plotLayout();
+    const layout = plotLayout({
+      yaxis: Object.assign(base.yaxis, this.y.axis),
       yaxis2: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true },
-      xaxis: Object.assign(GW.plotLayout().xaxis, { title: { text: mode === "step" ? "" : mode === "wall" ? "" : "seconds" } }),
+      xaxis: Object.assign(base.xaxis, { title: { text: mode === "relative" ? "seconds" : "" } }),
       shapes: this.shapes,
     });
     Plotly.react(this.div, traces, layout, { responsive: true, displaylogo: false });
     this.drawn = true; this.mode = mode; this.labels = entries.map((e) => e.label).join("|");
+    this.count();
+    if (this.opts.onAxis) this.opts.onAxis(this.y);
   }
 
   // No data for this chart (yet): say why and what records it, instead of drawing empty axes.
   showEmpty() {
     if (this.drawn) Plotly.purge(this.div);
-    this.div.replaceChildren(GW.el("p", { class: "empty muted" }, this.opts.empty));
+    this.div.replaceChildren(Object.assign(document.createElement("p"), { className: "empty muted", textContent: this.opts.empty }));
     this.drawn = false; this.empty = true;
   }
 
   addNan(nan, label, step, v, x) {
     nan.x.push(x); nan.y.push(v === -Infinity ? 0.03 : 0.97);
-    nan.text.push(label + " = " + GW.fmtNum(v) + " at step " + step);
+    nan.text.push(esc(label) + " = " + fmtNum(v) + " at step " + step);
   }
 
-  // Append new points (already pushed into the stores) without redrawing everything.
+  // Append new points (already in the entries' series) from index fresh[label] on, without a full redraw.
   extend(entries, fresh, mode) {
-    if (!this.visible && this.drawn) { this.stale = true; return; }
+    if (!this.visible && this.drawn) {
+      this.stale = true;
+      if (!this.catchUp) this.catchUp = setTimeout(() => { this.catchUp = null; if (this.stale) this.refresh(); }, CATCH_UP_MS);
+      return;
+    }
     if (!this.drawn || mode !== this.mode || entries.map((e) => e.label).join("|") !== this.labels) return this.render(entries, mode);
+    // A new value can change the axis (a constant LR starts to decay, a loss starts to diverge).
+    const y = yAxis(entries.map((e) => e.series), this.opts.log ? this.opts.log() : false, this.opts.bytes);
+    if (y.log !== this.y.log || (this.y.axis.range && JSON.stringify(y.axis.range) !== JSON.stringify(this.y.axis.range)) ||
+        (y.log && y.axis.dtick !== this.y.axis.dtick)) return this.render(entries, mode);
     const update = { x: [], y: [] }, indices = [];
     const nan = { x: [], y: [], text: [] };
-    for (const { label, series: s } of entries) {
+    for (const entry of entries) {
+      const { label, series: s } = entry, t0 = this.t0Of(entry);
       const from = fresh[label]; if (from === undefined || from >= s.steps.length) continue;
-      const x = [], y = [];
+      const x = [], yv = [];
       for (let i = from; i < s.steps.length; i++) {
-        x.push(this.xOf(s, i, mode)); y.push(isFinite(s.values[i]) ? s.values[i] : null);
-        if (!isFinite(s.values[i])) this.addNan(nan, label, s.steps[i], s.values[i], this.xOf(s, i, mode));
+        x.push(this.xOf(s, i, mode, t0)); yv.push(isFinite(s.values[i]) ? s.values[i] : null);
+        if (!isFinite(s.values[i])) this.addNan(nan, label, s.steps[i], s.values[i], this.xOf(s, i, mode, t0));
       }
       const idx = this.traceOf[label];
-      update.x.push(x); update.y.push(y); indices.push(idx.raw);
+      update.x.push(x); update.y.push(yv); indices.push(idx.raw);
       if (idx.smooth !== undefined) {
-        const all = GW.ema(s.values, this.opts.smoothing());
-        update.x.push(x); update.y.push(all.slice(from)); indices.push(idx.smooth);
+        update.x.push(x); update.y.push(ema(s.values, this.opts.smoothing()).slice(from)); indices.push(idx.smooth);
       }
     }
     if (nan.x.length) { update.x.push(nan.x); update.y.push(nan.y); indices.push(this.nanIndex); }
-    if (indices.length) Plotly.extendTraces(this.div, update, indices);
+    if (indices.length) { Plotly.extendTraces(this.div, update, indices); this.count(); }
     if (nan.text.length) {
       const t = this.div.data[this.nanIndex];
       Plotly.restyle(this.div, { text: [(t.text || []).slice(0, t.x.length - nan.x.length).concat(nan.text)] }, [this.nanIndex]);
     }
   }
 
-  setAlertLines(xs) {
-    this.shapes = xs.map((x) => ({ type: "line", xref: "x", yref: "paper", x0: x, x1: x, y0: 0, y1: 1,
-      line: { color: "#d92d20", width: 1, dash: "dot" } }));
-    if (this.drawn && !this.empty) Plotly.relayout(this.div, { shapes: this.shapes });
+  // Vertical dotted lines at alerts: xs is a list of x values or of {x, color} (one colour per run).
+  setAlertLines(xs, redraw = true) {
+    this.shapes = xs.map((a) => {
+      const x = a !== null && typeof a === "object" && "x" in a ? a.x : a, color = (a && a.color) || "#d92d20";
+      return { type: "line", xref: "x", yref: "paper", x0: x, x1: x, y0: 0, y1: 1, line: { color, width: 1, dash: "dot" } };
+    });
+    if (redraw && this.drawn && !this.empty) Plotly.relayout(this.div, { shapes: this.shapes });
   }
 }

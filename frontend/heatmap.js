@@ -1,16 +1,16 @@
 // Per-layer gradient norm heatmap (layer x step, log10 colour) that appends live pushes locally.
-"use strict";
+import { el, esc, fmtNum, getJSON, num, onVisible, plotLayout, vec, xRange } from "./common.js";
 
 // NaN beats +inf beats -inf beats any finite value: a bad value in a bucket must stay visible.
 const heatRank = (v) => (v === null ? 0 : Number.isNaN(v) ? 4 : v === Infinity ? 3 : v === -Infinity ? 2 : 1);
 const heatMax = (a, b) => { const ra = heatRank(a), rb = heatRank(b); return ra !== rb ? (ra > rb ? a : b) : ra === 1 ? Math.max(a, b) : a; };
 
-class LiveHeatmap {
+export class LiveHeatmap {
   constructor(div, runId, key, maxCols = 400) {
     Object.assign(this, { div, runId, key, maxCols, layers: [], steps: [], cols: [], bucket: 1, zoomed: null, timer: null,
       visible: true, stale: false });
     // Like the line charts: no live redraws while scrolled out of view, one when it comes back.
-    GW.onVisible(div, (visible) => {
+    onVisible(div, (visible) => {
       this.visible = visible;
       if (visible && this.stale && !this.zoomed) { this.stale = false; this.draw(); }
     });
@@ -21,24 +21,34 @@ class LiveHeatmap {
     const q = range ? `&start=${Math.floor(range[0])}&end=${Math.ceil(range[1])}` : "";
     let h;
     this.loading = true; this.pending = [];
-    try { h = await GW.getJSON(`/api/runs/${this.runId}/heatmap?key=${encodeURIComponent(this.key)}&max_steps=${this.maxCols}${q}`); }
-    catch (e) {  // no per-layer norms (yet): say what records them
-      if (!this.loaded) this.div.replaceChildren(GW.el("p", { class: "empty muted" }, "No per-layer gradient norms yet. run.watch(model) records them after every backward pass or optimizer step."));
+    try { h = await getJSON(`/api/runs/${this.runId}/heatmap?key=${encodeURIComponent(this.key)}&max_steps=${this.maxCols}${q}`); }
+    catch (e) {
+      // 404: no per-layer norms (yet), say what records them. Anything else is a failure: say so,
+      // and the next live push tries again (it calls load() while nothing is loaded).
+      this.failed = e.status !== 404;
+      if (!this.loaded) this.showEmpty(this.failed ? "Could not load the per-layer gradient norms: " + e.message + ". Retrying on the next update." : null);
       return;
     } finally { this.loading = false; }
+    this.failed = false;
     if (!this.loaded) this.div.replaceChildren();
-    Object.assign(this, { layers: h.layers, steps: h.steps, bucket: h.bucket, loaded: true,
-      cols: h.steps.map((_, i) => h.layers.map((_, j) => GW.num(h.values[j][i]))) });
+    Object.assign(this, { layers: h.layers.map(esc), steps: h.steps, bucket: h.bucket, loaded: true,
+      cols: h.steps.map((_, i) => h.layers.map((_, j) => num(h.values[j][i]))) });
     this.draw(range);
     // Pushes that arrived during the fetch: re-merging a step already counted changes nothing (max).
     for (const push of this.pending) this.append(push);
+  }
+
+  // Nothing to draw: why (a failure, or no norms recorded yet and what records them).
+  showEmpty(failure) {
+    const text = failure || "No per-layer gradient norms yet. run.watch(model) records them after every backward pass or optimizer step.";
+    this.div.replaceChildren(el("p", { class: "empty muted" + (failure ? " failed" : "") }, text));
   }
 
   // Live push {steps, values: [[per layer]]}: merge into the last bucket or open a new one.
   append(push) {
     if (this.loading) { this.pending.push(push); return; }
     if (this.zoomed) return;
-    const cols = push.values.map(GW.vec);
+    const cols = push.values.map(vec);
     if (!this.loaded || (cols[0] && cols[0].length !== this.layers.length)) { this.load(); return; }
     push.steps.forEach((step, i) => {
       const col = cols[i], last = this.steps.length - 1;
@@ -80,7 +90,7 @@ class LiveHeatmap {
     this.cols.forEach((col, i) => col.forEach((v, j) => {
       z[j].push(v === null || !isFinite(v) || v <= 0 ? null : Math.log10(v));
       zero[j].push(v === 0 ? 1 : null);  // exactly zero (dead or disconnected) is grey, not blank like "no grad"
-      if (v !== null && !isFinite(v)) { bad.x.push(this.steps[i]); bad.y.push(this.layers[j]); bad.text.push(this.layers[j] + " @ " + this.steps[i] + span + ": " + GW.fmtNum(v)); }
+      if (v !== null && !isFinite(v)) { bad.x.push(this.steps[i]); bad.y.push(this.layers[j]); bad.text.push(this.layers[j] + " @ " + this.steps[i] + span + ": " + fmtNum(v)); }
     }));
     // Hover text comes from templates, not one string per cell: that kept redraws of big matrices slow.
     const traces = [{ type: "heatmap", x: this.steps, y: this.layers, z, colorscale: "Viridis", colorbar: { title: { text: "log10" } },
@@ -92,7 +102,7 @@ class LiveHeatmap {
     // Room for every layer's row: ~9 px each, between 300 px and 1400 px (big models scroll the page).
     this.div.style.height = Math.min(1400, Math.max(300, 60 + 9 * this.layers.length)) + "px";
     this.ignore = true;
-    Plotly.react(this.div, traces, GW.plotLayout({ showlegend: false, margin: { l: 160, r: 16, t: 8, b: 36 }, xaxis: Object.assign(GW.plotLayout().xaxis, xaxis),
+    Plotly.react(this.div, traces, plotLayout({ showlegend: false, margin: { l: 160, r: 16, t: 8, b: 36 }, xaxis: Object.assign(plotLayout().xaxis, xaxis),
       yaxis: { autorange: "reversed", type: "category", automargin: true } }), { responsive: true, displaylogo: false })
       .then(() => { this.ignore = false; this.listen(); this.drawMs = performance.now() - started; });
   }
@@ -104,7 +114,7 @@ class LiveHeatmap {
     this.div.on("plotly_relayout", (ev) => {
       if (this.ignore) return;
       if (ev["xaxis.autorange"]) { this.zoomed = null; this.load(); return; }
-      const [lo, hi] = GW.xRange(ev);
+      const [lo, hi] = xRange(ev);
       if (lo === undefined || hi === undefined) return;
       this.zoomed = [lo, hi]; this.load(this.zoomed);
     });

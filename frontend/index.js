@@ -1,13 +1,36 @@
-// The runs list: filters, sorting, live status, alert badges, selection for comparison, edits.
-"use strict";
+// The runs list: filters, sorting, live status, alert badges, loss sparklines, selection for comparison, edits.
+import { colorFor, el, fmtNum, fmtTime, getJSON, live, throttle } from "./common.js";
+import { sparkline } from "./sparkline.js";
 
-const state = { runs: new Map(), sort: "created_at", desc: true, selected: new Set() };
+const state = { runs: new Map(), sort: "created_at", desc: true, selected: new Set(), sparks: new Map() };
 const $ = (id) => document.getElementById(id);
 
 async function load() {
-  const runs = await GW.getJSON("/api/runs");
+  const runs = await getJSON("/api/runs");
   state.runs = new Map(runs.map((r) => [r.id, r]));
   render();
+  refreshSparks();
+}
+
+// Latest loss and a small loss curve per row: one request for every listed run, at most every 3 s
+// while runs make progress.
+async function loadSparks() {
+  const ids = [...state.runs.keys()].slice(0, 200);
+  if (!ids.length) return;
+  let out;
+  try { out = await getJSON(`/api/sparklines?ids=${ids.join(",")}&key=loss&points=40`); } catch (e) { return; }  // a list without curves still works
+  for (const [id, s] of Object.entries(out.runs)) state.sparks.set(Number(id), s);
+  for (const id of ids) fillSpark(id);
+}
+const refreshSparks = throttle(loadSparks, 3000, 1);
+
+function fillSpark(id) {
+  const tr = document.querySelector(`tr[data-run="${id}"]`);
+  if (!tr) return;
+  const s = state.sparks.get(id), values = s ? s.values.map(Number) : [];
+  const latest = s && s.values.length ? s.values[s.values.length - 1] : null;
+  tr.querySelector(".latest-loss").textContent = latest === null ? "" : fmtNum(typeof latest === "string" ? latest : Number(latest));
+  tr.querySelector(".spark").replaceChildren(...(s ? [sparkline(s.steps, values, colorFor(id))] : []));
 }
 
 function visible() {
@@ -24,29 +47,30 @@ function visible() {
 function renderProjects() {
   const sel = $("f-project"), current = sel.value;
   const projects = [...new Set([...state.runs.values()].map((r) => r.project))].sort();
-  sel.replaceChildren(GW.el("option", { value: "" }, "all projects"), ...projects.map((p) => GW.el("option", { value: p }, p)));
+  sel.replaceChildren(el("option", { value: "" }, "all projects"), ...projects.map((p) => el("option", { value: p }, p)));
   sel.value = projects.includes(current) ? current : "";
 }
 
 function row(r) {
-  const box = GW.el("input", { type: "checkbox", "aria-label": "select " + r.name });
+  const box = el("input", { type: "checkbox", "aria-label": "select " + r.name });
   box.checked = state.selected.has(r.id);
   box.addEventListener("change", () => { box.checked ? state.selected.add(r.id) : state.selected.delete(r.id); updateCompare(); });
-  const actions = GW.el("td", {},
-    GW.el("button", { onclick: () => edit(r, "name"), title: "rename" }, "Rename"), " ",
-    GW.el("button", { onclick: () => edit(r, "tags"), title: "edit tags" }, "Tags"), " ",
-    GW.el("button", { onclick: () => edit(r, "notes"), title: "edit note" }, "Note"), " ",
-    GW.el("button", { class: "danger", onclick: () => remove(r) }, "Delete"));
-  return GW.el("tr", { "data-run": r.id },
-    GW.el("td", {}, box),
-    GW.el("td", {}, GW.el("span", { class: "swatch", style: "background:" + GW.colorFor(r.id) }), GW.el("a", { href: "/runs/" + r.id }, r.name)),
-    GW.el("td", {}, r.project),
-    GW.el("td", {}, GW.el("span", { class: "status " + r.status }, r.status)),
-    GW.el("td", {}, r.alert_count ? GW.el("span", { class: "badge", title: "alerts" }, r.alert_count) : ""),
-    GW.el("td", {}, GW.fmtTime(r.created_at)),
-    GW.el("td", { class: "last-step" }, r.last_step ?? ""),
-    GW.el("td", {}, ...r.tags.map((t) => GW.el("span", { class: "chip" }, t))),
-    GW.el("td", { class: "muted" }, r.notes.length > 60 ? r.notes.slice(0, 60) + "…" : r.notes),
+  const actions = el("td", {},
+    el("button", { onclick: () => edit(r, "name"), title: "rename" }, "Rename"), " ",
+    el("button", { onclick: () => edit(r, "tags"), title: "edit tags" }, "Tags"), " ",
+    el("button", { onclick: () => edit(r, "notes"), title: "edit note" }, "Note"), " ",
+    el("button", { class: "danger", onclick: () => remove(r) }, "Delete"));
+  return el("tr", { "data-run": r.id },
+    el("td", {}, box),
+    el("td", {}, el("span", { class: "swatch", style: "background:" + colorFor(r.id) }), el("a", { href: "/runs/" + r.id }, r.name)),
+    el("td", {}, r.project),
+    el("td", {}, el("span", { class: "status " + r.status }, r.status)),
+    el("td", {}, r.alert_count ? el("span", { class: "badge", title: "alerts" }, r.alert_count) : ""),
+    el("td", {}, fmtTime(r.created_at)),
+    el("td", { class: "last-step" }, r.last_step ?? ""),
+    el("td", { class: "latest-loss num" }), el("td", { class: "spark" }),
+    el("td", {}, ...r.tags.map((t) => el("span", { class: "chip" }, t))),
+    el("td", { class: "muted" }, r.notes.length > 60 ? r.notes.slice(0, 60) + "…" : r.notes),
     actions);
 }
 
@@ -58,9 +82,9 @@ function renderAttention() {
     .sort((a, b) => (b.last_alert ? b.last_alert.created_at : b.updated_at) - (a.last_alert ? a.last_alert.created_at : a.updated_at)).slice(0, 5);
   $("attention").replaceChildren(...runs.map((r) => {
     const a = r.last_alert;
-    return GW.el("div", { class: "alert " + (a ? a.severity : "critical"), "data-run": r.id, "data-kind": a ? a.kind : r.status },
-      GW.el("a", { href: "/runs/" + r.id }, r.name), " ", GW.el("b", {}, a ? a.kind : r.status),
-      GW.el("span", { class: "muted" }, a ? "step " + (a.step ?? "?") + (a.layer ? " · " + a.layer : "") + (r.alert_count > 1 ? " · " + r.alert_count + " alerts" : "") + " · " : ""),
+    return el("div", { class: "alert " + (a ? a.severity : "critical"), "data-run": r.id, "data-kind": a ? a.kind : r.status },
+      el("a", { href: "/runs/" + r.id }, r.name), " ", el("b", {}, a ? a.kind : r.status),
+      el("span", { class: "muted" }, a ? "step " + (a.step ?? "?") + (a.layer ? " · " + a.layer : "") + (r.alert_count > 1 ? " · " + r.alert_count + " alerts" : "") + " · " : ""),
       a ? (a.message.length > 160 ? a.message.slice(0, 160) + "…" : a.message) : "the training process " + (r.status === "failed" ? "raised an exception" : "stopped reporting"));
   }));
 }
@@ -69,18 +93,21 @@ function render() {
   renderProjects(); renderAttention();
   const rows = visible();
   $("runs").querySelector("tbody").replaceChildren(...rows.map(row));
+  for (const r of rows) fillSpark(r.id);
   $("empty").hidden = state.runs.size > 0;
   $("count").textContent = rows.length + " of " + state.runs.size + " runs";
   updateCompare();
 }
 
 function updateCompare() {
-  $("compare").disabled = state.selected.size < 1;
-  $("compare").textContent = "Compare selected (" + state.selected.size + ")";
+  const n = state.selected.size;
+  $("compare").disabled = n < 1;
+  $("compare").textContent = "Compare selected (" + n + ")";
+  $("compare").title = n ? "" : "tick the runs to compare first";
 }
 
 async function patch(id, body) {
-  const run = await GW.getJSON("/api/runs/" + id, { method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  const run = await getJSON("/api/runs/" + id, { method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
   state.runs.set(id, run); render();
 }
 
@@ -94,7 +121,7 @@ async function edit(r, field) {
 
 async function remove(r) {
   if (!confirm("Delete run '" + r.name + "' and all its data?")) return;
-  await GW.getJSON("/api/runs/" + r.id, { method: "DELETE" });
+  await getJSON("/api/runs/" + r.id, { method: "DELETE" });
   state.runs.delete(r.id); state.selected.delete(r.id); render();
 }
 
@@ -102,11 +129,12 @@ let pending = null;
 function scheduleRender() { if (!pending) pending = setTimeout(() => { pending = null; render(); }, 250); }
 
 function onLive(msg) {
-  if (msg.type === "run") { state.runs.set(msg.run.id, msg.run); scheduleRender(); }
+  if (msg.type === "run") { const isNew = !state.runs.has(msg.run.id); state.runs.set(msg.run.id, msg.run); scheduleRender(); if (isNew) refreshSparks(); }
   else if (msg.type === "deleted") { state.runs.delete(msg.id); scheduleRender(); }
   else if (msg.type === "progress") {
     const r = state.runs.get(msg.id);
     if (r && msg.last_step !== null) { r.last_step = msg.last_step; const cell = document.querySelector(`tr[data-run="${msg.id}"] .last-step`); if (cell) cell.textContent = msg.last_step; }
+    refreshSparks();
   } else if (msg.type === "resync") load();
 }
 
@@ -117,4 +145,4 @@ for (const th of document.querySelectorAll("th[data-sort]")) {
   });
 }
 $("compare").addEventListener("click", () => { location.href = "/compare?ids=" + [...state.selected].join(","); });
-GW.live("/ws/runs", onLive, load);
+live("/ws/runs", onLive, load);

@@ -1,48 +1,77 @@
 // One run, live: charts that append as points are committed, alerts, heatmap, config, errors.
-"use strict";
+import { PALETTE, appendPoints, compact, el, fetchSeries, fmtBytes, fmtTime, getJSON, live, throttle, xRange } from "./common.js";
+import { LiveChart } from "./charts.js";
+import { LiveHeatmap } from "./heatmap.js";
+import { notify, renderAlerts, upsert } from "./alerts.js";
+import { isMetric, metricCard, metricSection } from "./metrics.js";
 
 const RUN_ID = Number(location.pathname.split("/").pop());
 const $ = (id) => document.getElementById(id);
-const S = { run: null, keys: [], series: {}, alerts: [], loading: true, buffer: [], dirty: {}, t0: 0 };
+const S = { run: null, keys: [], series: {}, alerts: [], loading: true, buffer: [], dirty: {}, late: new Set(), t0: 0 };
 const MAX_POINTS = 4000;
+const MEMORY_PARTS = [["parameters", "memory/params"], ["gradients", "memory/grads"], ["optimizer state", "memory/optimizer_state"]];
 const HEAT = new LiveHeatmap($("heatmap"), RUN_ID, "grad");
 
 const isLoss = (k) => k.split("/").pop().toLowerCase().includes("loss");
 const WATCH_HINT = (what) => `No ${what} yet. run.watch(model, optimizer) records it at every optimizer step.`;
-const CHARTS = {
-  loss: { keys: (ks) => ks.filter(isLoss), smoothing: () => Number($("smoothing").value), log: () => $("loss-log").checked,
-    empty: "No loss logged yet: run.log({\"loss\": loss})." },
-  gnorm: { keys: (ks) => ks.filter((k) => k === "grad/global_norm"), log: () => $("gnorm-log").checked, empty: WATCH_HINT("gradient norm") },
-  lr: { keys: (ks) => ks.filter((k) => k === "lr" || k.startsWith("lr/")), log: () => $("lr-log").checked, empty: WATCH_HINT("learning rate") },
-  memory: { keys: (ks) => ks.filter((k) => k.startsWith("memory/cuda_") || k === "memory/rss"), bytes: true, log: () => $("memory-log").checked, empty: WATCH_HINT("memory") },
-  other: { keys: () => ($("other-key").value ? [$("other-key").value] : []), log: () => $("other-log").checked, empty: "No metrics logged yet." },
-};
-for (const [name, c] of Object.entries(CHARTS)) {
-  c.chart = new LiveChart($("chart-" + name), Object.assign({ t0: () => S.t0, redraw: () => c.chart.render(entriesFor(c), xMode()) }, c));
-}
-
 const xMode = () => $("x-mode").value;
-const entriesFor = (c) => c.keys(S.keys).filter((k) => S.series[k]).map((k) => ({ label: k, series: S.series[k] }));
+const CHARTS = {};  // name -> {keys(allKeys), chart, box}; the fixed four, then one per logged metric
 
-async function fetchSeries(key) {
-  const s = await GW.getJSON(`/api/runs/${RUN_ID}/series?key=${encodeURIComponent(key)}&max_points=${MAX_POINTS}`);
-  return { steps: s.steps, values: s.values.map(GW.num), walls: s.wall_times };
+// A log-y checkbox is "auto" until the user touches it: the chart then picks log for series
+// spanning more than 3 decades and says so beside the box.
+function logOption(box, note) {
+  box.addEventListener("change", () => { box.dataset.user = "1"; });
+  return {
+    log: () => (box.dataset.user ? box.checked : null),
+    onAxis: (y) => { box.checked = y.log; note.textContent = y.auto ? `(auto: values span ${Math.floor(y.decades)} decades)` : ""; },
+  };
 }
+
+function addChart(name, div, box, note, spec) {
+  const c = Object.assign({ box }, spec), logOpt = logOption(box, note);
+  // Plotly adds .on() to a div at its first draw: the zoom handler is attached then, once.
+  const onAxis = (y) => { logOpt.onAxis(y); if (!c.zoomable && div.on) { c.zoomable = true; attachZoom(c); } };
+  c.chart = new LiveChart(div, Object.assign({ t0: () => S.t0, redraw: () => c.chart.render(entriesFor(c), xMode()) }, logOpt, spec, { onAxis }));
+  box.addEventListener("change", () => c.chart.render(entriesFor(c), xMode()));
+  CHARTS[name] = c;
+  return c;
+}
+
+const fixed = (name, spec) => addChart(name, $("chart-" + name), $(name + "-log"), $(name + "-log-note"), spec);
+fixed("loss", { keys: (ks) => ks.filter(isLoss), smoothing: () => Number($("smoothing").value), empty: "No loss logged yet: run.log({\"loss\": loss})." });
+fixed("gnorm", { keys: (ks) => ks.filter((k) => k === "grad/global_norm"), empty: WATCH_HINT("gradient norm") });
+fixed("lr", { keys: (ks) => ks.filter((k) => k === "lr" || k.startsWith("lr/")), empty: WATCH_HINT("learning rate") });
+fixed("memory", { keys: (ks) => ks.filter((k) => k.startsWith("memory/cuda_") || k === "memory/rss"), bytes: true, empty: WATCH_HINT("memory") });
+
+// Every other key the script logs gets a chart of its own, in a section per key prefix (val/, train/...).
+function ensureMetricChart(key) {
+  if (!isMetric(key) || CHARTS["m:" + key]) return;
+  const card = metricCard(key, RUN_ID);
+  metricSection($("metrics"), key).append(card.root);
+  addChart("m:" + key, card.chart, card.box, card.note, { keys: () => [key], empty: "No points yet." });
+}
+
+const entriesFor = (c) => c.keys(S.keys).filter((k) => S.series[k]).map((k, i) => ({ label: k, series: S.series[k], color: PALETTE[i % PALETTE.length] }));
 
 async function load() {
   S.loading = true; S.buffer = [];
   try {
-    const [run, keys, alerts] = await Promise.all([GW.getJSON(`/api/runs/${RUN_ID}`), GW.getJSON(`/api/runs/${RUN_ID}/keys`), GW.getJSON(`/api/runs/${RUN_ID}/alerts`)]);
+    const [run, keys, alerts] = await Promise.all([getJSON(`/api/runs/${RUN_ID}`), getJSON(`/api/runs/${RUN_ID}/keys`), getJSON(`/api/runs/${RUN_ID}/alerts`)]);
     S.run = run; S.keys = keys; S.alerts = alerts; S.t0 = (run.meta && run.meta.start_time) || run.created_at;  // the client clock, like the points
-    renderOtherKeys();
-    const wanted = new Set(Object.values(CHARTS).flatMap((c) => c.keys(keys)));
-    const fetched = await Promise.all([...wanted].map(async (k) => [k, await fetchSeries(k)]));
+    for (const k of keys) ensureMetricChart(k);
+    // The memory breakdown's parts are fetched too: they are on the page from the first draw, not
+    // only once a live memory point arrives.
+    const wanted = new Set([...Object.values(CHARTS).flatMap((c) => c.keys(keys)), ...MEMORY_PARTS.map(([, k]) => k).filter((k) => keys.includes(k))]);
+    const fetched = await Promise.all([...wanted].map(async (k) => [k, await fetchSeries(RUN_ID, k, "max_points=" + MAX_POINTS)]));
     S.series = Object.fromEntries(fetched);
   } catch (e) {
-    $("alerts").replaceChildren(GW.el("div", { class: "alert critical" }, "Could not load run: " + e.message));
+    $("notice").replaceChildren(el("div", { class: "alert critical", "data-kind": "load-failed" }, "Could not load run: " + e.message));
     return;
   } finally { S.loading = false; }
-  renderHeader(); renderAlerts(); renderError(); renderConfig(); renderOtherKeys(); renderAll(); if (!HEAT.zoomed) HEAT.load();
+  $("notice").querySelector("[data-kind='load-failed']")?.remove();
+  renderHeader(); renderAlertList(); renderError(); renderConfig(); renderAll();
+  // Per-layer norms are keys grad/<layer>: without any, say so rather than ask for a heatmap (a 404).
+  if (!HEAT.zoomed) { if (S.keys.some((k) => k.startsWith("grad/") && k !== "grad/global_norm")) HEAT.load(); else if (!HEAT.loaded) HEAT.showEmpty(); }
   for (const msg of S.buffer) onLive(msg);
   S.buffer = [];
 }
@@ -50,7 +79,6 @@ async function load() {
 function renderAll() {
   for (const c of Object.values(CHARTS)) c.chart.render(entriesFor(c), xMode());
   renderAlertLines(); renderMemoryBreakdown();
-  attachAll();
 }
 
 function renderHeader() {
@@ -61,12 +89,7 @@ function renderHeader() {
   $("run-step").textContent = r.last_step === null ? "" : "step " + r.last_step;
 }
 
-function renderAlerts() {
-  $("alerts").replaceChildren(...S.alerts.slice(-20).reverse().map((a) => GW.el("div", { class: "alert " + a.severity, "data-kind": a.kind },
-    GW.el("b", {}, a.kind), GW.el("span", { class: "muted" }, "step " + (a.step ?? "?") + (a.layer ? " · " + a.layer : "") + " · "), a.message,
-    a.step === null || a.step === undefined ? null : GW.el("button", { class: "zoom-to", title: "zoom every chart to this step", onclick: () => zoomTo(a.step) }, "Show step " + a.step))));
-  renderAlertLines();
-}
+function renderAlertList() { renderAlerts($("alerts"), S.alerts, zoomTo); renderAlertLines(); }
 
 // Diagnose an alert: every chart and the heatmap zoom to the steps around it, at full detail.
 async function zoomTo(step) {
@@ -79,14 +102,14 @@ async function zoomTo(step) {
 
 function alertX(step) {
   if (xMode() === "step") return step;
-  const s = S.series["grad/global_norm"] || Object.values(S.series)[0];
+  const s = S.series["grad/global_norm"] || S.series.loss || Object.values(S.series)[0];
   if (!s || !s.steps.length) return null;
   let i = s.steps.findIndex((x) => x >= step); if (i < 0) i = s.steps.length - 1;
   return xMode() === "wall" ? new Date(s.walls[i] * 1000) : s.walls[i] - S.t0;
 }
 
 function renderAlertLines() {
-  const xs = S.alerts.filter((a) => a.step !== null).map((a) => alertX(a.step)).filter((x) => x !== null);
+  const xs = S.alerts.filter((a) => a.step !== null && a.step !== undefined).map((a) => alertX(a.step)).filter((x) => x !== null);
   for (const c of Object.values(CHARTS)) c.chart.setAlertLines(xs);
 }
 
@@ -94,123 +117,110 @@ function renderError() {
   const err = S.run.error, box = $("error");
   if (!err) { box.hidden = true; return; }
   box.hidden = false;
-  box.replaceChildren(GW.el("h3", {}, "The training script failed: " + err.exc_type),
-    GW.el("p", {}, err.message),
-    err.diagnosis ? GW.el("p", {}, GW.el("b", {}, err.diagnosis.title + ". "), err.diagnosis.advice) : null,
-    GW.el("pre", {}, err.traceback || ""));
+  box.replaceChildren(el("h3", {}, "The training script failed: " + err.exc_type), el("p", {}, err.message),
+    err.diagnosis ? el("p", {}, el("b", {}, err.diagnosis.title + ". "), err.diagnosis.advice) : null,
+    el("pre", {}, err.traceback || ""));
 }
 
+// Key/value rows; empty values (no git repository, no notes) are left out rather than shown as "null".
 function kv(dl, obj) {
-  dl.replaceChildren(...Object.entries(obj).flatMap(([k, v]) => [GW.el("dt", {}, k), GW.el("dd", {}, typeof v === "object" && v !== null ? JSON.stringify(v) : String(v))]));
+  const rows = Object.entries(obj).filter(([, v]) => v !== null && v !== undefined && v !== "");
+  dl.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, typeof v === "object" ? JSON.stringify(v) : String(v))]));
 }
 function renderConfig() {
   kv($("config"), S.run.config || {});
   const m = S.run.meta || {};
-  kv($("meta"), { id: S.run.id, started: GW.fmtTime(S.run.created_at), host: m.host, pid: m.pid, device: m.device,
+  kv($("meta"), { id: S.run.id, started: fmtTime(S.run.created_at), host: m.host, pid: m.pid, device: m.device,
     python: m.python, torch: m.torch, git: m.git_commit, command: (m.command || []).join(" "), tags: (S.run.tags || []).join(", "), notes: S.run.notes });
-}
-
-function renderOtherKeys() {
-  const sel = $("other-key"), current = sel.value;
-  sel.replaceChildren(...S.keys.map((k) => GW.el("option", { value: k }, k)));
-  const preferred = S.keys.find((k) => !isLoss(k) && !k.startsWith("memory/") && !k.startsWith("lr") && !k.startsWith("grad/")) || S.keys[0];
-  sel.value = S.keys.includes(current) ? current : preferred || "";
 }
 
 function renderMemoryBreakdown() {
   const last = (k) => { const s = S.series[k]; return s && s.values.length ? s.values[s.values.length - 1] : null; };
-  const parts = [["parameters", last("memory/params")], ["gradients", last("memory/grads")], ["optimizer state", last("memory/optimizer_state")]];
+  const parts = MEMORY_PARTS.map(([name, k]) => [name, last(k)]);
   const total = last("memory/cuda_allocated") ?? last("memory/rss");
   if (parts.every(([, v]) => v === null)) { $("memory-breakdown").replaceChildren(); return; }
   const known = parts.reduce((a, [, v]) => a + (v || 0), 0);
   if (total !== null) parts.push([S.series["memory/cuda_allocated"] ? "activations, cache & rest" : "rest of the process", Math.max(0, total - known)]);
-  $("memory-breakdown").replaceChildren(GW.el("table", {}, ...parts.map(([n, v]) => GW.el("tr", {}, GW.el("td", {}, n), GW.el("td", {}, GW.fmtBytes(v))))));
+  $("memory-breakdown").replaceChildren(el("table", {}, ...parts.map(([n, v]) => el("tr", {}, el("td", {}, n), el("td", {}, fmtBytes(v))))));
+}
+
+function onPoints(msg) {
+  for (const [k, pts] of Object.entries(msg.series)) {
+    if (!S.keys.includes(k)) { S.keys.push(k); ensureMetricChart(k); }
+    const store = S.series[k] || (S.series[k] = { steps: [], values: [], walls: [] });
+    const { from, late } = appendPoints(store, pts);
+    if (from !== undefined && S.dirty[k] === undefined) S.dirty[k] = from;
+    if (late) S.late.add(k);
+  }
+  if (msg.vectors && msg.vectors.grad) HEAT.append(msg.vectors.grad);
+  if (msg.last_step !== null && msg.last_step !== undefined && S.run) { S.run.last_step = msg.last_step; renderHeader(); }
+  scheduleFlush();
 }
 
 function onLive(msg) {
   if (S.loading) { S.buffer.push(msg); return; }
-  if (msg.type === "points") {
-    for (const [k, s] of Object.entries(msg.series)) {
-      if (!S.keys.includes(k)) { S.keys.push(k); S.keys.sort(); renderOtherKeys(); }
-      const store = S.series[k] || (S.series[k] = { steps: [], values: [], walls: [] });
-      const lastStep = store.steps.length ? store.steps[store.steps.length - 1] : -1;
-      const from = store.steps.length;
-      s.steps.forEach((step, i) => { if (step > lastStep || store.steps.length > from) { store.steps.push(step); store.values.push(GW.num(s.values[i])); store.walls.push(s.wall_times[i]); } });
-      if (store.steps.length > from && S.dirty[k] === undefined) S.dirty[k] = from;
-    }
-    if (msg.vectors && msg.vectors.grad) HEAT.append(msg.vectors.grad);
-    if (msg.last_step !== null && S.run) { S.run.last_step = msg.last_step; renderHeader(); }
-    scheduleFlush();
-  } else if (msg.type === "alert") {
-    if (S.alerts.some((a) => a.id === msg.alert.id)) return;  // pushed while the page was fetching it
-    S.alerts.push(msg.alert); renderAlerts(); notify(msg.alert);
+  if (msg.type === "points") onPoints(msg);
+  else if (msg.type === "alert") {
+    // An id already held is an update (a repeat counted on the server); only new alerts notify.
+    if (upsert(S.alerts, msg.alert)) notify(msg.alert, S.run ? S.run.name : "run " + RUN_ID);
+    renderAlertList();
   } else if (msg.type === "run") {
     S.run = Object.assign(S.run || {}, msg.run); renderHeader(); if (msg.run.error) renderError();
-    if (msg.run.error === undefined) GW.getJSON(`/api/runs/${RUN_ID}`).then((r) => { S.run = r; renderError(); });
+    if (msg.run.error === undefined) getJSON(`/api/runs/${RUN_ID}`).then((r) => { S.run = r; renderError(); });
   } else if (msg.type === "deleted") {
-    $("alerts").prepend(GW.el("div", { class: "alert critical", "data-kind": "deleted" }, "This run was deleted, with all its data. ",
-      GW.el("a", { href: "/" }, "Back to the runs list")));
+    $("notice").prepend(el("div", { class: "alert critical", "data-kind": "deleted" }, "This run was deleted, with all its data. ",
+      el("a", { href: "/" }, "Back to the runs list")));
   } else if (msg.type === "resync") load();
 }
 
-// Redraws are throttled to one per 150 ms, or further when a redraw is slow (big runs, slow
-// machines): the wait is 3x the last redraw, so chart updates never take over the page.
-let flushTimer = null, lastFlushMs = 0;
-function scheduleFlush() { if (!flushTimer) flushTimer = setTimeout(() => requestAnimationFrame(timedFlush), Math.max(150, 3 * lastFlushMs)); }
-function timedFlush() { const t = performance.now(); flush(); lastFlushMs = performance.now() - t; }
+// Redraws are throttled to one per 150 ms, or 3x the last redraw's cost (big runs, slow machines).
+const scheduleFlush = throttle(flush, 150, 3, "run-flush");
 function flush() {
-  flushTimer = null;
   const fresh = S.dirty; S.dirty = {};
   // A long live session would grow every series without bound: past 2x the chart budget, fold it
   // back to the budget with the same spike-keeping envelope the server uses, and redraw.
-  const compacted = new Set();
+  const redraw = new Set();
   for (const k of Object.keys(fresh)) {
-    if (S.series[k] && S.series[k].steps.length > 2 * MAX_POINTS) { S.series[k] = GW.compact(S.series[k], MAX_POINTS); compacted.add(k); }
+    if (S.series[k] && S.series[k].steps.length > 2 * MAX_POINTS) { S.series[k] = compact(S.series[k], MAX_POINTS); redraw.add(k); }
   }
   for (const c of Object.values(CHARTS)) {
     const entries = entriesFor(c);
-    if (entries.some((e) => compacted.has(e.label))) c.chart.render(entries, xMode());
+    if (entries.some((e) => redraw.has(e.label))) c.chart.render(entries, xMode());
     else if (entries.some((e) => fresh[e.label] !== undefined)) c.chart.extend(entries, fresh, xMode());
   }
   renderMemoryBreakdown();
+  refetchLate();
 }
 
-function notify(alert) {
-  if (!document.hidden || !("Notification" in window) || Notification.permission !== "granted") return;
-  new Notification("gradwatch: " + alert.kind + " in " + (S.run ? S.run.name : "run " + RUN_ID), { body: alert.message });
+// Out-of-order points were not appended: fetch those keys again and redraw their charts.
+async function refetchLate() {
+  const keys = [...S.late]; S.late.clear();
+  for (const k of keys) {
+    S.series[k] = await fetchSeries(RUN_ID, k, "max_points=" + MAX_POINTS);
+    for (const c of Object.values(CHARTS)) if (c.keys(S.keys).includes(k)) c.chart.render(entriesFor(c), xMode());
+  }
 }
+
+// Zoom: fetch full-resolution points for the visible step range.
+function attachZoom(c) {
+  const div = c.chart.div;
+  div.on("plotly_relayout", async (ev) => {
+    if (xMode() !== "step" || c.ignoreRelayout) return;
+    if (ev["xaxis.autorange"]) return c.chart.render(entriesFor(c), xMode());
+    const [lo, hi] = xRange(ev);
+    if (lo === undefined || hi === undefined) return;
+    const q = `start=${Math.floor(lo)}&end=${Math.ceil(hi)}&max_points=${MAX_POINTS}`;
+    const detail = await Promise.all(c.keys(S.keys).filter((k) => S.series[k]).map(async (k) => ({ label: k, series: await fetchSeries(RUN_ID, k, q) })));
+    c.ignoreRelayout = true;
+    try { c.chart.render(detail, "step"); await Plotly.relayout(div, { "xaxis.range": [lo, hi] }); } finally { c.ignoreRelayout = false; }
+  });
+}
+
+for (const a of document.querySelectorAll("a.csv[data-key]")) a.href = `/api/runs/${RUN_ID}/series.csv?key=${encodeURIComponent(a.dataset.key)}`;
+$("x-mode").addEventListener("change", renderAll);
+$("smoothing").addEventListener("input", () => { $("smoothing-value").textContent = Number($("smoothing").value).toFixed(2); CHARTS.loss.chart.render(entriesFor(CHARTS.loss), xMode()); });
 $("notify").addEventListener("click", async () => {
   if ("Notification" in window) $("notify").textContent = "Notifications: " + (await Notification.requestPermission());
 });
-
-// Zoom: fetch full-resolution points for the visible step range.
-for (const [name, c] of Object.entries(CHARTS)) {
-  const attach = () => c.chart.div.on && c.chart.div.on("plotly_relayout", async (ev) => {
-    if (xMode() !== "step" || c.ignoreRelayout) return;
-    if (ev["xaxis.autorange"]) return c.chart.render(entriesFor(c), xMode());
-    const [lo, hi] = GW.xRange(ev);
-    if (lo === undefined || hi === undefined) return;
-    const detail = await Promise.all(c.keys(S.keys).map(async (k) => {
-      const s = await GW.getJSON(`/api/runs/${RUN_ID}/series?key=${encodeURIComponent(k)}&start=${Math.floor(lo)}&end=${Math.ceil(hi)}&max_points=${MAX_POINTS}`);
-      return { label: k, series: { steps: s.steps, values: s.values.map(GW.num), walls: s.wall_times } };
-    }));
-    c.ignoreRelayout = true;
-    try { c.chart.render(detail, "step"); await Plotly.relayout(c.chart.div, { "xaxis.range": [lo, hi] }); }
-    finally { c.ignoreRelayout = false; }
-  });
-  c.attach = attach;
-}
-// Plotly adds .on() to a div when it first draws it; renderAll attaches the zoom handler then, once.
-function attachAll() { for (const c of Object.values(CHARTS)) if (!c.attached && c.chart.div.on) { c.attach(); c.attached = true; } }
-
-for (const a of document.querySelectorAll("a.csv[data-key]")) a.href = `/api/runs/${RUN_ID}/series.csv?key=${encodeURIComponent(a.dataset.key)}`;
-$("other-key").addEventListener("change", async () => {
-  const k = $("other-key").value;
-  if (k && !S.series[k]) S.series[k] = await fetchSeries(k);
-  $("other-csv").href = `/api/runs/${RUN_ID}/series.csv?key=${encodeURIComponent(k)}`;
-  CHARTS.other.chart.render(entriesFor(CHARTS.other), xMode());
-});
-$("x-mode").addEventListener("change", renderAll);
-for (const name of Object.keys(CHARTS)) $(name + "-log").addEventListener("change", () => CHARTS[name].chart.render(entriesFor(CHARTS[name]), xMode()));
-$("smoothing").addEventListener("input", () => { $("smoothing-value").textContent = Number($("smoothing").value).toFixed(2); CHARTS.loss.chart.render(entriesFor(CHARTS.loss), xMode()); });
-GW.live("/ws/runs/" + RUN_ID, onLive, load);
+export const state = S, heatmap = HEAT;  // for benchmarks/bench_pages.py
+live("/ws/runs/" + RUN_ID, onLive, load);

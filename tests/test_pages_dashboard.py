@@ -76,7 +76,7 @@ def test_compare_overlays_runs_diffs_configs_shares_and_appends_live(server, pag
         page.wait_for_function("() => { const e = document.getElementById('chart-0'); return e && e.data && e.data.length >= 3; }")
         lines = page.evaluate("() => document.getElementById('chart-0').data.filter(t => t.mode === 'lines')"
                               ".map(t => [t.name, t.line.color])")
-        colors = page.evaluate("() => [GW.colorFor(1), GW.colorFor(2)]")
+        colors = page.evaluate("async () => { const m = await import('/static/common.js'); return [m.colorFor(1), m.colorFor(2)]; }")
         assert {tuple(x) for x in lines} == {("lr-1e-3 #1", colors[0]), ("lr-1e-2 #2", colors[1])}
         differs = page.locator("#diff tr.differs td:first-child").all_inner_texts()
         assert "lr" in differs and "batch" not in differs
@@ -212,7 +212,8 @@ def test_long_live_session_stays_bounded_and_keeps_the_spike(server, page, api):
     markers = page.evaluate("() => { const d = document.getElementById('chart-loss').data; return d[d.length - 1].x; }")
     assert 17_000 in markers
     # The fold itself, on a known series: the spike, the dip, the NaN and both ends survive.
-    kept = page.evaluate("""() => {
+    kept = page.evaluate("""async () => {
+        const GW = await import('/static/common.js');
         const n = 50000, s = { steps: [], values: [], walls: [] };
         for (let i = 0; i < n; i++) { s.steps.push(i); s.values.push(i === 123 ? 1e9 : i === 40000 ? -5 : i === 777 ? NaN : 1); s.walls.push(i); }
         const c = GW.compact(s, 400);
@@ -263,7 +264,7 @@ def test_show_step_on_an_alert_zooms_every_chart_to_it(server, page):
     page.click(".alert[data-kind='nan_loss'] button.zoom-to")
     page.wait_for_function("() => { const x = document.getElementById('chart-loss').data[0].x;"
                            " return x.length === 101 && x[0] === 2950; }", timeout=10000)
-    acc = page.evaluate("() => document.getElementById('chart-other').data[0].x")
+    acc = page.evaluate("() => document.getElementById('metric-acc').data[0].x")
     assert acc[0] >= 2950 and acc[-1] <= 3050 and len(acc) == 101  # the other charts followed
     markers = page.evaluate("() => { const d = document.getElementById('chart-loss').data; return d[d.length - 1].x; }")
     assert markers == [3000]
