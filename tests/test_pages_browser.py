@@ -148,3 +148,108 @@ def test_background_tab_gets_a_browser_notification_for_an_alert(server, browser
         assert title == "gradwatch: nan_loss in bg-run" and "step 200" in body
     finally:
         context.close()
+
+
+def _console_errors(page):
+    errors = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    return errors
+
+
+def test_run_page_shows_memory_lr_and_every_metric_on_load(server, page, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # not a git checkout: the page must not say "git null"
+    from training import train
+
+    run = gradwatch.init(project="browser", name="metrics", server=server.url)
+    train(run, steps=30, lr=0.05)  # plain SGD: a constant learning rate
+    for i in range(5):
+        run.log({"val/acc": 0.5 + i / 10, "train/samples_per_s": 1000.0 + i, "acc": i / 5})
+    run.finish(timeout=30)
+    errors = _console_errors(page)
+    page.goto(server.url + "/runs/1")
+    page.wait_for_function("() => document.getElementById('memory-breakdown').textContent.includes('parameters')")
+    lo, hi = page.evaluate("() => document.getElementById('chart-lr').layout.yaxis.range")
+    assert 0 < lo < 0.05 < hi < 0.1  # centred on the value, not -0.999..1.001
+    assert page.evaluate("() => [...document.querySelectorAll('.metric-section')].map(s => s.dataset.prefix)") == ["", "train", "val"]
+    page.wait_for_function("() => ['acc', 'val/acc', 'train/samples_per_s'].every(k => (document.getElementById('metric-' + k).data || [])"
+                           ".some(t => t.x.length === 5))")
+    assert page.locator("#metric-loss").count() == 0  # loss has its own chart at the top
+    assert "git" not in page.locator("#meta dt").all_inner_texts() and "null" not in page.locator("#meta").inner_text()
+    assert page.evaluate("() => fetch('/favicon.ico').then(r => r.status)") == 200
+    assert not errors and not page.js_errors
+
+
+def test_diverging_loss_gets_log_y_with_readable_ticks(server, page):
+    run = gradwatch.init(project="browser", name="diverges", server=server.url)
+    for step in range(200):
+        run.log({"loss": 0.5 * 1.1 ** step}, step=step)  # 0.5 -> ~1e8
+    run.finish(timeout=30)
+    page.goto(server.url + "/runs/1")
+    page.wait_for_function("() => (document.getElementById('chart-loss').layout || {}).yaxis")
+    assert page.evaluate("() => document.getElementById('chart-loss').layout.yaxis.type") == "log"
+    assert page.locator("#loss-log").is_checked() and "decades" in page.locator("#loss-log-note").inner_text()
+    labels = page.locator("#chart-loss .ytick text").all_text_contents()
+    assert 3 <= len(labels) <= 8, labels  # a label per decade or two, not "2 3 4 ... 9" in every decade
+    page.uncheck("#loss-log")
+    page.wait_for_function("() => document.getElementById('chart-loss').layout.yaxis.type === 'linear'")
+    assert page.locator("#loss-log-note").inner_text() == ""
+
+
+def test_names_given_to_plotly_are_shown_as_text(server, page):
+    evil = "<b>x</b><img src=x onerror=window.pwned=1>"
+    for name in (evil, "plain"):
+        run = gradwatch.init(project="browser", name=name, server=server.url)
+        for step in range(5):
+            run.log({"loss": 1.0, "<i>key</i>": 2.0}, step=step)
+        run.finish(timeout=30)
+    page.goto(server.url + "/runs/1")
+    page.wait_for_function("() => document.querySelector('[data-key=\"<i>key</i>\"] .legendtext')")
+    assert page.locator("[data-key='<i>key</i>'] .legendtext").text_content() == "<i>key</i>"  # not italic "key"
+    page.goto(server.url + "/compare?ids=1,2")
+    page.wait_for_selector("#chart-0 .legendtext")
+    assert evil + " #1" in page.locator("#chart-0 .legendtext").all_text_contents()
+    assert page.evaluate("() => window.pwned") is None and not page.js_errors
+
+
+def test_alerts_group_by_kind_and_updates_replace(server, page):
+    _finished = gradwatch.init(project="browser", name="a", server=server.url)
+    _finished.log({"loss": 1.0})
+    _finished.finish(timeout=30)
+    page.goto(server.url + "/runs/1")
+    page.wait_for_selector("#run-name:has-text('a')")
+    out = page.evaluate("""async () => {
+        const A = await import('/static/alerts.js');
+        const alerts = [], div = document.createElement('div');
+        A.upsert(alerts, { id: 1, kind: 'exploding_gradients', step: 10, message: 'first cause', severity: 'warning' });
+        A.upsert(alerts, { id: 2, kind: 'nan_loss', step: 30, count: 3, last_step: 50, message: 'nan', severity: 'critical' });
+        A.upsert(alerts, { id: 3, kind: 'exploding_gradients', step: 40, message: 'again', severity: 'warning' });
+        const isNew = A.upsert(alerts, { id: 2, kind: 'nan_loss', step: 30, count: 5, last_step: 80, message: 'nan', severity: 'critical' });
+        A.renderAlerts(div, alerts, () => {});
+        return { isNew, n: alerts.length, cards: [...div.children].map(c => [c.dataset.kind, c.dataset.count, c.querySelector('.alert-steps').textContent, c.querySelector('.alert-first').textContent]) };
+    }""")
+    assert out["isNew"] is False and out["n"] == 3
+    assert out["cards"] == [["exploding_gradients", "2", "steps 10–40 · ", "first cause"],
+                            ["nan_loss", "5", "steps 30–80 · ", "nan"]]
+
+
+def test_heatmap_says_when_its_request_failed(server, page):
+    from training import train
+
+    run = gradwatch.init(project="browser", name="watched", server=server.url)
+    train(run, steps=10)
+    run.finish(timeout=30)
+    page.route("**/heatmap?*", lambda route: route.fulfill(status=500, content_type="application/json", body='{"error": "boom"}'))
+    page.goto(server.url + "/runs/1")
+    page.wait_for_selector("#heatmap p.failed")
+    assert "Could not load" in page.locator("#heatmap").inner_text() and "boom" in page.locator("#heatmap").inner_text()
+
+
+def test_out_of_order_points_are_held_back_the_same_way_everywhere(server, page):
+    page.goto(server.url + "/")
+    out = page.evaluate("""async () => {
+        const { appendPoints } = await import('/static/common.js');
+        const s = { steps: [1, 2], values: [1, 1], walls: [0, 0] };
+        const a = appendPoints(s, { steps: [2, 3, 1, 4], values: [9, 3, 9, 'NaN'], wall_times: [0, 0, 0, 0] });
+        return [a.from, a.late, s.steps, Number.isNaN(s.values[3])];
+    }""")
+    assert out == [2, 2, [1, 2, 3, 4], True]
