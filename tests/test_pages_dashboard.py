@@ -269,3 +269,56 @@ def test_show_step_on_an_alert_zooms_every_chart_to_it(server, page):
     markers = page.evaluate("() => { const d = document.getElementById('chart-loss').data; return d[d.length - 1].x; }")
     assert markers == [3000]
     assert not page.js_errors
+
+
+def test_compare_grid_of_shared_metrics_summary_markers_and_missing_ids(server, browser):
+    _logged_run(server.url, "steady", 40, values=lambda s: 1.0 / (s + 1))
+    run = gradwatch.init(project="dash", name="blows up", server=server.url)
+    for step in range(40):
+        run.log({"loss": math.nan if step == 30 else 0.5 * 2.0 ** step, "acc": 0.1, "val/only-here": 1.0}, step=step)
+    run.finish(timeout=30)
+    context = browser.new_context(viewport={"width": 2200, "height": 1200})
+    page = context.new_page()
+    try:
+        page.goto(server.url + "/compare?ids=1,2,99")
+        page.wait_for_function("() => document.querySelectorAll('#summary tr[data-run]').length === 2")
+        assert "Run 99 does not exist" in page.locator("#missing").inner_text()
+        keys = page.evaluate("() => [...document.querySelectorAll('.panel-key')].map(s => s.value)")
+        assert keys == ["loss", "acc"]  # every shared metric, loss first; val/only-here is not shared
+        page.wait_for_function("() => (document.getElementById('chart-0').layout || {}).shapes?.length > 0")
+        colors = page.evaluate("async () => { const m = await import('/static/common.js'); return [m.colorFor(1), m.colorFor(2)]; }")
+        shapes = page.evaluate("() => document.getElementById('chart-0').layout.shapes.map(s => [s.x0, s.line.color])")
+        assert [30, colors[1]] in shapes  # the NaN alert, in the diverging run's colour
+        assert page.evaluate("() => document.getElementById('chart-0').layout.yaxis.type") == "log"  # spans 12 decades
+        row = page.locator("#summary tr[data-run='1']")
+        assert row.locator(".best-loss").inner_text() == "0.025" and row.locator(".last-loss").inner_text() == "0.025"
+        assert page.locator("#summary tr[data-run='2'] .alert-total").inner_text() != "0"
+        assert page.evaluate("() => document.querySelector('main').getBoundingClientRect().width") > 2100  # full width
+        page.goto(server.url + "/compare?ids=98")
+        page.wait_for_selector("#missing:has-text('Run 98 does not exist')")
+        assert "Nothing to compare" in page.locator("#panels").inner_text()
+    finally:
+        context.close()
+
+
+def test_runs_list_neutral_colours_disabled_compare_and_loss_sparklines(server, page):
+    _logged_run(server.url, "one", 30)
+    _logged_run(server.url, "two", 30, values=lambda s: 10.0 - s * 0.1)
+    page.goto(server.url + "/")
+    page.wait_for_selector("tr[data-run='2'] svg.spark polyline")
+    assert page.locator("tr[data-run='2'] .latest-loss").inner_text() == "7.1"
+    assert page.locator("tr[data-run='1'] .latest-loss").inner_text() == "0.033333"
+    button = page.locator("#compare")
+    assert button.is_disabled()
+    style = "() => { const s = getComputedStyle(document.getElementById('compare')); return [s.cursor, s.backgroundColor]; }"
+    cursor, background = page.evaluate(style)
+    assert cursor == "not-allowed" and background != "rgb(47, 111, 237)"  # not the enabled blue
+    page.locator("tr[data-run='1'] input[type=checkbox]").check()
+    assert button.is_enabled() and page.evaluate(style)[0] == "pointer"
+    hues = page.evaluate("""async () => (await import('/static/common.js')).PALETTE.map(c => {
+        const [r, g, b] = [1, 3, 5].map(i => parseInt(c.slice(i, i + 2), 16) / 255), max = Math.max(r, g, b), min = Math.min(r, g, b);
+        if (max - min < 0.15) return -1;  // a grey
+        const h = max === r ? ((g - b) / (max - min)) % 6 : max === g ? (b - r) / (max - min) + 2 : (r - g) / (max - min) + 4;
+        return (h * 60 + 360) % 360; })""")
+    assert all(h == -1 or 170 <= h <= 320 for h in hues), hues  # no red, orange, yellow or green
+    assert not page.js_errors
