@@ -285,15 +285,22 @@ def _unb64(text: Any, typecode: str, what: str) -> array.array:
 def encode_columns(records: list) -> dict:
     """Records ``(step, wall, scalars, vectors)`` (vectors: key -> list, None = missing) as columns."""
     n = len(records)
-    scalars: dict = {}
+    out: dict = {"steps": _b64("q", [r[0] for r in records]), "t": _b64("d", [r[1] for r in records])}
+    first = records[0][2].keys() if records else ()
+    if all(r[2].keys() == first for r in records):  # the usual case: the same keys every step
+        out["scalars"] = {key: {"f64": _b64("d", [r[2][key] for r in records])} for key in first}
+    else:
+        scalars: dict = {}
+        for i, (_step, _wall, sc, _vec) in enumerate(records):
+            for key, value in sc.items():
+                col = scalars.get(key)
+                if col is None:
+                    col = scalars[key] = ([], [])
+                col[0].append(i)
+                col[1].append(value)
+        out["scalars"] = {key: _column(rows, n, {"f64": _b64("d", values)}) for key, (rows, values) in scalars.items()}
     vectors: dict = {}
-    for i, (_step, _wall, sc, vec) in enumerate(records):
-        for key, value in sc.items():
-            col = scalars.get(key)
-            if col is None:
-                col = scalars[key] = ([], [])
-            col[0].append(i)
-            col[1].append(value)
+    for i, (_step, _wall, _sc, vec) in enumerate(records):
         for key, values in vec.items():
             col = vectors.get(key)
             if col is None:
@@ -302,8 +309,6 @@ def encode_columns(records: list) -> dict:
                 raise ValueError(f"vector {key!r} changes width inside one batch")
             col[0].append(i)
             col[1].append(values)
-    out: dict = {"steps": _b64("q", [r[0] for r in records]), "t": _b64("d", [r[1] for r in records])}
-    out["scalars"] = {key: _column(rows, n, {"f64": _b64("d", values)}) for key, (rows, values) in scalars.items()}
     out["vectors"] = {key: _column(rows, n, _vector_column(values, slots))
                       for key, (rows, values, slots) in vectors.items()}
     return out

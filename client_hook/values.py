@@ -129,18 +129,28 @@ class Encoder:
 
     def _prepare(self, chunk: list) -> tuple[list, dict, list]:
         """Records as (step, wall, {key: float}, {key: [float | None]}), device values read in one go."""
-        deferred = [d for item in chunk if item[0] == "rec" for d in _deferred_in(item)]
-        resolved = dict(zip(map(id, deferred), resolve(deferred))) if deferred else {}
-        plain, layouts, events = [], {}, []
+        plain, layouts, events, slow = [], {}, [], []
         for n, item in enumerate(chunk):
             if n % YIELD_EVERY == YIELD_EVERY - 1:
                 time.sleep(0)  # hand the GIL back: the training thread may be waiting for it
-            if item[0] == "event":
+            kind = item[0]
+            if kind == "rec":
+                # Host floats only (nearly every record of a scalar loop): already plain and already
+                # checked for NaN by log(); the record goes out as it is.
+                if not item[4] and all(type(v) is float for v in item[3].values()):
+                    plain.append(item[1:])
+                else:
+                    slow.append(len(plain))
+                    plain.append(item)
+            elif kind == "event":
                 events.append(item[1])
-            elif item[0] == "layout":
-                layouts[item[1]] = self.layouts[item[1]] = list(item[2])
             else:
-                plain.append(self._plain(item, resolved))
+                layouts[item[1]] = self.layouts[item[1]] = list(item[2])
+        if slow:
+            deferred = [d for i in slow for d in _deferred_in(plain[i])]
+            resolved = dict(zip(map(id, deferred), resolve(deferred))) if deferred else {}
+            for i in slow:
+                plain[i] = self._plain(plain[i], resolved)
         return plain, layouts, events
 
     def _plain(self, item: tuple, resolved: dict) -> tuple:
