@@ -132,13 +132,20 @@ def append_now(conn, tail: Tail, key_id: int, points: Points) -> None:
     writes.flush(conn)
 
 
-def _decode(row, slots: int | None) -> Points:
-    """One chunk row as Points; ``slots`` pads (no value) or cuts rows written under another layout."""
+def _decode(row, slots: int | None, column: int | None = None) -> Points:
+    """One chunk row as Points; ``slots`` pads (no value) or cuts rows written under another layout;
+    ``column`` keeps only that slot (one layer of a vector), before anything is copied."""
     steps = np.frombuffer(row.steps, dtype="<i8")
     n = len(steps)
     width = len(row.data) // 8 // n if n else 0
     values = from_f64(row.data).reshape(n, width)
     missing = None if row.missing is None else np.frombuffer(row.missing, dtype=np.uint8).reshape(n, width) != 0
+    if column is not None:
+        if column >= width:  # written under an older, smaller layout: no value in that slot
+            return Points(steps, from_f64(row.walls), np.full((n, 1), np.nan), np.ones((n, 1), dtype=bool))
+        values = values[:, column:column + 1]
+        missing = None if missing is None else missing[:, column:column + 1]
+        return Points(steps, from_f64(row.walls), values, missing)
     if slots is not None and slots != width:
         padded = np.full((n, slots), np.nan)
         gone = np.ones((n, slots), dtype=bool)
@@ -149,19 +156,21 @@ def _decode(row, slots: int | None) -> Points:
     return Points(steps, from_f64(row.walls), values, missing)
 
 
-def read(conn, key_id: int, lo: int | None = None, hi: int | None = None, slots: int | None = None) -> Points:
-    """Every point of a key with lo <= step <= hi, in step order (repeated steps in arrival order)."""
+def read(conn, key_id: int, lo: int | None = None, hi: int | None = None, slots: int | None = None,
+         column: int | None = None) -> Points:
+    """Every point of a key with lo <= step <= hi, in step order (repeated steps in arrival order);
+    with ``column``, only that slot of each step."""
     cols = db.chunks.c
     query = select(cols.steps, cols.walls, cols.data, cols.missing).where(cols.key_id == key_id)
     if lo is not None:
         query = query.where(cols.last_step >= lo)
     if hi is not None:
         query = query.where(cols.first_step <= hi)
-    parts = [_decode(r, slots) for r in conn.execute(query.order_by(cols.id))]
+    parts = [_decode(r, slots, column) for r in conn.execute(query.order_by(cols.id))]
     if not parts:
-        width = slots or 1
+        width = 1 if column is not None else slots or 1
         return Points(np.zeros(0, np.int64), np.zeros(0), np.zeros((0, width)), None)
-    if slots is None and len({p.values.shape[1] for p in parts}) > 1:
+    if column is None and slots is None and len({p.values.shape[1] for p in parts}) > 1:
         width = max(p.values.shape[1] for p in parts)
         parts = [_decode(r, width) for r in conn.execute(query.order_by(cols.id))]
     points = concat(parts)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import numpy as np
 
 
-def envelope(steps, values, max_points: int) -> list[int]:
-    """Indices (ascending) of the points to keep; all of them when they already fit.
+def envelope(steps, values, max_points: int) -> np.ndarray:
+    """Indices (ascending, numpy) of the points to keep; all of them when they already fit.
 
     ``steps`` ascending. Whole arrays at a time (numpy), so a 1M-point raw range costs milliseconds.
     """
     n = len(steps)
     if max_points <= 0 or n <= max_points:
-        return list(range(n))
+        return np.arange(n)
     st = np.asarray(steps, dtype=np.float64)
     v = np.asarray(values, dtype=np.float64)
     buckets = max(1, max_points // 4)
@@ -36,7 +36,7 @@ def envelope(steps, values, max_points: int) -> list[int]:
         keep.append(_first(finite & (masked == best[seg]), index, starts, n))
     for kind in (np.isnan(v), v == np.inf, v == -np.inf):  # the first NaN, +inf and -inf of each bucket
         keep.append(_first(kind, index, starts, n))
-    return np.unique(np.concatenate(keep)).tolist()
+    return np.unique(np.concatenate(keep))
 
 
 def _first(mask: np.ndarray, index: np.ndarray, starts: np.ndarray, n: int) -> np.ndarray:

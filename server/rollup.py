@@ -1,6 +1,6 @@
 """Rollups: per-block summaries written with the data, so big runs read fast and still show every spike.
 
-For every key and every block of ``level`` consecutive steps (levels 256 to 262144, each 4x the last) one row
+For every key and every block of ``level`` consecutive steps (levels 16 or 64 to 262144, each 4x the last) one row
 keeps, per slot (a scalar has one slot, a per-layer vector one per layer): the finite minimum
 and maximum with the steps (and wall times) they occurred at, and the first step (and wall time)
 of each non-finite kind (NaN, +inf, -inf). Each of those is a real logged point, so an envelope computed over a range's
@@ -19,9 +19,15 @@ from sqlalchemy import bindparam, func, select, update
 from . import db
 from .chunks import f64, from_f64
 
-# Finer levels would cost more rows than they save: a range of < 256 steps per bucket is read raw
-# from its chunks (a few thousand points, milliseconds). 262144 keeps a 10M-step chart to ~40 blocks.
-LEVELS = (256, 1024, 4096, 16384, 65536, 262144)
+# Scalars start at 64: finer blocks would cost more rows than they save (a chart of < 32k steps reads
+# its raw points from chunks in milliseconds). Vectors (300 layers = 2.4 KB a step) also keep 16, so a
+# heatmap never reads more than ~25k steps raw. 262144 keeps a 10M-step chart to a few hundred blocks.
+LEVELS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144)
+
+
+def levels_for(slots: int) -> tuple:
+    """The rollup levels kept for a key with ``slots`` values per step."""
+    return LEVELS if slots > 1 else LEVELS[1:]
 MIN_V, MIN_S, MAX_V, MAX_S, NAN_S, PINF_S, NINF_S = range(7)
 STEP_ROWS = (MIN_S, MAX_S, NAN_S, PINF_S, NINF_S)
 WALL_OF = {row: 7 + i for i, row in enumerate(STEP_ROWS)}  # the wall time of each step row
@@ -124,17 +130,18 @@ def update_rollups(conn, cache: dict, key_id: int, steps: np.ndarray, walls: np.
     """
     now = writes is None
     writes = Writes() if now else writes
-    _update(conn, cache, [(key_id, slice(None))], steps, walls, values, present, writes)
+    _update(conn, cache, [(key_id, slice(None))], values.shape[1], steps, walls, values, present, writes)
     if now:
         writes.flush(conn)
 
 
 def update_many(conn, cache: dict, key_ids: list[int], steps, walls, values, present, writes: Writes) -> None:
     """``update_rollups`` for scalar keys logged at the same steps, summarised together: column j is key j."""
-    _update(conn, cache, [(k, slice(j, j + 1)) for j, k in enumerate(key_ids)], steps, walls, values, present, writes)
+    _update(conn, cache, [(k, slice(j, j + 1)) for j, k in enumerate(key_ids)], 1, steps, walls, values, present,
+            writes)
 
 
-def _update(conn, cache: dict, targets: list, steps, walls, values, present, writes: Writes) -> None:
+def _update(conn, cache: dict, targets: list, slots: int, steps, walls, values, present, writes: Writes) -> None:
     if not len(steps):
         return
     order = np.argsort(steps, kind="stable")
@@ -143,7 +150,7 @@ def _update(conn, cache: dict, targets: list, steps, walls, values, present, wri
     # A live batch (~20 steps) usually falls inside one block of every level but the finest: one
     # summary of the whole batch serves all of those; only levels it straddles are cut per block.
     whole = summarise(st, wl, vals, present, np.zeros(len(st), dtype=np.int64))
-    for level in LEVELS:
+    for level in levels_for(slots):
         first, last = int(st[0] // level), int(st[-1] // level)
         if first == last:
             parts = [(first, int(whole[1][0]), whole[2][0])]
@@ -238,9 +245,9 @@ def decode(blob: bytes, slots: int) -> np.ndarray:
     return from_f64(blob).reshape(ROWS, slots).astype(np.float64)
 
 
-def pick_level(width: float) -> int | None:
+def pick_level(width: float, slots: int = 1) -> int | None:
     """The coarsest level whose blocks still fit in one bucket of ``width`` steps (None: read raw)."""
-    fitting = [lv for lv in LEVELS if lv <= width]
+    fitting = [lv for lv in levels_for(slots) if lv <= width]
     return fitting[-1] if fitting else None
 
 

@@ -12,15 +12,11 @@ from . import chunks, rollup
 from .downsample import envelope
 
 
-def raw(conn, key_id: int, slot: int | None, slots: int, lo: int, hi: int) -> tuple[list, list, list, list]:
-    """Steps, values, missing flags and wall times of every point with lo <= step <= hi."""
-    if hi < lo:
-        return [], [], [], []
-    points = chunks.read(conn, key_id, lo, hi, slots)
-    column = slot or 0
-    missing = (points.missing[:, column] if points.missing is not None
-               else np.zeros(len(points), dtype=bool))
-    return (points.steps.tolist(), points.values[:, column].tolist(), missing.tolist(), points.walls.tolist())
+def raw(conn, key_id: int, slot: int | None, lo: int, hi: int) -> tuple:
+    """Steps, values, missing flags and wall times (numpy) of every point with lo <= step <= hi."""
+    points = chunks.read(conn, key_id, lo, hi, column=slot or 0) if hi >= lo else chunks.read(conn, -1, column=0)
+    missing = points.missing[:, 0] if points.missing is not None else np.zeros(len(points), dtype=bool)
+    return points.steps, points.values[:, 0], missing, points.walls
 
 
 def read_series(conn, key_id: int, slot: int | None, slots: int, max_points: int | None,
@@ -30,21 +26,22 @@ def read_series(conn, key_id: int, slot: int | None, slots: int, max_points: int
     if lo is None:
         return {"steps": [], "values": [], "wall_times": [], "total_points": 0}
     if max_points:
-        level = rollup.pick_level((hi - lo + 1) / max(1, max_points // 4))
+        level = rollup.pick_level((hi - lo + 1) / max(1, max_points // 4), slots)
         if level is not None:
             out = _from_rollups(conn, key_id, slot, slots, lo, hi, level, max_points)
             if out is not None:
                 return out
-    steps, values, missing, walls = raw(conn, key_id, slot, slots, lo, hi)
-    keep = envelope(steps, values, max_points) if max_points else range(len(steps))
-    return _result(steps, values, missing, [walls[i] for i in keep], keep, len(steps))
+    steps, values, missing, walls = raw(conn, key_id, slot, lo, hi)
+    keep = envelope(steps, values, max_points) if max_points else slice(None)
+    return _result(steps[keep], values[keep], missing[keep], walls[keep], len(steps))
 
 
-def _result(steps: list, values: list, missing: list, walls: list, keep, total: int) -> dict:
-    """The API form of the kept points (``walls`` already lined up with ``keep``)."""
-    return {"steps": [steps[i] for i in keep],
-            "values": [None if missing[i] else protocol.encode_float(values[i]) for i in keep],
-            "wall_times": walls, "total_points": total}
+def _result(steps: np.ndarray, values: np.ndarray, missing: np.ndarray, walls: np.ndarray, total: int) -> dict:
+    """The API form of the kept points."""
+    out = values.tolist() if np.isfinite(values).all() else [protocol.encode_float(v) for v in values.tolist()]
+    for i in np.flatnonzero(missing).tolist():
+        out[i] = None
+    return {"steps": steps.tolist(), "values": out, "wall_times": walls.tolist(), "total_points": total}
 
 
 def _whole_blocks(conn, key_id: int, level: int, lo: int, hi: int, slots: int):
@@ -64,14 +61,12 @@ def _from_rollups(conn, key_id, slot, slots, lo, hi, level, max_points) -> dict 
         return None
     first, last, _blocks, counts, summaries = whole
     c_steps, c_values, c_walls = rollup.candidates(summaries, slot or 0)
-    left = raw(conn, key_id, slot, slots, lo, first * level - 1)
-    right = raw(conn, key_id, slot, slots, (last + 1) * level, hi)
-    steps = left[0] + c_steps.tolist() + right[0]
-    values = left[1] + c_values.tolist() + right[1]
-    missing = left[2] + [False] * len(c_steps) + right[2]
-    walls = left[3] + c_walls.tolist() + right[3]
+    left = raw(conn, key_id, slot, lo, first * level - 1)
+    right = raw(conn, key_id, slot, (last + 1) * level, hi)
+    middle = (c_steps, c_values, np.zeros(len(c_steps), dtype=bool), c_walls)
+    steps, values, missing, walls = (np.concatenate(parts) for parts in zip(left, middle, right))
     keep = envelope(steps, values, max_points)
-    return _result(steps, values, missing, [walls[i] for i in keep], keep,
+    return _result(steps[keep], values[keep], missing[keep], walls[keep],
                    int(counts.sum()) + len(left[0]) + len(right[0]))
 
 
@@ -82,7 +77,7 @@ def read_heatmap(conn, key_id: int, slots: int, max_steps: int, start: int | Non
         return {"steps": [], "values": [[] for _ in range(slots)], "bucket": 1}
     width = max(1, math.ceil((hi - lo + 1) / max(1, max_steps)))
     units = None
-    level = rollup.pick_level(width)
+    level = rollup.pick_level(width, slots)
     if level is not None:
         units = _heat_units_rollup(conn, key_id, slots, lo, hi, level)
     if units is None:
