@@ -42,9 +42,10 @@ DEFAULTS = _thresholds.DEFAULTS
 GRAD_VECTOR = "grad"
 RULE_KEYS = frozenset({"grad/global_norm", "memory/cuda_reserved", "memory/cuda_total", "amp/scale"})
 # Every kind an alert can have: the rules', the client's (missing_gradients for parameters left out of
-# the optimizer, memory_pressure for an OOM crash) and the server's own data_gap.
+# the optimizer, memory_pressure for an OOM crash) and the server's own: data_gap, data_refused, stalled.
+SERVER_KINDS = ("data_gap", "data_refused", "stalled")
 KINDS = ("nan_loss", "loss_spike", "loss_divergence", "nonfinite_gradients", "exploding_gradients",
-         "vanishing_gradients", "zero_gradients", "missing_gradients", "memory_pressure", "amp_overflow", "data_gap")
+         "vanishing_gradients", "zero_gradients", "missing_gradients", "memory_pressure", "amp_overflow", *SERVER_KINDS)
 
 
 def thresholds(overrides: Mapping | None = None) -> dict:
