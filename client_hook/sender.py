@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import protocol
 from .link import Link, LinkClosed, Refused
 from .outbox import Outbox, gap_alert
 from .values import TARGET_BATCH_BYTES, Encoder, item_bytes

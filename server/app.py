@@ -25,7 +25,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        services.hub.loop = asyncio.get_running_loop()
         monitor = asyncio.create_task(services.watch_for_crashes(min(2.0, settings.crash_timeout / 4)))
         try:
             yield

@@ -57,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--delay", type=float, default=0.05, help="seconds to sleep per step, to watch it live [0.05]")
     demo.add_argument("--exit", action="store_true", help="exit when the demo runs end instead of serving on")
     sync = sub.add_parser("sync", help="deliver batches a run left on disk when the server was unreachable")
-    sync.add_argument("spool_dir", help="the directory printed by the run")
+    sync.add_argument("spool_dir", nargs="?", default=None,
+                      help="the directory printed by the run; without it, every pending run under the spool "
+                           "directory ($GRADWATCH_SPOOL_DIR or ~/.cache/gradwatch/spool)")
     sync.add_argument("--server", default=None, help="server address [$GRADWATCH_SERVER or http://127.0.0.1:8765]")
     return parser
 

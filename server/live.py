@@ -17,7 +17,6 @@ class Hub:
 
     def __init__(self):
         self._subs: dict = {}
-        self.loop: asyncio.AbstractEventLoop | None = None
 
     def has(self, channel) -> bool:
         """Whether any page listens on ``channel`` (pushes are only built for those)."""

@@ -89,8 +89,8 @@ class Services:
                              {"type": "points", "run_id": run_id, **points})
         for alert in result["alerts"]:
             self.hub.publish(run_id, {"type": "alert", "alert": alert})
-            if self.webhook is not None and alert.get("count", 1) == 1:
-                self.webhook.send(payload(alert, self._run_brief(run_id), self.base_url))
+            if self.webhook is not None and alert.get("count", 1) == 1:  # a recurrence updates, it does not re-page
+                asyncio.ensure_future(self._post_alert(run_id, alert))
         if result["alerts"] or result["status"] or result.get("resumed"):
             asyncio.ensure_future(self._publish_run(run_id))
         else:
@@ -119,12 +119,13 @@ class Services:
             self.states.pop(run_id, None)  # release per-run state when a run ends
         return result
 
-    def _run_brief(self, run_id: int) -> dict | None:
+    async def _post_alert(self, run_id: int, alert: dict) -> None:
         try:
-            run = self.read(store.get_run, run_id)
+            run = await self.aread(store.get_run, run_id)
         except store.NotFound:
-            return None
-        return {k: run[k] for k in ("id", "project", "name", "status", "last_step")}
+            run = None
+        brief = {k: run[k] for k in ("id", "project", "name", "status", "last_step")} if run else None
+        self.webhook.send(payload(alert, brief, self.base_url))
 
     async def _publish_run(self, run_id: int) -> None:
         try:

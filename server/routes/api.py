@@ -49,7 +49,7 @@ async def edit_run(request: Request, run_id: int, body: dict = Body(...)) -> dic
         raise HTTPException(400, str(exc)) from None
     services = _services(request)
     await services.write(edits.update_run, run_id, changes)
-    return services.read(store.get_run, run_id)
+    return await services.aread(store.get_run, run_id)
 
 
 @router.delete("/api/runs/{run_id}")
