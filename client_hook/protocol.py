@@ -7,7 +7,7 @@ JSON and NaN/inf arrive exactly. A vector slot that is JSON ``null`` means "no v
 
 Conversation (client -> server unless marked):
 
-1. ``hello``   {"type": "hello", "protocol": 1, "run": {uid, project, name, config, meta, alerts},
+1. ``hello``   {"type": "hello", "protocol": 1, "run": {uid, secret, project, name, config, meta, alerts},
    "resume_from": n, "layouts": {...}} (both optional: the oldest batch the client still holds
    - when the server has committed less than n - 1, those batches are gone for good and it
    carries on from n, with a ``data_gap`` alert - and every vector layout sent so far, which the
@@ -17,7 +17,8 @@ Conversation (client -> server unless marked):
    {"f64": base64 little-endian float64, "missing": [slot, ...]} instead of JSON lists
    ``acked_seq`` is the last batch the server has committed for this run uid; the client
    forgets batches up to it and resends the rest, in order.
-3. ``batch``   {"type": "batch", "seq": n, "records": [...], "layouts": {...}, "events": [...]}
+   "columns": a batch may carry "columns" (see encode_columns) instead of "records".
+3. ``batch``   {"type": "batch", "seq": n, "records": [...] or "columns": {...}, "layouts": {...}, "events": [...]}
    ``seq`` starts at 1 and increases by one. Each record is
    {"step": int, "t": unix seconds, "scalars": {key: value}, "vectors": {key: [values]}}.
    ``layouts`` names the slots of a vector key ({"grad": ["fc1.weight", ...]}) and is sent
@@ -25,9 +26,11 @@ Conversation (client -> server unless marked):
    ``events`` are run-level facts: {"type": "status", "status": "finished" | "failed"},
    {"type": "exception", ...}, {"type": "alert", ...} (alerts only the client can see, like OOM).
 4. ``ack``     (server) {"type": "ack", "seq": n} once batch n is committed. A batch with a
-   seq already committed is acked again and not stored twice.
+   seq already committed is acked again and not stored twice. {"type": "ack", "seq": n,
+   "refused": reason}: part of it could not be stored (the rest was); never resend it.
 5. ``nack``    (server) {"type": "nack", "expected": n}: a gap; resend from n.
-6. ``error``   (server) {"type": "error", "message": str}; the server then closes.
+6. ``error``   (server) {"type": "error", "message": str}; the server then closes. With
+   "code": "run_deleted" (close 4003) the run was deleted on the server: stop sending it.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import secrets
 import sys
 import threading
 import time
@@ -81,8 +82,9 @@ class Run:
         self._key_is_loss: dict[str, bool] = {}  # keys already validated -> is it a loss?
         self._lock = threading.Lock()
         self._pid = os.getpid()
-        info = {"uid": self.uid, "project": self.project, "name": self.name, "config": _jsonable(self.config),
-                "meta": metadata.collect(), "alerts": alerts, "tags": tags}
+        # The secret proves to the server that a reconnect (or `gradwatch sync` of the spool) is this run's.
+        info = {"uid": self.uid, "secret": secrets.token_hex(16), "project": self.project, "name": self.name,
+                "config": _jsonable(self.config), "meta": metadata.collect(), "alerts": alerts, "tags": tags}
         where = Path(spool_dir) if spool_dir else default_spool_root() / self.uid
         self._sender = Sender(self.server, info, where, flush_interval=flush_interval, max_memory_bytes=max_memory_bytes,
                               inspect=self._inspect_resolved, token=token or os.environ.get("GRADWATCH_TOKEN") or None)

@@ -64,7 +64,7 @@ chunks = Table(  # a key's points in blocks; see the module docstring and chunks
     Column("walls", LargeBinary, nullable=False),  # n float64 (unix seconds)
     Column("data", LargeBinary, nullable=False),   # n x slots float64
     Column("missing", LargeBinary),                # n x slots uint8, 1 = no value; NULL when none
-    Index("ix_chunks_key_last", "key_id", "last_step"),
+    Index("ix_chunks_key_last", "key_id", "last_step", "first_step"),  # covering: a range lookup reads no rows
 )
 
 rollups = Table(  # per-block summaries for fast, spike-preserving reads of big runs (see rollup.py)
