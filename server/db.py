@@ -32,7 +32,8 @@ runs = Table(
     Column("name", String(200), nullable=False),
     Column("status", String(16), nullable=False),
     Column("created_at", Float, nullable=False),
-    Column("updated_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),   # the last data (or status change)
+    Column("seen_at", Float),                      # the last sign of life of its client (server heartbeat)
     Column("finished_at", Float),
     Column("last_step", BigInteger),
     Column("last_seq", Integer, nullable=False, default=0),

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from gradwatch import protocol
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from . import chunks, db, health, rollup
 from .alerts import AlertBook, insert_alert
@@ -59,6 +59,7 @@ def open_run(conn, info: dict, server_alerts: dict, now: float | None = None,
         # A uid alone (it shows in URLs and logs) must not let anyone resume, move the run's sequence or add data.
         raise protocol.ProtocolError("this run uid belongs to another client (its run secret does not match)")
     if row is not None:
+        conn.execute(update(db.runs).where(db.runs.c.id == row.id).values(seen_at=now))
         if row.status in ("crashed", "stalled"):
             conn.execute(update(db.runs).where(db.runs.c.id == row.id).values(status="running", updated_at=now))
         out = {"run_id": row.id, "acked_seq": row.last_seq, "created": False}
@@ -101,7 +102,7 @@ def _create_run(conn, info: dict, server_alerts: dict, now: float) -> dict:
     alerts = info.get("alerts") if isinstance(info.get("alerts"), dict) else {}
     result = conn.execute(db.runs.insert().values(
         uid=info["uid"], project=clean(info.get("project") or "default")[:200], secret=_secret_hash(info),
-        name=clean(info.get("name") or info["uid"][:8])[:200], status="running", created_at=now, updated_at=now,
+        name=clean(info.get("name") or info["uid"][:8])[:200], status="running", created_at=now, updated_at=now, seen_at=now,
         last_seq=0, config=_json(info.get("config") or {}), meta=_json(info.get("meta") or {}),
         alert_config=_json({**server_alerts, **alerts}),
         tags=_json([str(t) for t in info.get("tags") or []] if isinstance(info.get("tags"), list) else []), notes=""))
@@ -214,6 +215,22 @@ def _key_id(conn, state: RunState, key: str, limits: Limits, layers: list | None
         state.key_ids[key] = key_id
         rollup.new_key(state.rollups, key_id)
     return key_id
+
+
+def claim_seq(conn, run_id: int, seq: int) -> bool:
+    """Take batch ``seq`` of a run for this transaction: true only if the run's committed seq is seq - 1.
+
+    The conditional update locks the run's row until commit, so of two server processes holding the
+    same batch (a client that reconnected elsewhere) exactly one stores it; the other sees 0 rows.
+    """
+    done = conn.execute(update(db.runs).where(db.runs.c.id == run_id, db.runs.c.last_seq == seq - 1)
+                        .values(last_seq=seq))
+    return done.rowcount == 1
+
+
+def committed_seq(conn, run_id: int) -> int | None:
+    """The run's last committed batch, or None when the run no longer exists."""
+    return conn.execute(select(db.runs.c.last_seq).where(db.runs.c.id == run_id)).scalar()
 
 
 def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, limits: Limits | None = None) -> dict:
@@ -383,17 +400,22 @@ def _short(value) -> str | None:
     return None if value is None else str(value)[:256]
 
 
-def mark_runs(conn, run_ids: list[int], status: str, now: float | None = None) -> list[int]:
-    """Mark running (or stalled) runs as crashed: their process went away without finishing."""
-    if not run_ids:
-        return []
-    conn.execute(update(db.runs).where(db.runs.c.id.in_(run_ids), db.runs.c.status.in_(("running", "stalled")))
-                 .values(status=status, updated_at=now or time.time()))
-    return run_ids
+def heartbeat(conn, run_ids: list[int], now: float | None = None) -> None:
+    """This server process holds these runs' connections: their clients are alive."""
+    if run_ids:
+        conn.execute(update(db.runs).where(db.runs.c.id.in_(run_ids)).values(seen_at=now or time.time()))
 
 
-def mark_crashed(conn, run_ids: list[int], now: float | None = None) -> list[int]:
-    return mark_runs(conn, run_ids, "crashed", now)
+def mark_crashed(conn, cutoff: float, now: float | None = None) -> list[int]:
+    """Running (or stalled) runs that no server process has heard from since ``cutoff``: 'crashed'.
+
+    One conditional update: with several server processes, each crashed run is marked (and
+    announced) by exactly one of them.
+    """
+    seen = func.coalesce(db.runs.c.seen_at, db.runs.c.updated_at)
+    rows = conn.execute(update(db.runs).where(db.runs.c.status.in_(("running", "stalled")), seen < cutoff)
+                        .values(status="crashed", updated_at=now or time.time()).returning(db.runs.c.id)).all()
+    return [r.id for r in rows]
 
 
 def mark_stalled(conn, run_ids: list[int], intervals: dict, now: float | None = None) -> list[int]:

@@ -22,7 +22,7 @@ log = logging.getLogger("gradwatch.server")
 NEW_COLUMNS = {
     "alerts": [("count", "INTEGER NOT NULL DEFAULT 1"), ("last_step", "BIGINT"), ("confirmed_step", "BIGINT"),
                ("updated_at", "FLOAT")],
-    "runs": [("secret", "VARCHAR(64)")],
+    "runs": [("secret", "VARCHAR(64)"), ("seen_at", "FLOAT")],
 }
 STEP_COLUMNS = [("runs", "last_step"), ("alerts", "step"), ("rollups", "block")]
 

@@ -76,13 +76,25 @@ class Services:
             self.states.pop(result["run_id"], None)  # its cached seq / keys may be behind the database now
         return result
 
+    def connect(self, run_id: int) -> None:
+        self.connected[run_id] += 1
+
+    def disconnect(self, run_id: int) -> None:
+        """A connection of the run closed; its bookkeeping goes with the last one (memory stays flat)."""
+        self.connected[run_id] -= 1
+        if self.connected[run_id] <= 0:
+            del self.connected[run_id]
+
     def submit_batch(self, run_id: int, batch: Batch) -> asyncio.Future:
         """Queue one decoded batch for the writer (group-committed with others waiting)."""
         return asyncio.wrap_future(self.writer.submit(self._apply, run_id, batch, group=True))
 
     def after_batch(self, run_id: int, result: dict) -> None:
         """Tell open pages (and the webhook) about a committed batch."""
-        self.activity.saw(run_id)
+        if result["status"] in ("finished", "failed"):
+            self.activity.forget(run_id)
+        else:
+            self.activity.saw(run_id)
         if self.hub.has(run_id):
             points = live.points_message(result["stored"])
             self.hub.publish(run_id, {"type": "resync"} if points.get("resync") else
@@ -97,17 +109,22 @@ class Services:
             self.hub.publish(RUNS_CHANNEL, {"type": "progress", "id": run_id, "last_step": result["last_step"]})
 
     def _apply(self, conn, run_id: int, batch: Batch) -> dict:
+        # Checked here, in the batch's own transaction, not per connection: after a reconnect the old
+        # and the new connection of a run (maybe on two server processes) may both hold the same
+        # batch, and only one may store it (ingest.claim_seq).
         state = self.states.get(run_id)
-        if state is None:
-            if conn.execute(select(db.runs.c.id).where(db.runs.c.id == run_id)).first() is None:
+        if state is None or batch.seq != state.last_seq + 1 or not ingest.claim_seq(conn, run_id, batch.seq):
+            committed = ingest.committed_seq(conn, run_id)
+            if committed is None:
+                self.states.pop(run_id, None)
                 return {"deleted": True}
+            if batch.seq <= committed:
+                return {"duplicate": True}
+            if batch.seq != committed + 1 or not ingest.claim_seq(conn, run_id, batch.seq):
+                return {"expected": committed + 1}
+            # Our cache was missing or behind (another process stored batches of this run): reload it.
             state = self.states[run_id] = ingest.load_state(conn, run_id)
-        # Checked here, on the one writer thread, not per connection: after a reconnect the old and
-        # the new connection of a run may both hold the same batch, and only one may store it.
-        if batch.seq <= state.last_seq:
-            return {"duplicate": True}
-        if batch.seq != state.last_seq + 1:
-            return {"expected": state.last_seq + 1}
+            state.last_seq = batch.seq - 1
         try:
             result = ingest.apply_batch(conn, state, batch, limits=self.limits)
             if run_id in self.activity.stalled:
@@ -149,15 +166,11 @@ class Services:
 
     async def _check_runs(self) -> None:
         now = time.time()
-        cutoff = now - self.settings.crash_timeout
-        rows = await self.aread(lambda conn: conn.execute(
-            select(db.runs.c.id, db.runs.c.status).where(db.runs.c.status.in_(("running", "stalled")),
-                                                        db.runs.c.updated_at < cutoff)).all())
-        crashed = [r.id for r in rows if not self.connected[r.id]]
-        stalled = [r.id for r in rows if self.connected[r.id] and r.status == "running"
-                   and self.activity.is_stalled(r.id, now, self.settings.crash_timeout)]
-        if crashed:
-            await asyncio.wrap_future(self.writer.submit(ingest.mark_runs, crashed, "crashed"))
+        mine = list(self.connected)
+        await asyncio.wrap_future(self.writer.submit(ingest.heartbeat, mine, now))
+        crashed = await asyncio.wrap_future(self.writer.submit(ingest.mark_crashed, now - self.settings.crash_timeout))
+        floor = self.settings.crash_timeout
+        stalled = [r for r in mine if r not in self.activity.stalled and self.activity.is_stalled(r, now, floor)]
         if stalled:
             self.activity.stalled.update(stalled)
             await asyncio.wrap_future(self.writer.submit(ingest.mark_stalled, stalled, self.activity.intervals()))

@@ -55,7 +55,7 @@ async def ingest(ws: WebSocket) -> None:
     except WebSocketDisconnect:
         return
     run_id = opened["run_id"]
-    services.connected[run_id] += 1
+    services.connect(run_id)
     replies: asyncio.Queue = asyncio.Queue(IN_FLIGHT)
     answering = asyncio.ensure_future(_answer(ws, services, run_id, replies))
     try:
@@ -73,7 +73,7 @@ async def ingest(ws: WebSocket) -> None:
         if not answering.done():
             await replies.put((None, exc))
     finally:
-        services.connected[run_id] -= 1
+        services.disconnect(run_id)
         if not answering.done():
             await replies.put(None)
         await asyncio.gather(answering, return_exceptions=True)
