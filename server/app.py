@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse
 
 from .routes import api, auth, ingest_ws, live_ws, pages
+from .routes import metrics, ranks
 from .security import Auth, Guard
 from .services import Services
 from .settings import Settings, from_env
@@ -60,4 +61,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     for module in (api, auth, ingest_ws, live_ws, pages):
         app.include_router(module.router)
+    app.include_router(ranks.router)
+    app.include_router(metrics.router)  # Prometheus /metrics (501 without prometheus_client)
     return app

@@ -91,6 +91,7 @@ class Services:
 
     def after_batch(self, run_id: int, result: dict) -> None:
         """Tell open pages (and the webhook) about a committed batch."""
+        from .routes.metrics import count_batch; count_batch(self, result)  # noqa: E702 - Prometheus counters, never raises
         if result["status"] in ("finished", "failed"):
             self.activity.forget(run_id)
         else:
