@@ -16,27 +16,45 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from .protocol import PROTOCOL_VERSION
+from .distributed import NoopRun
 from .run import Run, TrainingDiverged
 
 __version__ = "0.1.0"
-__all__ = ["init", "watch", "log", "finish", "Run", "TrainingDiverged", "PROTOCOL_VERSION", "run"]
+__all__ = ["init", "watch", "log", "finish", "lr_find", "Run", "NoopRun", "TrainingDiverged", "PROTOCOL_VERSION", "run"]
 
-run: Run | None = None
+run: Run | NoopRun | None = None
 
 
-def init(project: str = "default", name: str | None = None, config: Mapping | None = None, **kwargs) -> Run:
+def init(project: str = "default", name: str | None = None, config: Mapping | None = None, *,
+         all_ranks: bool = False, **kwargs) -> Run | NoopRun:
     """Start a run and make it the current one for ``gradwatch.log/watch/finish``.
 
     Args:
         project, name, config: see ``Run``.
+        all_ranks: in a torch.distributed job, stream every rank (one grouped run per rank)
+            instead of rank 0 only (docs/integrations/distributed.md).
         **kwargs: server, alerts, on_nan, tags, flush_interval (see ``Run``).
 
     Returns:
-        The new ``Run``; also usable as a context manager.
+        The new ``Run`` (a ``NoopRun`` that never connects on ranks other than 0 unless
+        ``all_ranks``); also usable as a context manager.
     """
     global run
-    run = Run(project, name, config, **kwargs)
+    from .distributed import rank_and_world
+
+    rank, world = rank_and_world()
+    if world > 1 and rank != 0 and not all_ranks:
+        run = NoopRun(project, name, config, rank=rank, world_size=world)
+    else:
+        run = Run(project, name, config, all_ranks=all_ranks, **kwargs)
     return run
+
+
+def lr_find(model, optimizer, loader, loss_fn, **kwargs):
+    """LR range test streamed as its own run (see ``gradwatch.lr_range.lr_find``)."""
+    from .lr_range import lr_find as _lr_find
+
+    return _lr_find(model, optimizer, loader, loss_fn, **kwargs)
 
 
 def _current() -> Run | None:

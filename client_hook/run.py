@@ -15,7 +15,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import metadata, protocol, signals, spool
+from . import distributed, metadata, protocol, signals, spool
 from .sender import Sender
 from .values import to_value
 
@@ -53,6 +53,8 @@ class Run:
         token: the server's token; default $GRADWATCH_TOKEN. Sent as a header, never stored.
         spool_dir: where undelivered batches wait on disk; default $GRADWATCH_SPOOL_DIR/<uid>.
         max_memory_bytes: memory for unacked batches before they go to disk.
+        all_ranks: in a torch.distributed job, this rank streams a run of its own, named
+            ``name [rank k]`` and grouped with the other ranks' runs (see gradwatch.distributed).
 
     Raises:
         ValueError, TypeError: bad ``on_nan``, ``alerts``, ``tags`` or ``config`` (at once, not at
@@ -62,13 +64,16 @@ class Run:
     def __init__(self, project: str = "default", name: str | None = None, config: Mapping | None = None, *,
                  server: str | None = None, alerts: Mapping | None = None, on_nan: str = "warn",
                  tags: list[str] | None = None, flush_interval: float = 0.2, spool_dir: str | None = None,
-                 max_memory_bytes: int = 32 << 20, token: str | None = None):
+                 max_memory_bytes: int = 32 << 20, token: str | None = None, all_ranks: bool = False):
         if on_nan not in ON_NAN_MODES:
             raise ValueError(f"on_nan must be one of {ON_NAN_MODES}, got {on_nan!r}")
         alerts, tags = _check_alerts(alerts), _check_tags(tags)
         self.uid = uuid.uuid4().hex
         self.project = str(project)
         self.name = str(name) if name else f"run-{self.uid[:6]}"
+        job = distributed.describe(all_ranks, self.uid, self.project, self.name)
+        if "group" in job:
+            self.name = f"{self.name} [rank {job['rank']}]"
         self.config = dict(config or {})
         self.on_nan = on_nan
         self.server = (server or os.environ.get("GRADWATCH_SERVER") or protocol.DEFAULT_SERVER).rstrip("/")
@@ -84,7 +89,7 @@ class Run:
         self._pid = os.getpid()
         # The secret proves to the server that a reconnect (or `gradwatch sync` of the spool) is this run's.
         info = {"uid": self.uid, "secret": secrets.token_hex(16), "project": self.project, "name": self.name,
-                "config": _jsonable(self.config), "meta": metadata.collect(), "alerts": alerts, "tags": tags}
+                "config": _jsonable(self.config), "meta": {**metadata.collect(), **job}, "alerts": alerts, "tags": tags}
         where = Path(spool_dir) if spool_dir else default_spool_root() / self.uid
         self._sender = Sender(self.server, info, where, flush_interval=flush_interval, max_memory_bytes=max_memory_bytes,
                               inspect=self._inspect_resolved, token=token or os.environ.get("GRADWATCH_TOKEN") or None)

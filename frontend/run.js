@@ -4,6 +4,8 @@ import { LiveChart } from "./charts.js";
 import { LiveHeatmap } from "./heatmap.js";
 import { notify, renderAlerts, upsert } from "./alerts.js";
 import { isMetric, metricCard, metricSection } from "./metrics.js";
+import { renderLrFind } from "./lr_find.js";
+import { renderRanks } from "./ranks.js";
 
 const RUN_ID = Number(location.pathname.split("/").pop());
 const $ = (id) => document.getElementById(id);
@@ -70,6 +72,7 @@ async function load() {
   } finally { S.loading = false; }
   $("notice").querySelector("[data-kind='load-failed']")?.remove();
   renderHeader(); renderAlertList(); renderError(); renderConfig(); renderAll();
+  if (!S.ranksShown) { S.ranksShown = true; renderRanks($("ranks"), S.run, S.keys); }
   // Per-layer norms are keys grad/<layer>: without any, say so rather than ask for a heatmap (a 404).
   if (!HEAT.zoomed) { if (S.keys.some((k) => k.startsWith("grad/") && k !== "grad/global_norm")) HEAT.load(); else if (!HEAT.loaded) HEAT.showEmpty(); }
   for (const msg of S.buffer) onLive(msg);
@@ -78,7 +81,7 @@ async function load() {
 
 function renderAll() {
   for (const c of Object.values(CHARTS)) c.chart.render(entriesFor(c), xMode());
-  renderAlertLines(); renderMemoryBreakdown();
+  renderAlertLines(); renderMemoryBreakdown(); renderLrFind($("lr-find"), S);
 }
 
 function renderHeader() {
@@ -163,7 +166,7 @@ function onLive(msg) {
   else if (msg.type === "alert") {
     // An id already held is an update (a repeat counted on the server); only new alerts notify.
     if (upsert(S.alerts, msg.alert)) notify(msg.alert, S.run ? S.run.name : "run " + RUN_ID);
-    renderAlertList();
+    renderAlertList(); renderLrFind($("lr-find"), S);
   } else if (msg.type === "run") {
     S.run = Object.assign(S.run || {}, msg.run); renderHeader(); if (msg.run.error) renderError();
     if (msg.run.error === undefined) getJSON(`/api/runs/${RUN_ID}`).then((r) => { S.run = r; renderError(); });
@@ -188,7 +191,7 @@ function flush() {
     if (entries.some((e) => redraw.has(e.label))) c.chart.render(entries, xMode());
     else if (entries.some((e) => fresh[e.label] !== undefined)) c.chart.extend(entries, fresh, xMode());
   }
-  renderMemoryBreakdown();
+  renderMemoryBreakdown(); renderLrFind($("lr-find"), S);
   refetchLate();
 }
 
