@@ -1,0 +1,152 @@
+"""PyTorch Lightning integration: ``Trainer(callbacks=[GradwatchCallback(project="p")])``.
+
+Imports Lightning only when this module is imported (``import gradwatch`` stays light).
+"""
+
+from __future__ import annotations
+
+try:
+    import lightning.pytorch as pl
+except ImportError:  # the older standalone package name
+    import pytorch_lightning as pl
+
+import gradwatch
+from gradwatch import protocol
+
+__all__ = ["GradwatchCallback"]
+
+
+class GradwatchCallback(pl.Callback):
+    """Streams one gradwatch run per ``Trainer.fit``.
+
+    Records the LightningModule's hyperparameters as the config, every metric logged with
+    ``self.log`` at its step (step values at each optimizer step, epoch values at epoch end),
+    gradient norms per layer and global, the LR of every optimizer and memory, captured in
+    ``on_before_optimizer_step`` (after AMP unscaling, before the step). The run ends finished, or
+    failed with the exception.
+
+    Args:
+        project, name, config, **kwargs: passed to ``gradwatch.init`` (server, alerts, tags,
+            token, all_ranks, ...); ``config`` is merged over the hyperparameters.
+        on_nan: "warn", "raise" or "stop" (sets ``trainer.should_stop`` so the Trainer ends the
+            fit cleanly at the step a loss went NaN/inf). With "stop" and "raise", loss metrics
+            are read off the device at once so the check is not a step late.
+        watch_gradients: capture gradient norms, LRs and memory (default True).
+    """
+
+    def __init__(self, project: str = "default", name: str | None = None, config: dict | None = None, *,
+                 on_nan: str = "warn", watch_gradients: bool = True, **kwargs):
+        super().__init__()
+        self.init_args = dict(project=project, name=name, on_nan=on_nan, **kwargs)
+        self.extra_config = dict(config or {})
+        self.watch_gradients = watch_gradients
+        self.run = None
+        self._watcher = None
+        self._seen: dict = {}
+        self._batch_step = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._seen = {}
+        self.run = gradwatch.init(config=self._config(trainer, pl_module), **self.init_args)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if self.run is None or not self.watch_gradients or not hasattr(self.run, "_put_record"):
+            return
+        from gradwatch.step_watcher import StepWatcher
+
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        self._watcher = StepWatcher(self.run, pl_module, trainer.optimizers, scaler=scaler)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        self._end("finished")
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if self.run is not None and not isinstance(exception, (KeyboardInterrupt, gradwatch.TrainingDiverged)):
+            self.run.record_exception(exception)
+        self._end("failed")
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            self._end("finished")  # no-op when on_fit_end or on_exception already ended it
+
+    def _end(self, status: str) -> None:
+        if self._watcher is not None:
+            self._watcher.remove()
+            self._watcher = None
+        if self.run is not None:
+            run, self.run = self.run, None
+            run.finish(status)
+
+    # -- gradients --------------------------------------------------------------------------
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._batch_step = trainer.global_step  # the optimizer step this batch contributes to
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if self._watcher is not None:
+            self._watcher.capture_at(trainer.global_step)
+
+    # -- metrics ----------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # Like Lightning's own loggers: step metrics go out on the batch that stepped the optimizer.
+        if self.run is None or trainer.global_step == self._batch_step and pl_module.automatic_optimization:
+            return
+        self._log(_fresh_metrics(trainer, True, self._seen), self._batch_step)
+        if getattr(self.run, "should_stop", False):
+            trainer.should_stop = True
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self.run is not None:
+            metrics = _fresh_metrics(trainer, False, self._seen)
+            metrics["epoch"] = float(trainer.current_epoch)
+            self._log(metrics, max(trainer.global_step - 1, 0))
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self.run is not None and not trainer.sanity_checking:
+            self._log(_fresh_metrics(trainer, False, self._seen), trainer.global_step)
+            if getattr(self.run, "should_stop", False):
+                trainer.should_stop = True
+
+    def _log(self, metrics: dict, step: int) -> None:
+        if not metrics:
+            return
+        if self.init_args["on_nan"] != "warn":  # the NaN check must see the value now, not a step later
+            metrics = {k: float(v) if protocol.is_loss_key(k) and hasattr(v, "item") else v for k, v in metrics.items()}
+        self.run.log(metrics, step=step)
+
+    def _config(self, trainer, pl_module) -> dict:
+        config = {str(k): v for k, v in dict(getattr(pl_module, "hparams", {}) or {}).items()}
+        config.setdefault("trainer", {
+            "max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps,
+            "accumulate_grad_batches": trainer.accumulate_grad_batches,
+            "gradient_clip_val": trainer.gradient_clip_val, "precision": str(trainer.precision),
+            "world_size": trainer.world_size, "model": type(pl_module).__name__,
+        })
+        config.update(self.extra_config)
+        return config
+
+
+def _fresh_metrics(trainer, on_step: bool, seen: dict) -> dict:
+    """The ``self.log`` values logged since the last call, by the name Lightning's loggers use.
+
+    Lightning keeps a step value until it is logged again; a value already sent (the same
+    tensor) is skipped, so a metric logged every other step is streamed every other step.
+    """
+    results = getattr(trainer, "_results", None)
+    if results is None:
+        return {}
+    try:
+        out = {}
+        for _, item in results.valid_items():
+            if not item.meta.logger or not (item.meta.on_step if on_step else item.meta.on_epoch):
+                continue
+            value = item._forward_cache if on_step else results._get_cache(item, False)
+            marker = item._forward_cache if on_step else item._computed  # the same object until logged again
+            _, name = results._forked_name(item, on_step)
+            if value is None or seen.get(name) is marker:
+                continue
+            seen[name] = marker
+            out[name] = value.detach()
+        return out
+    except AttributeError:  # a Lightning whose internals moved: what its loggers last got
+        return dict(trainer.logged_metrics)
