@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse
 
+from . import retention
 from .routes import api, auth, ingest_ws, live_ws, pages
 from .routes import metrics, ranks
 from .security import Auth, Guard
@@ -27,10 +28,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         monitor = asyncio.create_task(services.watch_for_crashes(min(2.0, settings.crash_timeout / 4)))
+        collector = asyncio.create_task(retention.run_on_schedule(services))  # returns at once when retention is off
         try:
             yield
         finally:
             monitor.cancel()
+            collector.cancel()
             services.close()
 
     app = FastAPI(title="gradwatch", version="0.1.0", lifespan=lifespan)

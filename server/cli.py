@@ -61,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the directory printed by the run; without it, every pending run under the spool "
                            "directory ($GRADWATCH_SPOOL_DIR or ~/.cache/gradwatch/spool)")
     sync.add_argument("--server", default=None, help="server address [$GRADWATCH_SERVER or http://127.0.0.1:8765]")
+    from .admin import add_parsers as add_admin_parsers
+
+    add_admin_parsers(sub)  # gc, db upgrade|status|wait
     return parser
 
 
@@ -129,6 +132,10 @@ def main(argv: list[str] | None = None) -> None:
 
         sys.exit(sync(args.spool_dir, args.server))
     _need_server_extra()
+    if args.command in ("gc", "db"):
+        from .admin import main as admin_main
+
+        sys.exit(admin_main(args))
     settings = _settings(args)
     from sqlalchemy.exc import SQLAlchemyError
 

@@ -16,6 +16,18 @@ def default_db_url() -> str:
     return f"sqlite:///{Path(base) / 'gradwatch' / 'gradwatch.db'}"
 
 
+def boolean(value) -> bool:
+    """true/false, yes/no, on/off, 1/0 (any case) from an env var or a flag."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{value!r} is not a boolean (true or false)")
+
+
 @dataclass
 class Setting:
     name: str
@@ -56,6 +68,10 @@ SETTINGS: list[Setting] = [
     Setting("max_layers", 100000, "Most slots (layers) in one per-layer vector key.", int),
     Setting("max_buffered_bytes", 64 << 20, "Most bytes of not-yet-committed batches held for one ingest "
                                             "connection.", int),
+    Setting("retention_days", 0.0, "Delete runs not updated for this many days, checked at start and hourly "
+                                   "(never running or stalled ones; see docs/deploy.md). 0: keep everything.", float),
+    Setting("retention_keep_tagged", True, "With retention_days: keep runs that have a tag (true) or delete "
+                                           "them too (false).", boolean),
 ]
 
 LIMITS = ("max_connections", "max_frame_bytes", "max_keys_per_run", "max_layers", "max_buffered_bytes")
@@ -79,6 +95,8 @@ class Settings:
     max_keys_per_run: int = 10000
     max_layers: int = 100000
     max_buffered_bytes: int = 64 << 20
+    retention_days: float = 0.0
+    retention_keep_tagged: bool = True
 
     @property
     def db_url(self) -> str:
@@ -119,6 +137,8 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.token != self.token.strip():
             raise ValueError("token must not start or end with whitespace")
+        if self.retention_days < 0:
+            raise ValueError(f"retention_days must be >= 0 (0 keeps everything), got {self.retention_days}")
         if self.sqlite_synchronous not in ("full", "normal"):
             raise ValueError(f"sqlite_synchronous must be full or normal, got {self.sqlite_synchronous!r}")
         return self
