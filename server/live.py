@@ -17,6 +17,7 @@ class Hub:
 
     def __init__(self):
         self._subs: dict = {}
+        self.forward = None  # set with several server processes: also send every message to the others
 
     def has(self, channel) -> bool:
         """Whether any page listens on ``channel`` (pushes are only built for those)."""
@@ -31,6 +32,12 @@ class Hub:
         self._subs.get(channel, set()).discard(queue)
 
     def publish(self, channel, message: dict) -> None:
+        """Deliver to this process's pages, and to the other processes' (fanout.py) when there are any."""
+        self.deliver(channel, message)
+        if self.forward is not None:
+            self.forward(channel, message)
+
+    def deliver(self, channel, message: dict) -> None:
         """Deliver on the event loop; a page too slow to keep up is told to reload its data."""
         for queue in list(self._subs.get(channel, ())):
             try:

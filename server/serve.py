@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import threading
@@ -72,10 +73,44 @@ def _safe_db(db_url: str) -> str:
 
 def serve_forever(settings: Settings) -> None:
     """Serve in the foreground until Ctrl-C."""
+    if settings.workers > 1:
+        serve_workers(settings)
+        return
     sock = bind(settings.host, settings.port)
     server = _server(settings)
     announce(settings, server, url_for(sock))
     server.run(sockets=[sock])
+
+
+def serve_workers(settings: Settings) -> None:
+    """``settings.workers`` server processes on one socket, over one PostgreSQL database.
+
+    Each process ingests and serves on its own; exactly-once storage holds across them (the batch's
+    seq is claimed in its transaction) and pages see every process's data (fanout.py).
+    """
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    from .security import guard_logs
+    from .settings import to_env
+
+    if not settings.db_url.startswith(("postgresql", "postgres")):
+        raise ValueError("--workers > 1 needs a PostgreSQL database (--db postgresql://...): SQLite takes one "
+                         "writer process")
+    os.environ.update(to_env(settings))  # each worker builds its app from the same GRADWATCH_* settings
+    sock = bind(settings.host, settings.port)
+    guard_logs()
+    config = uvicorn.Config("gradwatch_server.app:create_app", factory=True, workers=settings.workers,
+                            log_level=settings.log_level, ws_max_size=settings.max_frame_bytes, ws_ping_interval=20,
+                            ws_ping_timeout=60, timeout_graceful_shutdown=3)
+    url = url_for(sock)
+    print(f"gradwatch: dashboard at {url}  ({settings.workers} processes; database: {_safe_db(settings.db_url)})",
+          flush=True)
+    if settings.token:
+        print(f"gradwatch: token required; log in at {url}/login", flush=True)
+    elif not settings.on_loopback:
+        print(EXPOSED_WARNING.format(host=settings.host, port=url.rsplit(":", 1)[-1]), file=sys.stderr, flush=True)
+    Multiprocess(config, sockets=[sock]).run()
 
 
 class BackgroundServer:

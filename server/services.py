@@ -12,6 +12,8 @@ from sqlalchemy import select
 from . import db, ingest, live, store
 from .activity import Activity
 from .batch import Batch
+from .fanout import PgFanout
+from .fanout import stored_reference as fanout_reference
 from .live import RUNS_CHANNEL, Hub
 from .settings import Settings
 from .webhook import WebhookSender, payload
@@ -35,6 +37,41 @@ class Services:
         self.connected: Counter = Counter()
         self.activity = Activity()
         self.base_url = ""
+        # Several server processes over one PostgreSQL: pages see what any of them ingests.
+        self.fanout = PgFanout(self.engine, self._from_other_process) if self.engine.dialect.name == "postgresql" \
+            else None
+
+    def start(self, loop) -> None:
+        """Begin the background parts that need the event loop (cross-process fan-out)."""
+        if self.fanout is not None:
+            self.fanout.start(loop)
+            self.hub.forward = self._to_other_processes
+
+    def _to_other_processes(self, channel, message: dict) -> None:
+        asyncio.ensure_future(asyncio.to_thread(self._notify, channel, message))
+
+    def _notify(self, channel, message: dict | None, ref: dict | None = None) -> None:
+        try:
+            with self.engine.begin() as conn:
+                self.fanout.send(conn, channel, message, ref)
+        except Exception as exc:  # noqa: BLE001 - a lost push; pages resync on reconnect
+            log.warning("gradwatch: could not notify the other server processes: %r", exc)
+
+    def _from_other_process(self, channel, message: dict | None, ref: dict | None) -> None:
+        if message is not None:
+            self.hub.deliver(channel, message)
+        elif ref is not None and self.hub.has(channel):
+            asyncio.ensure_future(self._deliver_reference(channel, ref))
+
+    async def _deliver_reference(self, channel, ref: dict) -> None:
+        """A big points push from another process: read those points back, for this process's pages."""
+        if ref.get("lo") is None:
+            return
+        try:
+            points = await self.aread(store.points_between, ref["run_id"], ref["keys"], ref["lo"], ref["hi"])
+        except store.NotFound:
+            return
+        self.hub.deliver(channel, {"type": "points", "run_id": ref["run_id"], **points})
 
     def read(self, fn, *args, **kwargs):
         """Run a read function from ``store`` on a pooled connection (blocking: call off the event loop)."""
@@ -60,6 +97,8 @@ class Services:
         self.states.clear()  # a failed group commit rolled back: every cache may be ahead of the database
 
     def close(self) -> None:
+        if self.fanout is not None:
+            self.fanout.stop()
         self.writer.close()
         self.engine.dispose()
 
@@ -100,6 +139,9 @@ class Services:
             points = live.points_message(result["stored"])
             self.hub.publish(run_id, {"type": "resync"} if points.get("resync") else
                              {"type": "points", "run_id": run_id, **points})
+        elif self.fanout is not None and result["stored"]:  # no page here: other processes may have one
+            ref = fanout_reference(run_id, result["stored"])
+            asyncio.ensure_future(asyncio.to_thread(self._notify, run_id, None, ref))
         for alert in result["alerts"]:
             self.hub.publish(run_id, {"type": "alert", "alert": alert})
             if self.webhook is not None and alert.get("count", 1) == 1:  # a recurrence updates, it does not re-page
@@ -121,8 +163,11 @@ class Services:
                 return {"deleted": True}
             if batch.seq <= committed:
                 return {"duplicate": True}
-            if batch.seq != committed + 1 or not ingest.claim_seq(conn, run_id, batch.seq):
+            if batch.seq != committed + 1:
                 return {"expected": committed + 1}
+            if not ingest.claim_seq(conn, run_id, batch.seq):  # another process stored it meanwhile
+                committed = ingest.committed_seq(conn, run_id) or 0
+                return {"duplicate": True} if batch.seq <= committed else {"expected": committed + 1}
             # Our cache was missing or behind (another process stored batches of this run): reload it.
             state = self.states[run_id] = ingest.load_state(conn, run_id)
             state.last_seq = batch.seq - 1

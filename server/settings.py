@@ -55,6 +55,8 @@ SETTINGS: list[Setting] = [
     Setting("alerts", "", "Server-wide health-rule thresholds as JSON, e.g. "
                           "'{\"exploding_gradients.ceiling\": 1000}'; a run's own init(alerts=...) wins."),
     Setting("log_level", "warning", "Server log level (debug, info, warning, error)."),
+    Setting("workers", 1, "Server processes sharing the port (PostgreSQL only): ingest, pages and alerts work "
+                          "across them (see docs/deploy.md).", int),
     Setting("sqlite_synchronous", "full", "SQLite durability of an ack: full (on disk before the ack; survives a "
                                           "power loss) or normal (faster; survives a server crash, not a power loss)."),
     Setting("token", "", "Shared secret every route, websocket and page requires (Authorization: Bearer <token>, "
@@ -88,6 +90,7 @@ class Settings:
     alerts: str = ""
     log_level: str = "warning"
     sqlite_synchronous: str = "full"
+    workers: int = 1
     token: str = field(default="", repr=False)  # a secret: never in a repr, a log line or --help
     allowed_hosts: str = ""
     max_connections: int = 1000
@@ -132,6 +135,8 @@ class Settings:
                 raise ValueError("alerts must be a JSON object")
         if self.webhook and not self.webhook.startswith(("http://", "https://")):
             raise ValueError("webhook must be an http(s) URL")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
         for name in LIMITS:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -160,6 +165,11 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def to_env(settings: Settings) -> dict:
+    """The GRADWATCH_* variables that ``from_env`` turns back into these settings (for worker processes)."""
+    return {s.env: str(getattr(settings, s.name)) for s in SETTINGS}
 
 
 def from_env(environ=None, **overrides) -> Settings:

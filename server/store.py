@@ -7,7 +7,8 @@ import json
 from gradwatch import protocol
 from sqlalchemy import func, select
 
-from . import db, series
+from . import chunks, db, live, series
+from .batch import Column
 
 
 class NotFound(LookupError):
@@ -112,6 +113,19 @@ def get_series(conn, run_id: int, key: str, max_points: int | None = None,
     _require_run(conn, run_id)
     _kind, key_id, slot, slots = _resolve_key(conn, run_id, key)
     return {"key": key, **series.read_series(conn, key_id, slot, slots, max_points, start, end)}
+
+
+def points_between(conn, run_id: int, keys: list[str], lo: int, hi: int) -> dict:
+    """The points of some keys between two steps, shaped like a live push (``live.points_message``)."""
+    rows = {r.key: r for r in conn.execute(select(db.metric_keys).where(db.metric_keys.c.run_id == run_id,
+                                                                          db.metric_keys.c.key.in_(keys)))}
+    stored = {}
+    for key, row in rows.items():
+        slots = len(json.loads(row.layers)) if row.layers is not None else 1
+        p = chunks.read(conn, row.id, lo, hi, slots)
+        stored[key] = ("scalar" if row.layers is None else "vector", p.steps, p.walls,
+                       Column(None, p.values, p.missing))
+    return live.points_message(stored)
 
 
 def get_heatmap(conn, run_id: int, key: str = "grad", max_steps: int = 400,
