@@ -29,8 +29,13 @@ class StepWatcher(Watcher):
 
     def __init__(self, run, model, optimizers=(), scaler=None):
         self.step: int | None = None
-        self.optimizers = [getattr(o, "optimizer", o) for o in optimizers if o is not None]  # unwrap accelerate's
+        self.optimizers: list = []
         super().__init__(_AtStep(run, self), model, None, scaler)
+        self.set_optimizers(optimizers)
+
+    def set_optimizers(self, optimizers) -> None:
+        """The optimizers whose LRs and state are recorded (some frameworks create them late)."""
+        self.optimizers = [getattr(o, "optimizer", o) for o in optimizers if o is not None]  # unwrap accelerate's
         if self.optimizers:
             self._report_orphans()
 
