@@ -91,8 +91,12 @@ class Run:
         info = {"uid": self.uid, "secret": secrets.token_hex(16), "project": self.project, "name": self.name,
                 "config": _jsonable(self.config), "meta": {**metadata.collect(), **job}, "alerts": alerts, "tags": tags}
         where = Path(spool_dir) if spool_dir else default_spool_root() / self.uid
+        self._token = token or os.environ.get("GRADWATCH_TOKEN") or None  # kept for background delivery; never stored
         self._sender = Sender(self.server, info, where, flush_interval=flush_interval, max_memory_bytes=max_memory_bytes,
-                              inspect=self._inspect_resolved, token=token or os.environ.get("GRADWATCH_TOKEN") or None)
+                              inspect=self._inspect_resolved, token=self._token)
+        if not spool_dir:  # once this run reaches the server, spools that older runs left behind go too
+            self._sender.on_connected = lambda: spool.deliver_pending(default_spool_root(), self.server,
+                                                                      self._token, skip=where)
         self._sender.put(("event", {"type": "status", "status": "running"}))
         self._sender.start()
         signals.track(self)

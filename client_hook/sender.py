@@ -51,6 +51,7 @@ class Sender(threading.Thread):
         self.outbox = outbox or Outbox(spool_dir, max_memory_bytes, run_info)
         self.encoder = Encoder(inspect)
         self.quiet = False  # sync prints its own summary
+        self.on_connected = None  # called once, on its own thread, after the first welcome
         self._told: set[str] = set()
         # Written by the training thread only (read here): no lock needed for plain counters.
         self._queue: collections.deque = collections.deque()
@@ -250,6 +251,10 @@ class Sender(threading.Thread):
             return
         self._backoff = 0.1
         self.notify("registered", f"gradwatch: run {self.run_id} → {self.link.server}/runs/{self.run_id}")
+        if self.on_connected is not None:
+            threading.Thread(target=_quietly, args=(self.on_connected,), name="gradwatch-older-spools",
+                             daemon=True).start()
+            self.on_connected = None
         self._on_ack(int(welcome.get("acked_seq", 0)))
         self._sent_upto = self._acked
 
@@ -392,3 +397,11 @@ class _Progress:
     def done(self) -> None:
         if self.shown and self.tty:
             sys.stderr.write("\n")
+
+
+def _quietly(fn) -> None:
+    """Background extras (delivering older spools) never disturb the run."""
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - `gradwatch sync` remains the way to deliver them
+        pass

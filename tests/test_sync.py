@@ -61,3 +61,26 @@ def test_sync_skips_a_spool_a_live_run_holds(server, tmp_path):
     run.finish(timeout=1)
     assert spool.deliver(where, server.url)[0]
     assert not where.exists()
+
+
+def test_a_new_run_delivers_older_spools_in_the_background(server, api, tmp_path):
+    """A run that never reached a server leaves a spool; the next run that reaches one sends it."""
+    import time
+
+    import gradwatch
+
+    old = gradwatch.init(project="p", name="offline", server="http://127.0.0.1:9")
+    for step in range(20):
+        old.log({"loss": 1.0 / (step + 1)})
+    old.finish(timeout=2)
+    root = gradwatch.spool.default_root()
+    assert [p.name for p in gradwatch.spool.pending_runs(root)] == [old.uid]
+    new = gradwatch.init(project="p", name="online", server=server.url)
+    new.log({"loss": 0.5})
+    deadline = time.monotonic() + 30
+    while gradwatch.spool.pending_runs(root) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    new.finish()
+    names = {r["name"]: r["id"] for r in api.get("/api/runs")}
+    assert len(api.get(f"/api/runs/{names['offline']}/series?key=loss")["steps"]) == 20
+    assert not gradwatch.spool.pending_runs(root)
