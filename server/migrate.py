@@ -25,13 +25,20 @@ NEW_COLUMNS = {
     "runs": [("secret", "VARCHAR(64)"), ("seen_at", "FLOAT")],
 }
 STEP_COLUMNS = [("runs", "last_step"), ("alerts", "step"), ("rollups", "block")]
+UPGRADE_LOCK = 0x6772_6164  # "grad": the advisory lock id taken while upgrading
 
 
 def upgrade(engine) -> None:
-    """Create missing tables and bring older ones up to date."""
-    db.metadata.create_all(engine)
-    insp = inspect(engine)
+    """Create missing tables and bring older ones up to date, in one transaction.
+
+    On PostgreSQL an advisory lock makes server processes starting together (``--workers``, replicas)
+    upgrade one after the other: the first does the work, the others find the schema current.
+    """
     with engine.begin() as conn:
+        if engine.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": UPGRADE_LOCK})
+        db.metadata.create_all(conn)
+        insp = inspect(conn)
         for table, columns in NEW_COLUMNS.items():
             have = {c["name"] for c in insp.get_columns(table)}
             for name, ddl in columns:

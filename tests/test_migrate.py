@@ -8,9 +8,13 @@ import sqlite3
 import struct
 from pathlib import Path
 
+import pytest
+
 from gradwatch_server import db, store
+from test_postgres import postgres_url  # noqa: F401 - the throwaway cluster fixture
 
 SCHEMA = (Path(__file__).parent / "data" / "schema_0_1.sql").read_text()
+PG_SCHEMA = (Path(__file__).parent / "data" / "schema_0_1_postgres.sql").read_text()
 
 
 def _old_database(path: Path) -> None:
@@ -50,3 +54,39 @@ def test_a_0_1_database_is_converted_in_place(tmp_path):
     assert "points" not in tables and "vectors" not in tables
     engine.dispose()
     db.make_engine(f"sqlite:///{path}").dispose()  # opening again is a no-op
+
+
+@pytest.mark.slow
+def test_a_0_1_postgres_database_is_upgraded_in_place(postgres_url):  # noqa: F811
+    from sqlalchemy import create_engine, text
+
+    url = postgres_url.replace("postgresql://", "postgresql+psycopg2://")
+    old = create_engine(url)
+    with old.begin() as conn:
+        for name in ("alerts", "rollups", "vectors", "points", "metric_keys", "runs", "chunks"):
+            conn.execute(text(f"DROP TABLE IF EXISTS {name} CASCADE"))
+        ddl = "\n".join(line for line in PG_SCHEMA.splitlines() if not line.startswith("--"))
+        for statement in ddl.split(";"):
+            if statement.strip():
+                conn.execute(text(statement))
+        conn.execute(text("INSERT INTO runs (uid, project, name, status, created_at, updated_at, last_step, last_seq, "
+                          "config, meta, alert_config, tags, notes) VALUES ('pg-old', 'p', 'old', 'running', 1, 2, 9, "
+                          "3, '{}', '{}', '{}', '[]', '')"))
+        run_id = conn.execute(text("SELECT id FROM runs")).scalar()
+        conn.execute(text("INSERT INTO metric_keys (run_id, key) VALUES (:r, 'loss')"), {"r": run_id})
+        key_id = conn.execute(text("SELECT id FROM metric_keys")).scalar()
+        conn.execute(text("INSERT INTO points VALUES (:k, :s, :s, :v)"),
+                     [{"k": key_id, "s": s, "v": None if s == 4 else float(s)} for s in range(10)])
+    old.dispose()
+    engine = db.make_engine(postgres_url)
+    try:
+        with engine.connect() as conn:
+            loss = store.get_series(conn, run_id, "loss")
+            assert loss["steps"] == list(range(10)) and loss["values"][4] == "NaN"
+            kind = conn.execute(text("SELECT data_type FROM information_schema.columns WHERE table_name = 'runs' "
+                                     "AND column_name = 'last_step'")).scalar()
+        assert kind == "bigint"  # steps counted in tokens pass 2**31
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE runs SET last_step = :s"), {"s": 2 ** 40})
+    finally:
+        engine.dispose()
