@@ -16,6 +16,7 @@ from gradwatch_server.batch import decode
 from gradwatch_server.ingest import apply_batch, load_state, open_run
 from gradwatch_server.services import Services
 from gradwatch_server.settings import Settings, from_env
+from test_postgres import postgres_url  # noqa: F401 - the throwaway PostgreSQL cluster fixture
 
 DAY = 86400.0
 LAYERS = 8
@@ -244,3 +245,20 @@ def test_db_wait_gives_up_with_a_clear_message():
     message = str(exit_.value.code)
     assert "did not answer within 1 s" in message and "check GRADWATCH_DB" in message
     assert "secret-pw" not in message and "***" in message
+
+
+@pytest.mark.slow
+def test_on_postgres_one_process_collects_at_a_time(postgres_url):  # noqa: F811
+    services = retention.Offline(postgres_url)
+    try:
+        old = seed(services.engine, "pg-old", steps=3000, vector_steps=500)
+        holder = retention._try_lock(services.engine)  # another server process is collecting
+        assert holder not in (None, False)
+        assert asyncio.run(retention._one_pass(services, 90 * DAY, True)) == []
+        assert owned(services.engine, old)["chunks"] > 0
+        retention._unlock(holder)
+        deleted = asyncio.run(retention._one_pass(services, 90 * DAY, True))
+        assert [r["id"] for r in deleted] == [old]
+        assert owned(services.engine, old) == {"runs": 0, "keys": 0, "chunks": 0, "rollups": 0, "alerts": 0}
+    finally:
+        services.close()
