@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .admin import add_parsers as add_admin_parsers
 
     add_admin_parsers(sub)  # gc, db upgrade|status|wait
+    from .runs_cmd import add_parsers as add_data_parsers
+
+    add_data_parsers(sub)  # runs ls|rm, export, import-tb, report
     return parser
 
 
@@ -131,6 +134,10 @@ def main(argv: list[str] | None = None) -> None:
         from .sync import sync
 
         sys.exit(sync(args.spool_dir, args.server))
+    from .runs_cmd import COMMANDS as DATA_COMMANDS, main as data_main
+
+    if args.command in DATA_COMMANDS:
+        sys.exit(data_main(args))
     _need_server_extra()
     if args.command in ("gc", "db"):
         from .admin import main as admin_main

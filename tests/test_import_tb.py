@@ -1,0 +1,53 @@
+"""gradwatch import-tb: real TensorBoard event files (torch's SummaryWriter) into runs via the real client."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("tensorboard")
+from torch.utils.tensorboard import SummaryWriter  # noqa: E402
+
+from gradwatch_server import cli  # noqa: E402
+
+
+def write_logs(root):
+    """Two runs as TensorBoard writes them: root/baseline and root/big_lr/seed1."""
+    walls = {}
+    for sub, scale in (("baseline", 1.0), ("big_lr/seed1", 3.0)):
+        with SummaryWriter(str(root / sub)) as w:
+            for step in range(0, 50, 5):
+                wall = 1_700_000_000.0 + step
+                w.add_scalar("Loss/train", scale / (step + 1), step, walltime=wall)
+                w.add_scalar("lr", 0.1 * scale, step, walltime=wall)
+                walls[(sub, step)] = wall
+            w.add_scalar("Loss/train", float("nan"), 50, walltime=1_700_000_050.0)
+    return walls
+
+
+def test_import_tb_brings_every_scalar_in(server, api, tmp_path, capsys):
+    walls = write_logs(tmp_path / "logs")
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["import-tb", str(tmp_path / "logs"), "--server", server.url, "--project", "old"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 0 and "import-tb 2 run(s): points" in err and "-> run" in err
+    runs = sorted(api.get("/api/runs"), key=lambda r: r["name"])
+    assert [(r["name"], r["project"], r["status"]) for r in runs] == [
+        ("baseline", "old", "finished"), ("big_lr/seed1", "old", "finished")]
+    big = runs[1]
+    assert "tensorboard" in big["tags"]
+    assert api.get(f"/api/runs/{big['id']}")["config"]["imported_from"].endswith("big_lr/seed1")
+    loss = api.get(f"/api/runs/{big['id']}/series?key=Loss/train")
+    assert loss["steps"] == list(range(0, 55, 5))
+    assert loss["values"][:-1] == pytest.approx([3.0 / (s + 1) for s in range(0, 50, 5)], rel=1e-6)
+    assert loss["values"][-1] == "NaN"
+    assert loss["wall_times"][:10] == [walls[("big_lr/seed1", s)] for s in range(0, 50, 5)]  # original times
+    assert api.get(f"/api/runs/{big['id']}/series?key=lr")["values"] == pytest.approx([0.3] * 10)
+
+
+def test_import_tb_without_event_files_says_so(server, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["import-tb", str(tmp_path / "empty"), "--server", server.url])
+    assert exit_.value.code == 1 and "no TensorBoard event files" in capsys.readouterr().err
