@@ -218,7 +218,8 @@ async def run_on_schedule(services, every: float = SCHEDULE_EVERY) -> None:
         await asyncio.sleep(every)
 
 
-LOCK_KEY = 0x67726164  # 'grad': PostgreSQL advisory lock held by the one process running a pass
+# "gwgc": held by the one process running a pass; not migrate.UPGRADE_LOCK, so a start never waits for gc
+LOCK_KEY = 0x67776763
 
 
 async def _one_pass(services, older_than: float, keep_tagged: bool) -> list[dict]:

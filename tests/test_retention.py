@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import func, select, text, update
 
 from gradwatch import protocol
-from gradwatch_server import cli, db, retention
+from gradwatch_server import cli, db, migrate, retention
 from gradwatch_server.batch import decode
 from gradwatch_server.ingest import apply_batch, load_state, open_run
 from gradwatch_server.services import Services
@@ -252,6 +252,7 @@ def test_on_postgres_one_process_collects_at_a_time(postgres_url):  # noqa: F811
     services = retention.Offline(postgres_url)
     try:
         old = seed(services.engine, "pg-old", steps=3000, vector_steps=500)
+        assert retention.LOCK_KEY != migrate.UPGRADE_LOCK  # a starting process must not wait for a gc pass
         holder = retention._try_lock(services.engine)  # another server process is collecting
         assert holder not in (None, False)
         assert asyncio.run(retention._one_pass(services, 90 * DAY, True)) == []
