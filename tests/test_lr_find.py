@@ -92,3 +92,20 @@ def test_run_page_shows_loss_against_lr_with_the_suggestion(server, api, page):
     assert found.reason in page.locator("#lr-find-reason").inner_text()
     assert "Suggested learning rate" in page.locator("#lr-find-lr").inner_text()
     assert not page.js_errors
+
+
+def test_docs_example_runs(server, api, monkeypatch, capsys):
+    import re
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "integrations" / "lr_find.md"
+    monkeypatch.setenv("GRADWATCH_SERVER", server.url)
+    code = re.findall(r"```python\n(.*?)```", doc.read_text(), re.S)
+    assert len(code) == 1
+    scope = {"__name__": "docs_example"}
+    exec(compile(code[0], str(doc), "exec"), scope)
+    found = scope["found"]
+    assert found.lr is not None and [g["lr"] for g in scope["optimizer"].param_groups] == [found.lr]
+    assert found.reason in capsys.readouterr().out
+    run = api.get("/api/runs")[0]
+    assert (run["project"], run["status"]) == ("lr_find", "finished")
