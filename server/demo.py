@@ -72,7 +72,7 @@ def _evaluate(model, x, y) -> tuple[float, float]:
 
 
 def train(server: str, name: str, optimizer: str, lr: float, schedule: str, steps: int, delay: float,
-          model=None, stop: threading.Event | None = None, project: str = "demo-spirals") -> None:
+          model=None, stop: threading.Event | None = None, project: str = "demo-spirals", token: str = "") -> None:
     """One real training run on the spirals, watched by gradwatch, until ``steps`` or ``stop``."""
     import torch
     from torch import nn
@@ -86,7 +86,8 @@ def train(server: str, name: str, optimizer: str, lr: float, schedule: str, step
     opt = (torch.optim.Adam(model.parameters(), lr=lr) if optimizer == "Adam"
            else torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
     config = {"lr": lr, "optimizer": optimizer, "schedule": schedule, "hidden": 64, "batch": 128, "steps": steps}
-    with gradwatch.init(project=project, name=name, config=config, server=server, tags=["demo"]) as run:
+    with gradwatch.init(project=project, name=name, config=config, server=server, tags=["demo"],
+                        token=token or None) as run:
         run.watch(model, opt)
         started = time.perf_counter()
         for step in range(steps):
@@ -123,14 +124,14 @@ def run_demo(settings, steps: int = 6000, delay: float = 0.05, keep_serving: boo
     """Start the server, stream the demo runs a few seconds apart, then keep serving until Ctrl-C."""
     settings = _database(settings)
     server = BackgroundServer(settings).start()
-    print(f"gradwatch demo: open {server.url} in your browser", flush=True)
+    print(f"gradwatch demo: open {server.login_link() if settings.token else server.url} in your browser", flush=True)
     print(f"gradwatch demo: database {settings.db_url} (the demo's own; your runs are elsewhere)", flush=True)
     stop = threading.Event()
     stagger = min(4.0, steps * delay / 10)  # seconds between run starts: a newcomer sees runs appear
     # Models are built here, one after the other, because weight init draws from torch's global RNG;
     # building them inside the threads made the runs (and whether the bad one diverged) a race.
-    threads = [threading.Thread(target=train, args=(server.url, name, opt, lr, sched, steps, delay, make_model(), stop))
-               for name, opt, lr, sched in RUNS]
+    threads = [threading.Thread(target=train, args=(server.url, name, opt, lr, sched, steps, delay, make_model(), stop),
+                                kwargs={"token": settings.token}) for name, opt, lr, sched in RUNS]
     try:
         for i, t in enumerate(threads):
             if i and stop.wait(stagger):

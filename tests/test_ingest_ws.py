@@ -10,7 +10,7 @@ from websockets.exceptions import ConnectionClosedError
 from websockets.sync.client import connect
 
 from gradwatch import protocol
-from conftest import wait_runs
+from conftest import Api, wait_runs
 
 
 def ingest_url(server_url: str) -> str:
@@ -189,6 +189,52 @@ def test_keys_over_the_run_limit_are_refused_and_reported(tmp_path):
         assert "already has 3 keys" in reply["refused"]
         keys = Api(srv.url).get(f"/api/runs/{link.welcome['run_id']}/keys")
         assert len(keys) == 3
+        link.close()
+    finally:
+        srv.stop()
+
+
+def test_a_connection_holds_at_most_max_buffered_bytes():
+    """Past the budget the route stops reading (back-pressure); one frame alone always fits."""
+    import asyncio
+
+    assert asyncio.run(_small_budget_scenario()) == 90
+
+
+async def _small_budget_scenario():
+    import asyncio
+
+    from gradwatch_server.routes.ingest_ws import Budget
+
+    alone = Budget(100)
+    await asyncio.wait_for(alone.take(500), 1)  # any single frame fits (its size is capped by max_frame_bytes)
+    budget = Budget(100)
+    await budget.take(60)
+    await budget.take(30)
+    waiting = asyncio.ensure_future(budget.take(30))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    budget.give(60)
+    await asyncio.wait_for(waiting, 1)
+    return budget.used + 30
+
+
+def test_a_small_buffer_budget_still_stores_everything(tmp_path):
+    import dataclasses
+
+    from gradwatch_server.serve import BackgroundServer
+    from gradwatch_server.settings import Settings
+
+    settings = Settings(host="127.0.0.1", port=0, db=f"sqlite:///{tmp_path / 'b.db'}")
+    srv = BackgroundServer(dataclasses.replace(settings, max_buffered_bytes=2000)).start()
+    try:
+        link = Link(srv.url)
+        frames = [protocol.dumps(_columns_batch(seq, [(seq, 1.0, {"loss": float(seq)}, {})])) for seq in range(1, 41)]
+        for frame in frames:  # pipelined: 40 frames of ~250 bytes against a 2,000-byte budget
+            link.ws.send(frame)
+        replies = [json.loads(link.ws.recv(timeout=10)) for _ in frames]
+        assert [r["seq"] for r in replies] == list(range(1, 41))
+        assert len(Api(srv.url).get(f"/api/runs/{link.welcome['run_id']}/series?key=loss")["steps"]) == 40
         link.close()
     finally:
         srv.stop()

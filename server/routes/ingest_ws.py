@@ -57,21 +57,23 @@ async def ingest(ws: WebSocket) -> None:
     run_id = opened["run_id"]
     services.connect(run_id)
     replies: asyncio.Queue = asyncio.Queue(IN_FLIGHT)
-    answering = asyncio.ensure_future(_answer(ws, services, run_id, replies))
+    budget = Budget(getattr(services.settings, "max_buffered_bytes", 64 << 20))
+    answering = asyncio.ensure_future(_answer(ws, services, run_id, replies, budget))
     try:
         await ws.send_text(protocol.dumps({"type": "welcome", "protocol": protocol.PROTOCOL_VERSION,
                                            "run_id": run_id, "acked_seq": opened["acked_seq"],
                                            "features": protocol.SERVER_FEATURES}))
         while not answering.done():
             text = await _receive(ws)
+            await budget.take(len(text))  # past max_buffered_bytes, stop reading: the client's window waits
             message = await (asyncio.to_thread(_decode, text) if len(text) > BIG_FRAME else _wrap(_decode(text)))
-            await replies.put((message.seq, services.submit_batch(run_id, message)))
+            await replies.put((message.seq, services.submit_batch(run_id, message), len(text)))
     except (WebSocketDisconnect, RuntimeError):
         pass
     except protocol.ProtocolError as exc:
         log.warning("run %s sent a frame that is not a batch: %s", run_id, exc)
         if not answering.done():
-            await replies.put((None, exc))
+            await replies.put((None, exc, 0))
     finally:
         services.disconnect(run_id)
         if not answering.done():
@@ -92,13 +94,31 @@ def _resume_from(hello: dict) -> int | None:
     return resume if type(resume) is int and resume >= 1 else None
 
 
-async def _answer(ws: WebSocket, services, run_id: int, replies: asyncio.Queue) -> None:
+class Budget:
+    """Bytes of frames a connection holds (read, not yet answered), capped at ``limit``."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used = limit, 0
+        self._freed = asyncio.Event()
+
+    async def take(self, n: int) -> None:
+        while self.used and self.used + n > self.limit:  # one frame always fits (its size is capped apart)
+            self._freed.clear()
+            await self._freed.wait()
+        self.used += n
+
+    def give(self, n: int) -> None:
+        self.used -= n
+        self._freed.set()
+
+
+async def _answer(ws: WebSocket, services, run_id: int, replies: asyncio.Queue, budget: Budget) -> None:
     """Send each batch's answer in order, once the writer has dealt with it."""
     while True:
         item = await replies.get()
         if item is None:
             return
-        seq, pending = item
+        seq, pending, size = item
         if isinstance(pending, Exception):
             await _refuse(ws, f"bad frame (nothing of it was stored): {pending}", protocol.CLOSE_BAD_MESSAGE)
             return
@@ -108,6 +128,8 @@ async def _answer(ws: WebSocket, services, run_id: int, replies: asyncio.Queue) 
             log.warning("run %s batch %s could not be stored: %r", run_id, seq, exc)
             await _refuse(ws, "the server could not store a batch (it will be resent)", 1011)
             return
+        finally:
+            budget.give(size)  # the batch left the writer queue: its bytes are free
         try:
             if "deleted" in result:
                 await _refuse(ws, f"run {run_id} was deleted on the server; stop sending it",
