@@ -39,6 +39,7 @@ def upgrade(engine) -> None:
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": UPGRADE_LOCK})
         db.metadata.create_all(conn)
         insp = inspect(conn)
+        _rebuild_changed_indexes(conn, insp)
         for table, columns in NEW_COLUMNS.items():
             have = {c["name"] for c in insp.get_columns(table)}
             for name, ddl in columns:
@@ -52,6 +53,16 @@ def upgrade(engine) -> None:
         if insp.has_table("points") or insp.has_table("vectors"):
             log.warning("gradwatch: converting a database from gradwatch 0.1 to chunked storage (once)")
             convert_rows(conn, insp.has_table("points"), insp.has_table("vectors"))
+
+
+def _rebuild_changed_indexes(conn, insp) -> None:
+    """An index whose columns changed between releases (same name) is dropped and created anew."""
+    for table in db.metadata.sorted_tables:
+        have = {ix["name"]: ix["column_names"] for ix in insp.get_indexes(table.name)}
+        for index in table.indexes:
+            if index.name in have and have[index.name] != [c.name for c in index.columns]:
+                index.drop(conn)
+                index.create(conn)
 
 
 def convert_rows(conn, has_points: bool, has_vectors: bool) -> None:

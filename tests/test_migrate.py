@@ -90,3 +90,18 @@ def test_a_0_1_postgres_database_is_upgraded_in_place(postgres_url):  # noqa: F8
             conn.execute(text("UPDATE runs SET last_step = :s"), {"s": 2 ** 40})
     finally:
         engine.dispose()
+
+
+def test_an_index_whose_definition_changed_is_rebuilt(tmp_path):
+    path = tmp_path / "ix.db"
+    db.make_engine(f"sqlite:///{path}").dispose()
+    con = sqlite3.connect(path)
+    con.execute("DROP INDEX ix_chunks_key_last")
+    con.execute("CREATE INDEX ix_chunks_key_last ON chunks (key_id, last_step)")  # an older definition
+    con.commit()
+    con.close()
+    db.make_engine(f"sqlite:///{path}").dispose()
+    con = sqlite3.connect(path)
+    columns = [r[2] for r in con.execute("PRAGMA index_info(ix_chunks_key_last)")]
+    con.close()
+    assert columns == ["key_id", "last_step", "first_step"]
