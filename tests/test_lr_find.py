@@ -41,6 +41,7 @@ def sweep(server, **kwargs):
 
 
 def test_lr_find_suggests_restores_and_streams(server, api):
+    current = gradwatch.run
     found = sweep(server)
     assert found.lr is not None and 1e-4 < found.lr < 3.0, found
     assert "steepest descent" in found.reason and "blew up" in found.reason
@@ -55,7 +56,7 @@ def test_lr_find_suggests_restores_and_streams(server, api):
     assert api.get(f"/api/runs/{run['id']}/series?key=lr_find/suggested_lr")["values"] == [found.lr]
     alert = [a for a in api.get(f"/api/runs/{run['id']}/alerts") if a["kind"] == "lr_suggestion"][0]
     assert alert["value"] == found.lr and found.reason in alert["message"] and alert["severity"] == "info"
-    assert gradwatch.run is None  # the sweep is its own run, not the script's current one
+    assert gradwatch.run is current  # the sweep is its own run, not the script's current one
 
 
 def test_suggest_picks_steepest_fall_before_the_minimum():
