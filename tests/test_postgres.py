@@ -3,52 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
 
 import gradwatch
 from conftest import Api
+from pg_cluster import cluster
 from gradwatch_server.serve import BackgroundServer
 from training import train
 
 pytestmark = pytest.mark.slow
 
 
-def _as_user(cmd: list[str]) -> list[str]:
-    # PostgreSQL refuses to run as root: use an unprivileged account for the throwaway cluster.
-    return ["runuser", "-u", "nobody", "--"] + cmd if os.geteuid() == 0 else cmd
-
-
 @pytest.fixture(scope="module")
 def postgres_url():
-    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
-    if not initdb or not pg_ctl:
-        pytest.fail("PostgreSQL server binaries (initdb, pg_ctl) are required for this test")
-    # Not under pytest's tmp dir: that one is private to root, and the cluster runs as nobody.
-    base = Path(tempfile.mkdtemp(prefix="gradwatch-pg-"))
-    if os.geteuid() == 0:
-        shutil.chown(base, "nobody")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    data = base / "data"
-    subprocess.run(_as_user([initdb, "-D", str(data), "-U", "gw", "--auth=trust", "-E", "UTF8"]), check=True,
-                   capture_output=True)
-    subprocess.run(_as_user([pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "-o",
-                             f"-p {port} -k {base} -c listen_addresses=127.0.0.1", "start"]), check=True,
-                   capture_output=True)
-    try:
-        yield f"postgresql://gw@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run(_as_user([pg_ctl, "-D", str(data), "-m", "fast", "stop"]), capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
+    with cluster() as url:
+        yield url
 
 
 def test_training_run_on_postgres(settings, postgres_url):
