@@ -12,8 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse
 
 from . import retention
-from .routes import api, auth, ingest_ws, live_ws, pages
-from .routes import metrics, ranks
+from . import routes
 from .security import Auth, Guard
 from .services import Services
 from .settings import Settings, from_env
@@ -63,8 +62,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def out_of_range(_request: Request, exc: OverflowError):
         return JSONResponse({"error": "a number in the request is out of range (64-bit integers only)"}, status_code=400)
 
-    for module in (api, auth, ingest_ws, live_ws, pages):
+    for module in routes.ALL:  # /metrics answers 501 without prometheus_client
         app.include_router(module.router)
-    app.include_router(ranks.router)
-    app.include_router(metrics.router)  # Prometheus /metrics (501 without prometheus_client)
     return app

@@ -105,7 +105,7 @@ def _registry(services):
     return registry
 
 
-@router.get("/metrics")
+@router.get("/metrics", include_in_schema=False)  # Prometheus text, not the JSON API
 def metrics(request: Request) -> Response:
     """Prometheus text exposition of the server's own metrics."""
     try:
