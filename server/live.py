@@ -23,6 +23,13 @@ class Hub:
         """Whether any page listens on ``channel`` (pushes are only built for those)."""
         return bool(self._subs.get(channel))
 
+    def subscribers(self) -> int:
+        """Open page feeds, over all channels."""
+        return sum(len(queues) for queues in self._subs.values())
+
+    def channels(self) -> int:
+        return sum(1 for queues in self._subs.values() if queues)
+
     def subscribe(self, channel) -> asyncio.Queue:
         queue: asyncio.Queue = asyncio.Queue(QUEUE_LIMIT)
         self._subs.setdefault(channel, set()).add(queue)

@@ -7,7 +7,6 @@ import logging
 import time
 from collections import Counter
 
-from sqlalchemy import select
 
 from . import db, ingest, live, store
 from .activity import Activity
@@ -15,6 +14,7 @@ from .batch import Batch
 from .fanout import PgFanout
 from .fanout import stored_reference as fanout_reference
 from .live import RUNS_CHANNEL, Hub
+from .stats import IngestStats, batch_points
 from .settings import Settings
 from .webhook import WebhookSender, payload
 from .writer import Writer
@@ -36,6 +36,7 @@ class Services:
                                     max_layers=getattr(settings, "max_layers", 100000))
         self.connected: Counter = Counter()
         self.activity = Activity()
+        self.ingest_stats = IngestStats()
         self.base_url = ""
         # Several server processes over one PostgreSQL: pages see what any of them ingests.
         self.fanout = PgFanout(self.engine, self._from_other_process) if self.engine.dialect.name == "postgresql" \
@@ -130,7 +131,7 @@ class Services:
 
     def after_batch(self, run_id: int, result: dict) -> None:
         """Tell open pages (and the webhook) about a committed batch."""
-        from .routes.metrics import count_batch; count_batch(self, result)  # noqa: E702 - Prometheus counters, never raises
+        self.ingest_stats.add(batch_points(result))
         if result["status"] in ("finished", "failed"):
             self.activity.forget(run_id)
         else:

@@ -6,73 +6,21 @@ Needs ``prometheus_client`` (``pip install prometheus-client``); without it ``/m
 
 from __future__ import annotations
 
-import threading
-import time
-from collections import deque
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from ..stats import RATE_WINDOW_S
+
 router = APIRouter()
-RATE_WINDOW_S = 10.0
-
-
-class IngestStats:
-    """Points and batches committed, and a sliding window for points per second."""
-
-    def __init__(self):
-        self.points = 0
-        self.batches = 0
-        self._recent: deque = deque()  # (monotonic time, points) of the last RATE_WINDOW_S
-        self._lock = threading.Lock()
-        self._started = time.monotonic()
-
-    def add(self, points: int, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            self.points += points
-            self.batches += 1
-            self._recent.append((now, points))
-            self._trim(now)
-
-    def rate(self, now: float | None = None) -> float:
-        """Points per second over the last RATE_WINDOW_S (or since start, when younger)."""
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            self._trim(now)
-            span = min(RATE_WINDOW_S, max(now - self._started, 1e-3))
-            return sum(p for _, p in self._recent) / span
-
-    def _trim(self, now: float) -> None:
-        while self._recent and self._recent[0][0] < now - RATE_WINDOW_S:
-            self._recent.popleft()
-
-
-def stats_of(services) -> IngestStats:
-    """The services' ingest counters, created on first use."""
-    stats = getattr(services, "ingest_stats", None)
-    if stats is None:
-        stats = services.ingest_stats = IngestStats()
-    return stats
-
-
-def count_batch(services, result: dict) -> None:
-    """Count one committed batch's points (called from ``Services.after_batch``); never raises."""
-    try:
-        stored = result.get("stored") or {}
-        stats_of(services).add(sum(int(column.values.size) for _kind, _steps, _walls, column in stored.values()))
-    except Exception:  # noqa: BLE001 - counting must never break ingest
-        pass
 
 
 def gauges(services) -> dict:
     """The server's live numbers, read from what the services already hold."""
-    subs = getattr(services.hub, "_subs", {})
     return {
         "connected_clients": sum(n for n in services.connected.values() if n > 0),
         "writer_queue_depth": services.writer.depth(),
-        "live_subscribers": sum(len(queues) for queues in list(subs.values())),
-        "live_channels": sum(1 for queues in list(subs.values()) if queues),
+        "live_subscribers": services.hub.subscribers(),
+        "live_channels": services.hub.channels(),
     }
 
 
@@ -86,7 +34,7 @@ def _registry(services):
 
     class Collector:
         def collect(self):
-            stats, live = stats_of(services), gauges(services)
+            stats, live = services.ingest_stats, gauges(services)
             yield CounterMetricFamily("gradwatch_points_ingested", "Metric points committed (vector slots count each).",
                                       value=stats.points)
             yield CounterMetricFamily("gradwatch_batches_ingested", "Client batches committed.", value=stats.batches)
