@@ -97,3 +97,31 @@ def page(browser):
     pg.js_errors = errors
     yield pg
     context.close()
+
+
+def in_thread(fn, *args):
+    """Call ``fn`` on a thread of its own and return (or raise) what it did: the session's Playwright
+    browser keeps an event loop running in the main thread, where asyncio.run() refuses to start."""
+    import threading
+
+    out: dict = {}
+
+    def target():
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread (SystemExit too)
+            out["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+def run_async(coro):
+    """Run a coroutine to completion on a fresh loop in its own thread (see ``in_thread``)."""
+    import asyncio
+
+    return in_thread(asyncio.run, coro)

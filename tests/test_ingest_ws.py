@@ -10,7 +10,7 @@ from websockets.exceptions import ConnectionClosedError
 from websockets.sync.client import connect
 
 from gradwatch import protocol
-from conftest import Api, wait_runs
+from conftest import Api, run_async, wait_runs
 
 
 def ingest_url(server_url: str) -> str:
@@ -196,9 +196,7 @@ def test_keys_over_the_run_limit_are_refused_and_reported(tmp_path):
 
 def test_a_connection_holds_at_most_max_buffered_bytes():
     """Past the budget the route stops reading (back-pressure); one frame alone always fits."""
-    import asyncio
-
-    assert asyncio.run(_small_budget_scenario()) == 90
+    assert run_async(_small_budget_scenario()) == 90
 
 
 async def _small_budget_scenario():

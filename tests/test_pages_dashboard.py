@@ -264,6 +264,9 @@ def test_show_step_on_an_alert_zooms_every_chart_to_it(server, page):
     page.click(".alert[data-kind='nan_loss'] button.zoom-to")
     page.wait_for_function("() => { const x = document.getElementById('chart-loss').data[0].x;"
                            " return x.length === 101 && x[0] === 2950; }", timeout=10000)
+    # Every chart fetches its own range: wait for the other charts too, then check them.
+    page.wait_for_function("() => { const x = document.getElementById('metric-acc').data[0].x;"
+                           " return x.length === 101; }", timeout=10000)
     acc = page.evaluate("() => document.getElementById('metric-acc').data[0].x")
     assert acc[0] >= 2950 and acc[-1] <= 3050 and len(acc) == 101  # the other charts followed
     markers = page.evaluate("() => { const d = document.getElementById('chart-loss').data; return d[d.length - 1].x; }")

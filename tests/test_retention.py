@@ -10,6 +10,7 @@ import time
 import pytest
 from sqlalchemy import func, select, text, update
 
+from conftest import in_thread, run_async
 from gradwatch import protocol
 from gradwatch_server import cli, db, migrate, retention
 from gradwatch_server.batch import decode
@@ -82,17 +83,17 @@ def test_collect_deletes_only_old_inactive_runs(offline):
     before = {name: owned(e, i) for name, i in ids.items()}
     assert all(b["chunks"] and b["rollups"] and b["alerts"] == 1 for b in before.values())
 
-    listed = asyncio.run(retention.collect(offline, 90 * DAY, keep_tagged=True, dry_run=True))
+    listed = run_async(retention.collect(offline, 90 * DAY, keep_tagged=True, dry_run=True))
     assert [r["name"] for r in listed] == ["old-finished", "old-crashed", "old-failed"]
     assert listed[0]["points"] == 300 and {name: owned(e, i) for name, i in ids.items()} == before  # nothing deleted
 
-    deleted = asyncio.run(retention.collect(offline, 90 * DAY, keep_tagged=True))
+    deleted = run_async(retention.collect(offline, 90 * DAY, keep_tagged=True))
     assert sorted(r["name"] for r in deleted) == ["old-crashed", "old-failed", "old-finished"]
     for name, run_id in ids.items():
         gone = name in ("old-finished", "old-crashed", "old-failed")
         assert owned(e, run_id) == ({k: 0 for k in before[name]} if gone else before[name]), name
 
-    deleted = asyncio.run(retention.collect(offline, 90 * DAY, keep_tagged=False))
+    deleted = run_async(retention.collect(offline, 90 * DAY, keep_tagged=False))
     assert [r["name"] for r in deleted] == ["old-tagged"] and owned(e, ids["old-tagged"])["runs"] == 0
 
 
@@ -112,7 +113,7 @@ def test_a_big_run_is_deleted_in_slices_with_other_jobs_in_between(offline, monk
             return _real(*args)
         monkeypatch.setattr(retention, name, wrapped)
 
-    assert asyncio.run(retention.delete_run_in_slices(offline, big, chunk_rows=4, rollup_values=512)) is True
+    assert run_async(retention.delete_run_in_slices(offline, big, chunk_rows=4, rollup_values=512)) is True
     assert order[0] == "_begin" and order[-1] == "_finish"
     assert order.count("_chunk_slice") > 3 and order.count("_rollup_slice") > 3
     # Each queued batch ran right after the slice it arrived during, not after the whole delete.
@@ -128,7 +129,7 @@ def test_a_run_that_resumed_since_the_listing_is_kept(offline):
     policy = retention.Policy(cutoff=time.time() - 90 * DAY)
     with e.begin() as conn:  # the training job reconnected after the listing
         conn.execute(update(db.runs).where(db.runs.c.id == run_id).values(status="running", updated_at=time.time()))
-    assert asyncio.run(retention.delete_run_in_slices(offline, run_id, policy)) is False
+    assert run_async(retention.delete_run_in_slices(offline, run_id, policy)) is False
     assert owned(e, run_id)["chunks"] > 0
 
 
@@ -141,7 +142,7 @@ def test_gc_command_lists_then_deletes(tmp_path, capsys):
 
     def gc(*flags):
         with pytest.raises(SystemExit) as exit_:
-            cli.main(["gc", "--db", url, *flags])
+            in_thread(cli.main, ["gc", "--db", url, *flags])
         return exit_.value.code, capsys.readouterr()
 
     code, out = gc("--older-than", "90d", "--keep-tagged", "--dry-run")
@@ -182,7 +183,7 @@ def test_the_server_collects_on_schedule(tmp_path):
             task.cancel()
             services.close()
 
-    left, published = asyncio.run(scenario())
+    left, published = run_async(scenario())
     assert left == [fresh]
     assert ("runs", {"type": "deleted", "id": old}) in published  # open runs lists drop it live
 
@@ -190,7 +191,7 @@ def test_the_server_collects_on_schedule(tmp_path):
 def test_schedule_is_off_by_default(tmp_path):
     services = Services(Settings(db=f"sqlite:///{tmp_path / 'off.db'}"))
     try:
-        assert asyncio.run(asyncio.wait_for(retention.run_on_schedule(services, every=0.01), 5)) is None
+        assert run_async(asyncio.wait_for(retention.run_on_schedule(services, every=0.01), 5)) is None
     finally:
         services.close()
 
@@ -255,10 +256,10 @@ def test_on_postgres_one_process_collects_at_a_time(postgres_url):  # noqa: F811
         assert retention.LOCK_KEY != migrate.UPGRADE_LOCK  # a starting process must not wait for a gc pass
         holder = retention._try_lock(services.engine)  # another server process is collecting
         assert holder not in (None, False)
-        assert asyncio.run(retention._one_pass(services, 90 * DAY, True)) == []
+        assert run_async(retention._one_pass(services, 90 * DAY, True)) == []
         assert owned(services.engine, old)["chunks"] > 0
         retention._unlock(holder)
-        deleted = asyncio.run(retention._one_pass(services, 90 * DAY, True))
+        deleted = run_async(retention._one_pass(services, 90 * DAY, True))
         assert [r["id"] for r in deleted] == [old]
         assert owned(services.engine, old) == {"runs": 0, "keys": 0, "chunks": 0, "rollups": 0, "alerts": 0}
     finally:
