@@ -149,11 +149,17 @@ def pending(url: str) -> list[str]:
 
     from . import db
 
+    from . import migrate
+
     engine = create_engine(db._postgres_driver(url))
     try:
         insp = inspect(engine)
         have = set(insp.get_table_names())
-        out = [f"0.1 table {t} to convert" for t in ("points", "vectors") if t in have]
+        with engine.connect() as conn:
+            at, head = migrate.revision(conn), migrate.head_revision()
+        out = [f"schema revision {at or 'none (gradwatch 0.1)'}, this release needs {head}"] if at != head and have \
+            else []
+        out += [f"0.1 table {t} to convert" for t in ("points", "vectors") if t in have]
         for table in db.metadata.sorted_tables:
             if table.name not in have:
                 out.append(f"table {table.name} missing")

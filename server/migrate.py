@@ -1,5 +1,8 @@
 """Bringing a database written by an earlier release up to the current schema, in place, at start.
 
+The steps are Alembic revisions (``server/migrations/versions``); this module runs them and holds
+the data conversion they call.
+
 - 0.1 stored one row per point (``points``) and per vector step (``vectors``), and rollups with
   7 rows per block: its points are packed into chunks, the rollups rebuilt with wall times, and
   the old tables dropped (one transaction: a failure leaves the database as it was).
@@ -13,6 +16,10 @@ import json
 import logging
 
 import numpy as np
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
 from . import chunks, db, rollup
@@ -26,41 +33,82 @@ NEW_COLUMNS = {
 }
 STEP_COLUMNS = [("runs", "last_step"), ("alerts", "step"), ("rollups", "block")]
 UPGRADE_LOCK = 0x6772_6164  # "grad": the advisory lock id taken while upgrading
+BASELINE = "0001"  # the Alembic revision of gradwatch 0.1's schema
 
 
 def upgrade(engine) -> None:
-    """Create missing tables and bring older ones up to date, in one transaction.
+    """Bring the database to the newest Alembic revision, in one transaction.
 
-    On PostgreSQL an advisory lock makes server processes starting together (``--workers``, replicas)
-    upgrade one after the other: the first does the work, the others find the schema current.
+    A new database is created at the newest schema; a database from 0.1 (no Alembic version) is
+    stamped at the 0.1 baseline first. On PostgreSQL an advisory lock makes server processes
+    starting together (``--workers``, replicas) upgrade one after the other.
     """
     with engine.begin() as conn:
         if engine.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": UPGRADE_LOCK})
-        db.metadata.create_all(conn)
-        insp = inspect(conn)
-        _rebuild_changed_indexes(conn, insp)
-        for table, columns in NEW_COLUMNS.items():
-            have = {c["name"] for c in insp.get_columns(table)}
-            for name, ddl in columns:
-                if name not in have:
-                    conn.execute(text(f'ALTER TABLE {table} ADD COLUMN "{name}" {ddl}'))
-        if engine.dialect.name == "postgresql":
-            for table, column in STEP_COLUMNS:
-                kind = {c["name"]: str(c["type"]).upper() for c in insp.get_columns(table)}.get(column)
-                if kind == "INTEGER":
-                    conn.execute(text(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE BIGINT"))
-        if insp.has_table("points") or insp.has_table("vectors"):
-            log.warning("gradwatch: converting a database from gradwatch 0.1 to chunked storage (once)")
-            convert_rows(conn, insp.has_table("points"), insp.has_table("vectors"))
+        config = _alembic_config(conn)
+        current = MigrationContext.configure(conn).get_current_revision()
+        if current is None and not inspect(conn).has_table("runs"):
+            db.metadata.create_all(conn)
+            command.stamp(config, "head")
+            return
+        if current is None:
+            command.stamp(config, BASELINE)
+        if current != head_revision():
+            command.upgrade(config, "head")
+        ensure_schema(conn)  # repairs by hand-made changes too (a dropped column or index): cheap, idempotent
+
+
+def revision(conn) -> str | None:
+    """The database's Alembic revision (None: new, or written by 0.1)."""
+    return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision() -> str:
+    return ScriptDirectory.from_config(_alembic_config(None)).get_current_head()
+
+
+def _alembic_config(conn) -> Config:
+    config = Config()
+    config.set_main_option("script_location", "gradwatch_server:migrations")
+    config.attributes["connection"] = conn
+    return config
+
+
+def to_chunks(conn) -> None:
+    """Revision 0002: from 0.1's schema (or any later one) to chunked storage; safe to run twice."""
+    insp = ensure_schema(conn)
+    if insp.has_table("points") or insp.has_table("vectors"):
+        log.warning("gradwatch: converting a database from gradwatch 0.1 to chunked storage (once)")
+        convert_rows(conn, insp.has_table("points"), insp.has_table("vectors"))
+
+
+def ensure_schema(conn):
+    """Every table, column and index of this release present (and steps 64-bit); returns a fresh inspector."""
+    db.metadata.create_all(conn)
+    insp = inspect(conn)
+    for table, columns in NEW_COLUMNS.items():
+        have = {c["name"] for c in insp.get_columns(table)}
+        for name, ddl in columns:
+            if name not in have:
+                conn.execute(text(f'ALTER TABLE {table} ADD COLUMN "{name}" {ddl}'))
+    if conn.dialect.name == "postgresql":
+        for table, column in STEP_COLUMNS:
+            kind = {c["name"]: str(c["type"]).upper() for c in insp.get_columns(table)}.get(column)
+            if kind == "INTEGER":
+                conn.execute(text(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE BIGINT"))
+    _rebuild_changed_indexes(conn, insp)
+    return inspect(conn)
 
 
 def _rebuild_changed_indexes(conn, insp) -> None:
-    """An index whose columns changed between releases (same name) is dropped and created anew."""
+    """A missing index is created; one whose columns changed between releases (same name) is rebuilt."""
     for table in db.metadata.sorted_tables:
         have = {ix["name"]: ix["column_names"] for ix in insp.get_indexes(table.name)}
         for index in table.indexes:
-            if index.name in have and have[index.name] != [c.name for c in index.columns]:
+            if index.name not in have:
+                index.create(conn)
+            elif have[index.name] != [c.name for c in index.columns]:
                 index.drop(conn)
                 index.create(conn)
 

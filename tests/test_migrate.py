@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gradwatch_server import db, store
+from gradwatch_server import db, migrate, store
 from test_postgres import postgres_url  # noqa: F401 - the throwaway cluster fixture
 
 SCHEMA = (Path(__file__).parent / "data" / "schema_0_1.sql").read_text()
@@ -52,6 +52,8 @@ def test_a_0_1_database_is_converted_in_place(tmp_path):
         assert [a["count"] for a in store.get_alerts(conn, 1)] == [1]
         tables = {r[0] for r in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type='table'")}
     assert "points" not in tables and "vectors" not in tables
+    with engine.connect() as conn:
+        assert migrate.revision(conn) == migrate.head_revision() == "0002"  # Alembic's record of it
     engine.dispose()
     db.make_engine(f"sqlite:///{path}").dispose()  # opening again is a no-op
 
@@ -105,3 +107,10 @@ def test_an_index_whose_definition_changed_is_rebuilt(tmp_path):
     columns = [r[2] for r in con.execute("PRAGMA index_info(ix_chunks_key_last)")]
     con.close()
     assert columns == ["key_id", "last_step", "first_step"]
+
+
+def test_a_new_database_starts_at_the_newest_revision(tmp_path):
+    engine = db.make_engine(f"sqlite:///{tmp_path / 'new.db'}")
+    with engine.connect() as conn:
+        assert migrate.revision(conn) == migrate.head_revision()
+    engine.dispose()
