@@ -55,6 +55,8 @@ def upgrade(engine) -> None:
         if current is None:
             command.stamp(config, BASELINE)
         if current != head_revision():
+            log.warning("gradwatch: upgrading the database schema from revision %s (%s) to %s, in place, once",
+                        current or BASELINE, "gradwatch 0.1" if current is None else "an older release", head_revision())
             command.upgrade(config, "head")
         ensure_schema(conn)  # repairs by hand-made changes too (a dropped column or index): cheap, idempotent
 
