@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-# `peers` as a package; and not this folder itself on sys.path (it would shadow nothing, but be safe)
+# import `peers` as a package; this folder itself stays off sys.path so that nothing in it can ever
+# shadow a tool's own top-level package
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from peers.base import wait_until  # noqa: E402
@@ -121,7 +122,7 @@ def latency(tool, n: int, rate: float = 10.0) -> dict:
         lat.append((time.perf_counter() - t0) * 1e3)
         time.sleep(max(0.0, start + s / rate - time.perf_counter()))
     tool.close()
-    return {"value": statistics.median(lat), "p90": sorted(lat)[int(len(lat) * 0.9) - 1 if len(lat) > 1 else 0]}
+    return {"value": statistics.median(lat), "p90": sorted(lat)[max(0, int(len(lat) * 0.9) - 1)]}
 
 
 def chart(tool, n: int, reads: int = 3) -> dict:
