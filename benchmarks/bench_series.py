@@ -21,7 +21,8 @@ import numpy as np
 from gradwatch import protocol
 from gradwatch_server import db, store
 from gradwatch_server.batch import decode
-from gradwatch_server.ingest import apply_batch, load_state, open_run
+from gradwatch_server.hello import open_run
+from gradwatch_server.ingest import apply_batch, load_state
 
 LAYERS = 300
 BATCH = 20_000

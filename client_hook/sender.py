@@ -25,6 +25,10 @@ from .outbox import Outbox, gap_alert
 from .values import TARGET_BATCH_BYTES, Encoder, item_bytes
 
 WINDOW = 8                  # batches sent and not yet acked, at most (flow control)
+# An idle link sends a record at once, but not more often than this: a loop logging hundreds of
+# steps a second then wakes the sender ~50 times a second instead of every step (each wake costs
+# the training thread GIL time), and a point still reaches the server within ~20 ms.
+MIN_GAP = 0.02
 # Hand-off queue bound (estimated bytes). It only fills when the sender is stuck (or a loop logs
 # ~1M steps faster than they can be encoded: ~300 MB at peak); past it records are dropped and counted.
 MAX_QUEUE_BYTES = 384 << 20
@@ -202,7 +206,8 @@ class Sender(threading.Thread):
                 self._wait(self.flush_interval)
             return
         inflight = self._sent_upto - self._acked
-        if self._work() and (inflight == 0 or now - self._last_drain >= self.flush_interval or self._backlog()):
+        since = now - self._last_drain
+        if self._work() and ((inflight == 0 and since >= MIN_GAP) or since >= self.flush_interval or self._backlog()):
             self._drain()
         self._send_window()
         if self._sent_upto > self._acked:
@@ -210,7 +215,11 @@ class Sender(threading.Thread):
             self._receive(max(0.001, due))
         else:
             self._receive(0)  # a server error or close while idle
-            self._wait(self.flush_interval)
+            if self._queue:  # records logged within MIN_GAP of the last batch: they go when it has passed
+                self._wake.wait(max(0.001, self._last_drain + MIN_GAP - time.monotonic()))
+                self._wake.clear()
+            else:
+                self._wait(self.flush_interval)
 
     def _unbatched(self) -> bool:
         """Events held back or a gap not yet reported: they still need a batch."""

@@ -1,6 +1,6 @@
 """What happens to a batch: plain functions run on the writer thread, one batch at a time.
 
-``open_run`` answers a hello; ``apply_batch`` stores one decoded batch (batch.py) of a run:
+(A hello is answered by hello.py; run states by run_states.py.) ``apply_batch`` stores one decoded batch (batch.py) of a run:
 layouts, then every key's points as chunks (chunks.py) and rollups (rollup.py), then the health
 rules over the whole batch, then events, alerts and the run row. Whatever cannot be stored (a
 malformed record, a key over the run's limit) is left out, counted, and reported as a
@@ -9,21 +9,19 @@ malformed record, a key over the run's limit) is left out, counted, and reported
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
-import math
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 from gradwatch import protocol
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 
 from . import chunks, db, health, rollup
-from .alerts import AlertBook, insert_alert
+from .alerts import AlertBook
 from .batch import Batch, Column
 from .diagnose import diagnose
+from .hello import clean_json
 
 
 @dataclass
@@ -47,102 +45,6 @@ class RunState:
     rollups: dict = field(default_factory=dict)
     tails: dict = field(default_factory=dict)
     alerts: AlertBook | None = None
-
-
-def open_run(conn, info: dict, server_alerts: dict, now: float | None = None,
-             resume_from: int | None = None) -> dict:
-    """Create the run for a hello, or resume it (reconnect); returns run_id and acked_seq."""
-    now = now or time.time()
-    row = conn.execute(select(db.runs.c.id, db.runs.c.last_seq, db.runs.c.status, db.runs.c.secret)
-                       .where(db.runs.c.uid == info["uid"])).first()
-    if row is not None and row.secret is not None and not hmac.compare_digest(row.secret, _secret_hash(info) or ""):
-        # A uid alone (it shows in URLs and logs) must not let anyone resume, move the run's sequence or add data.
-        raise protocol.ProtocolError("this run uid belongs to another client (its run secret does not match)")
-    if row is not None:
-        conn.execute(update(db.runs).where(db.runs.c.id == row.id).values(seen_at=now))
-        if row.status in ("crashed", "stalled"):
-            conn.execute(update(db.runs).where(db.runs.c.id == row.id).values(status="running", updated_at=now))
-        out = {"run_id": row.id, "acked_seq": row.last_seq, "created": False}
-    else:
-        out = _create_run(conn, info, server_alerts, now)
-    if resume_from is not None and resume_from > out["acked_seq"] + 1:
-        _skip_lost_batches(conn, out, resume_from, now)
-    return out
-
-
-def _skip_lost_batches(conn, opened: dict, resume_from: int, now: float) -> None:
-    """The client no longer holds batches this database never got (acked by a server whose data is
-    gone): say so in an alert and carry on from what it has, instead of refusing it forever."""
-    first_lost, last_lost = opened["acked_seq"] + 1, resume_from - 1
-    conn.execute(update(db.runs).where(db.runs.c.id == opened["run_id"]).values(last_seq=last_lost, updated_at=now))
-    insert_alert(conn, opened["run_id"], health.Alert(
-        "data_gap", None, float(last_lost - first_lost + 1), "warning", message=(
-            f"Batches {first_lost}-{last_lost} of this run were acknowledged earlier by a server that no longer has "
-            "them (was the database replaced or restored from a backup?). Everything the training process still "
-            "held is stored from here on.")), now)
-    opened.update(acked_seq=last_lost, skipped=last_lost - first_lost + 1)
-
-
-def ensure_layouts(conn, run_id: int, layouts: dict) -> list[str]:
-    """Create the vector keys a hello names that this run does not have yet; returns them."""
-    known = {r.key for r in conn.execute(select(db.metric_keys.c.key).where(db.metric_keys.c.run_id == run_id))}
-    added = []
-    for key, names in layouts.items():
-        protocol.check_key(key)
-        if not isinstance(names, list):
-            raise protocol.ProtocolError(f"layout of {key!r} must be a list of names")
-        if key not in known:
-            conn.execute(db.metric_keys.insert().values(run_id=run_id, key=key,
-                                                        layers=json.dumps([clean(n)[:256] for n in names])))
-            added.append(key)
-    return added
-
-
-def _create_run(conn, info: dict, server_alerts: dict, now: float) -> dict:
-    alerts = info.get("alerts") if isinstance(info.get("alerts"), dict) else {}
-    result = conn.execute(db.runs.insert().values(
-        uid=info["uid"], project=clean(info.get("project") or "default")[:200], secret=_secret_hash(info),
-        name=clean(info.get("name") or info["uid"][:8])[:200], status="running", created_at=now, updated_at=now, seen_at=now,
-        last_seq=0, config=_json(info.get("config") or {}), meta=_json(info.get("meta") or {}),
-        alert_config=_json({**server_alerts, **alerts}),
-        tags=_json([str(t) for t in info.get("tags") or []] if isinstance(info.get("tags"), list) else []), notes=""))
-    return {"run_id": result.inserted_primary_key[0], "acked_seq": 0, "created": True}
-
-
-def _secret_hash(info: dict) -> str | None:
-    """The stored form of the client's per-run secret (never the secret itself)."""
-    secret = info.get("secret")
-    return hashlib.sha256(secret.encode("utf-8", "replace")).hexdigest() if isinstance(secret, str) and secret else None
-
-
-def _json(value) -> str:
-    """Strict JSON for a stored document (a bare NaN from a client becomes the string "NaN")."""
-    return json.dumps(_strict(value), ensure_ascii=False)
-
-
-def clean(text) -> str:
-    """A client's string made safe to store and serve (lone surrogates become U+FFFD)."""
-    return str(text).encode("utf-8", "replace").decode("utf-8") if not isinstance(text, str) or _bad(text) else text
-
-
-def _bad(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
-def _strict(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return protocol.encode_float(value)
-    if isinstance(value, str):
-        return clean(value)
-    if isinstance(value, dict):
-        return {str(k): _strict(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_strict(v) for v in value]
-    return value
 
 
 def load_state(conn, run_id: int) -> RunState:
@@ -380,7 +282,7 @@ def _apply_event(state: RunState, ev, changes: dict) -> list:
             return state.monitor.flush()  # an alert held for its step's loss goes out now
         return []
     if kind == "exception":
-        error = {k: _strict(ev.get(k)) for k in ("exc_type", "message", "traceback", "step", "memory")}
+        error = {k: clean_json(ev.get(k)) for k in ("exc_type", "message", "traceback", "step", "memory")}
         error["message"] = str(error["message"])[:20000]
         error["traceback"] = str(error["traceback"])[-50000:]
         error["diagnosis"] = diagnose(str(ev.get("exc_type"))[:200], error["message"][:4000],
@@ -398,46 +300,3 @@ def _apply_event(state: RunState, ev, changes: dict) -> list:
 
 def _short(value) -> str | None:
     return None if value is None else str(value)[:256]
-
-
-def heartbeat(conn, run_ids: list[int], now: float | None = None) -> None:
-    """This server process holds these runs' connections: their clients are alive."""
-    if run_ids:
-        conn.execute(update(db.runs).where(db.runs.c.id.in_(run_ids)).values(seen_at=now or time.time()))
-
-
-def mark_crashed(conn, cutoff: float, now: float | None = None) -> list[int]:
-    """Running (or stalled) runs that no server process has heard from since ``cutoff``: 'crashed'.
-
-    One conditional update: with several server processes, each crashed run is marked (and
-    announced) by exactly one of them.
-    """
-    seen = func.coalesce(db.runs.c.seen_at, db.runs.c.updated_at)
-    rows = conn.execute(update(db.runs).where(db.runs.c.status.in_(("running", "stalled")), seen < cutoff)
-                        .values(status="crashed", updated_at=now or time.time()).returning(db.runs.c.id)).all()
-    return [r.id for r in rows]
-
-
-def mark_stalled(conn, run_ids: list[int], intervals: dict, now: float | None = None) -> list[int]:
-    """Connected runs that stopped sending: status 'stalled' and a 'stalled' alert saying for how long."""
-    now = now or time.time()
-    for run_id in run_ids:
-        row = conn.execute(select(db.runs.c.updated_at, db.runs.c.last_step, db.runs.c.status)
-                           .where(db.runs.c.id == run_id)).first()
-        if row is None or row.status != "running":
-            continue
-        conn.execute(update(db.runs).where(db.runs.c.id == run_id).values(status="stalled"))
-        usual = intervals.get(run_id)
-        AlertBook.load(conn, run_id).record(conn, health.Alert(
-            "stalled", row.last_step, now - row.updated_at, "warning", message=(
-                f"The training process is still connected but has sent nothing for {now - row.updated_at:.0f} s"
-                + (f" (it usually sends every {usual:.1f} s)" if usual else "") + ". A hung collective "
-                "(NCCL/gloo waiting for a rank), a deadlocked DataLoader or a stuck I/O call are common causes; "
-                "py-spy dump --pid <pid> shows where it waits.")), now)
-    return run_ids
-
-
-def resume_stalled(conn, run_id: int) -> bool:
-    """A stalled run sent data again: it is running."""
-    conn.execute(update(db.runs).where(db.runs.c.id == run_id, db.runs.c.status == "stalled").values(status="running"))
-    return True

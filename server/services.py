@@ -8,7 +8,7 @@ import time
 from collections import Counter
 
 
-from . import db, ingest, live, store
+from . import db, hello, ingest, live, run_states, store
 from .activity import Activity
 from .batch import Batch
 from .fanout import PgFanout
@@ -110,8 +110,8 @@ class Services:
         return result
 
     def _open(self, conn, info: dict, resume_from: int | None, layouts: dict | None) -> dict:
-        result = ingest.open_run(conn, info, self.settings.alert_overrides, resume_from=resume_from)
-        added = ingest.ensure_layouts(conn, result["run_id"], layouts or {})
+        result = hello.open_run(conn, info, self.settings.alert_overrides, resume_from=resume_from)
+        added = hello.ensure_layouts(conn, result["run_id"], layouts or {})
         if result.get("skipped") or added or not result["created"]:
             self.states.pop(result["run_id"], None)  # its cached seq / keys may be behind the database now
         return result
@@ -175,7 +175,7 @@ class Services:
         try:
             result = ingest.apply_batch(conn, state, batch, limits=self.limits)
             if run_id in self.activity.stalled:
-                result["resumed"] = ingest.resume_stalled(conn, run_id)
+                result["resumed"] = run_states.resume_stalled(conn, run_id)
         except BaseException:
             self.states.pop(run_id, None)  # the transaction rolls back; so must the cache
             raise
@@ -214,13 +214,13 @@ class Services:
     async def _check_runs(self) -> None:
         now = time.time()
         mine = list(self.connected)
-        await asyncio.wrap_future(self.writer.submit(ingest.heartbeat, mine, now))
-        crashed = await asyncio.wrap_future(self.writer.submit(ingest.mark_crashed, now - self.settings.crash_timeout))
+        await asyncio.wrap_future(self.writer.submit(run_states.heartbeat, mine, now))
+        crashed = await asyncio.wrap_future(self.writer.submit(run_states.mark_crashed, now - self.settings.crash_timeout))
         floor = self.settings.crash_timeout
         stalled = [r for r in mine if r not in self.activity.stalled and self.activity.is_stalled(r, now, floor)]
         if stalled:
             self.activity.stalled.update(stalled)
-            await asyncio.wrap_future(self.writer.submit(ingest.mark_stalled, stalled, self.activity.intervals()))
+            await asyncio.wrap_future(self.writer.submit(run_states.mark_stalled, stalled, self.activity.intervals()))
         for run_id in crashed:
             self.activity.forget(run_id)
         for run_id in crashed + stalled:

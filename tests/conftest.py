@@ -73,6 +73,15 @@ def api(server) -> Api:
     return Api(server.url)
 
 
+@pytest.fixture(scope="module")
+def postgres_url():
+    """A throwaway PostgreSQL cluster (one per test module), as a URL."""
+    from pg_cluster import cluster
+
+    with cluster() as url:
+        yield url
+
+
 @pytest.fixture(scope="session")
 def browser():
     """Real Chromium (Debian's) driven by Playwright."""

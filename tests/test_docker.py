@@ -26,7 +26,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from test_postgres import postgres_url  # noqa: F401 - the throwaway PostgreSQL cluster fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -206,7 +205,7 @@ def test_entrypoint_serves_sqlite_by_default(tmp_path):
 
 
 @pytest.mark.slow
-def test_entrypoint_serves_postgres(tmp_path, postgres_url):  # noqa: F811
+def test_entrypoint_serves_postgres(tmp_path, postgres_url):
     env = image_env(tmp_path, GRADWATCH_DB=postgres_url)
     proc, url = start_entrypoint(env)
     check_serving_then_stop(proc, url, env)

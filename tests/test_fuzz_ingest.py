@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from gradwatch import protocol
 from gradwatch_server import chunks, db
 from gradwatch_server.batch import decode
-from gradwatch_server.ingest import apply_batch, load_state, open_run
+from gradwatch_server.hello import open_run
+from gradwatch_server.ingest import apply_batch, load_state
 
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(min_value=-10 ** 400, max_value=10 ** 400),
                       st.floats(allow_nan=True), st.text(max_size=8), st.sampled_from(["NaN", "Infinity", ""]))

@@ -5,7 +5,8 @@ from __future__ import annotations
 from gradwatch import protocol
 from gradwatch_server import db
 from gradwatch_server.batch import decode
-from gradwatch_server.ingest import apply_batch, load_state, open_run
+from gradwatch_server.hello import open_run
+from gradwatch_server.ingest import apply_batch, load_state
 
 LAYERS = ["in.weight", "in.bias", "out.weight", "out.bias"]
 

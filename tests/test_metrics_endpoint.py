@@ -8,7 +8,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 from websockets.sync.client import connect
 
 import gradwatch

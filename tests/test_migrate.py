@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from gradwatch_server import db, migrate, store
-from test_postgres import postgres_url  # noqa: F401 - the throwaway cluster fixture
 
 SCHEMA = (Path(__file__).parent / "data" / "schema_0_1.sql").read_text()
 PG_SCHEMA = (Path(__file__).parent / "data" / "schema_0_1_postgres.sql").read_text()
@@ -59,7 +58,7 @@ def test_a_0_1_database_is_converted_in_place(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_0_1_postgres_database_is_upgraded_in_place(postgres_url):  # noqa: F811
+def test_a_0_1_postgres_database_is_upgraded_in_place(postgres_url):
     from sqlalchemy import create_engine, text
 
     url = postgres_url.replace("postgresql://", "postgresql+psycopg2://")

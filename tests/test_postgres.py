@@ -9,17 +9,10 @@ import torch
 
 import gradwatch
 from conftest import Api
-from pg_cluster import cluster
 from gradwatch_server.serve import BackgroundServer
 from training import train
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def postgres_url():
-    with cluster() as url:
-        yield url
 
 
 def test_training_run_on_postgres(settings, postgres_url):

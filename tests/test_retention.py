@@ -14,10 +14,10 @@ from conftest import in_thread, run_async
 from gradwatch import protocol
 from gradwatch_server import cli, db, migrate, retention
 from gradwatch_server.batch import decode
-from gradwatch_server.ingest import apply_batch, load_state, open_run
+from gradwatch_server.hello import open_run
+from gradwatch_server.ingest import apply_batch, load_state
 from gradwatch_server.services import Services
 from gradwatch_server.settings import Settings, from_env
-from test_postgres import postgres_url  # noqa: F401 - the throwaway PostgreSQL cluster fixture
 
 DAY = 86400.0
 LAYERS = 8
@@ -249,7 +249,7 @@ def test_db_wait_gives_up_with_a_clear_message():
 
 
 @pytest.mark.slow
-def test_on_postgres_one_process_collects_at_a_time(postgres_url):  # noqa: F811
+def test_on_postgres_one_process_collects_at_a_time(postgres_url):
     services = retention.Offline(postgres_url)
     try:
         old = seed(services.engine, "pg-old", steps=3000, vector_steps=500)

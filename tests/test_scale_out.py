@@ -14,7 +14,6 @@ from websockets.sync.client import connect
 
 from conftest import Api
 from test_ingest_ws import Link, _columns_batch
-from test_postgres import postgres_url  # noqa: F401 - the throwaway cluster fixture
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +42,7 @@ class ServeProcess:
 
 
 @pytest.fixture
-def two_servers(postgres_url):  # noqa: F811
+def two_servers(postgres_url):
     a, b = ServeProcess(postgres_url), ServeProcess(postgres_url)
     yield a, b
     a.stop()
@@ -117,7 +116,7 @@ def test_a_run_whose_client_vanished_is_marked_crashed_by_one_process(two_server
         time.sleep(0.2)
 
 
-def test_serve_workers_runs_several_processes(postgres_url):  # noqa: F811
+def test_serve_workers_runs_several_processes(postgres_url):
     srv = ServeProcess(postgres_url, "--workers", "2")
     try:
         link = Link(srv.url, uid=f"workers-{time.monotonic_ns()}", secret="s")

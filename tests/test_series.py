@@ -11,7 +11,8 @@ import pytest
 from gradwatch import protocol
 from gradwatch_server import db, store
 from gradwatch_server.batch import decode
-from gradwatch_server.ingest import apply_batch, load_state, open_run
+from gradwatch_server.hello import open_run
+from gradwatch_server.ingest import apply_batch, load_state
 
 N = 60_000
 LAYERS = 6
