@@ -22,6 +22,7 @@ from typing import Callable
 
 from .link import Link, LinkClosed, Refused
 from .outbox import Outbox, gap_alert
+from .progress import Progress
 from .values import TARGET_BATCH_BYTES, Encoder, item_bytes
 
 WINDOW = 8                  # batches sent and not yet acked, at most (flow control)
@@ -126,7 +127,9 @@ class Sender(threading.Thread):
         start = last_progress = time.monotonic()
         wanted, target = self._put_count, None
         last_acked, unreachable_since, failures = self._acked, None, self.failures
-        meter = _Progress(self.pending_records()) if progress else None
+        # A run's own finish counts steps; `gradwatch sync` of a spool left on disk counts batches.
+        left = self.pending_records if self._put_records else lambda: len(self.outbox)
+        meter = Progress(left(), "steps" if self._put_records else "batches") if progress else None
         try:
             while True:
                 self._wake.set()
@@ -146,7 +149,7 @@ class Sender(threading.Thread):
                         or (cap is not None and now - start > cap):
                     return False
                 if meter is not None:
-                    meter.show(now - start, self.pending_records())
+                    meter.show(now - start, left())
                 time.sleep(0.01)
         finally:
             if meter is not None:
@@ -383,29 +386,6 @@ class Sender(threading.Thread):
         self.notify(f"gap:{sorted(reasons)[0]}", f"gradwatch: {records} record(s) could not be kept: "
                     f"{'; '.join(sorted(reasons))} (reported to the server as a data_gap alert)")
         return [gap_alert(records, first, last, "; ".join(sorted(reasons)))]
-
-
-class _Progress:
-    """`gradwatch: sending 412,000 steps to the server… 63 %` on stderr, once delivery takes > 2 s."""
-
-    def __init__(self, total: int):
-        self.total = max(1, total)
-        self.shown = 0.0
-        self.tty = sys.stderr.isatty()
-
-    def show(self, elapsed: float, pending: int) -> None:
-        every = 0.5 if self.tty else 5.0
-        if elapsed < 2.0 or elapsed - self.shown < every:
-            return
-        self.shown = elapsed
-        done = 100 * (self.total - pending) // self.total
-        line = f"gradwatch: sending {self.total:,} steps to the server… {max(0, done)} %"
-        sys.stderr.write(("\r" + line) if self.tty else line + "\n")
-        sys.stderr.flush()
-
-    def done(self) -> None:
-        if self.shown and self.tty:
-            sys.stderr.write("\n")
 
 
 def _quietly(fn) -> None:

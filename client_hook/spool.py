@@ -90,7 +90,7 @@ def remove(spool_dir: Path) -> None:
 
 
 def deliver(spool_dir: Path, server: str, token: str | None = None, patience: float = 30.0,
-            quiet: bool = True) -> tuple[bool, int | None, str]:
+            quiet: bool = True, progress: bool = False) -> tuple[bool, int | None, str]:
     """Send one run's spool and remove it once delivered; returns (delivered, run id, why not).
 
     Skips (False, None, "in use ...") a spool that a live process holds. Idempotent: the server
@@ -110,7 +110,7 @@ def deliver(spool_dir: Path, server: str, token: str | None = None, patience: fl
         sender = Sender(server, read_run_info(spool_dir), Path(spool_dir), outbox=outbox, token=token)
         sender.quiet = quiet
         sender.start()
-        ok = sender.deliver(patience=patience, grace=3.0)
+        ok = sender.deliver(patience=patience, grace=3.0, progress=progress)
         sender.close()
         if ok:
             remove(spool_dir)

@@ -25,7 +25,7 @@ def sync(spool_dir: str | None = None, server: str | None = None, token: str | N
         return 0
     failed = 0
     for path in targets:
-        ok, run_id, why = spool.deliver(path, server, token)
+        ok, run_id, why = spool.deliver(path, server, token, progress=True)  # a progress line past ~2 s
         if ok:
             where = f"run {run_id} is at {server}/runs/{run_id}" if run_id is not None else "nothing left to send"
             print(f"gradwatch sync: {path.name}: delivered; {where}")

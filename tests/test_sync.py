@@ -84,3 +84,13 @@ def test_a_new_run_delivers_older_spools_in_the_background(server, api, tmp_path
     names = {r["name"]: r["id"] for r in api.get("/api/runs")}
     assert len(api.get(f"/api/runs/{names['offline']}/series?key=loss")["steps"]) == 20
     assert not gradwatch.spool.pending_runs(root)
+
+
+def test_sync_shows_progress_in_batches_when_it_takes_a_while(capsys):
+    from gradwatch.progress import Progress
+
+    meter = Progress(40, "batches")
+    meter.show(1.0, 40)  # under ~2 s: quiet
+    meter.show(2.5, 10)
+    err = capsys.readouterr().err
+    assert "sending 40 batches to the server… 75 %" in err and err.count("sending") == 1
