@@ -230,8 +230,8 @@ class Run:
         with self._lock:
             if step is None:
                 step = self._step
-            elif not isinstance(step, int) or isinstance(step, bool) or step < 0:
-                raise ValueError(f"step must be a non-negative int, got {step!r}")
+            elif not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= protocol.MAX_STEP:
+                raise ValueError(f"step must be an int from 0 to 2**63-1, got {step!r}")
             self._step = max(self._step, step + 1)
         scalars = {}
         for key, value in data.items():

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Callable
 
 from .link import Link, LinkClosed, Refused
-from .outbox import Outbox, gap_alert
+from .gaps import Gaps
+from .outbox import Outbox
 from .progress import Progress
 from .values import TARGET_BATCH_BYTES, Encoder, item_bytes
 
@@ -68,7 +69,7 @@ class Sender(threading.Thread):
         # Written by this thread (or by close() once it stopped).
         self._taken_bytes = self._taken_count = self._taken_records = 0
         self._dropped_seen = 0
-        self._gap = [0, None, None, set()]  # records, first step, last step, reasons
+        self._gaps = Gaps()
         self._held_events: list = []
         self._seq = self.outbox.last() or 0
         self._acked = self._sent_upto = 0
@@ -226,7 +227,7 @@ class Sender(threading.Thread):
 
     def _unbatched(self) -> bool:
         """Events held back or a gap not yet reported: they still need a batch."""
-        return bool(self._held_events or self._gap[0] or self._dropped > self._dropped_seen)
+        return bool(self._held_events or self._gaps or self._dropped > self._dropped_seen)
 
     def _work(self) -> bool:
         return bool(self._queue) or self._unbatched()
@@ -330,19 +331,37 @@ class Sender(threading.Thread):
         for item in items:
             self._taken_bytes += item_bytes(item)
             self._taken_records += item[0] == "rec"
-        if self.outbox.full():  # the disk refuses writes too: count what cannot be kept, never grow
-            self._discard(items, f"disk full: {self.outbox.disk_error}")
-        else:
-            events, self._held_events = self._held_events + self._gap_events(), []
-            for seq, text, records in self.encoder.encode(items, self._seq + 1, self.features, events):
-                self.outbox.add(seq, text, records)
-                self._seq = seq
-        self._taken_count += len(items)  # only now: deliver() reads _seq once this covers its items
+        try:
+            if self.outbox.full():  # the disk refuses writes too: count what cannot be kept, never grow
+                self._discard(items, f"disk full: {self.outbox.disk_error}")
+            else:
+                events, self._held_events = self._held_events + self._gap_events(), []
+                try:
+                    self._encode(items, events)
+                except Exception:  # noqa: BLE001 - one bad record must not take the others with it
+                    self._encode_each(items, events)
+        finally:
+            self._taken_count += len(items)  # only now: deliver() reads _seq once this covers its items
+
+    def _encode(self, items: list, events: list) -> None:
+        for seq, text, records in self.encoder.encode(items, self._seq + 1, self.features, events):
+            self.outbox.add(seq, text, records)
+            self._seq = seq
+
+    def _encode_each(self, items: list, events: list) -> None:
+        """Encoding a drain failed: encode item by item, and count the ones that cannot be (a gap)."""
+        self._encode([], events)
+        for item in items:
+            try:
+                self._encode([item], [])
+            except Exception as exc:  # noqa: BLE001
+                self._discard([item], f"could not be encoded ({type(exc).__name__}: {exc})"[:300])
+                del exc
 
     def _discard(self, items: list, why: str) -> None:
         for item in items:
             if item[0] == "rec":
-                self._note_gap(1, item[1], item[1], why)
+                self._gaps.note(1, item[1], item[1], why)
             elif item[0] == "layout":
                 self.encoder.layouts[item[1]] = list(item[2])  # still sent in every hello
             elif len(self._held_events) < MAX_HELD_EVENTS:
@@ -364,13 +383,6 @@ class Sender(threading.Thread):
             self._told.add(kind)
             print(text, file=sys.stderr, flush=True)
 
-    def _note_gap(self, records: int, first, last, why: str) -> None:
-        gap = self._gap
-        gap[0] += records
-        gap[1] = first if gap[1] is None else gap[1]
-        gap[2] = last
-        gap[3].add(why)
-
     def _gap_events(self) -> list:
         """Alerts for what could not be kept since the last batch (training-side drops included)."""
         dropped = self._dropped - self._dropped_seen
@@ -378,14 +390,8 @@ class Sender(threading.Thread):
             self._dropped_seen += dropped
             first, last = self._drop_steps
             self._drop_steps[0] = None
-            self._note_gap(dropped, first, last, "the sender fell behind (queue over its memory bound)")
-        if not self._gap[0]:
-            return []
-        records, first, last, reasons = self._gap
-        self._gap = [0, None, None, set()]
-        self.notify(f"gap:{sorted(reasons)[0]}", f"gradwatch: {records} record(s) could not be kept: "
-                    f"{'; '.join(sorted(reasons))} (reported to the server as a data_gap alert)")
-        return [gap_alert(records, first, last, "; ".join(sorted(reasons)))]
+            self._gaps.note(dropped, first, last, "the sender fell behind (queue over its memory bound)")
+        return self._gaps.events(self.notify)
 
 
 def _quietly(fn) -> None:

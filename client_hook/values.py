@@ -203,7 +203,7 @@ def _batch_text(seq: int, plain: list, layouts: dict, events: list, features: se
     if COLUMNS in features and plain and hasattr(protocol, "encode_columns"):
         try:
             msg: dict = {"type": "batch", "seq": seq, "columns": protocol.encode_columns(plain)}
-        except ValueError:  # a vector changed width inside the batch (re-watched model): records carry that
+        except (ValueError, OverflowError):  # a vector changed width inside the batch: records carry that
             pass
         else:
             if layouts:

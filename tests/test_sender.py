@@ -199,3 +199,30 @@ def test_a_full_disk_never_stalls_and_the_loss_is_reported_as_a_gap(settings, tm
         assert in_log < 2.0
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_record_that_cannot_be_encoded_is_counted_and_the_rest_delivered(server, api):
+    """A value the wire cannot carry (an int past float range) costs that record only, reported as a gap."""
+    import gradwatch
+
+    run = gradwatch.init(project="p", name="odd", server=server.url)
+    for step in range(30):
+        run._put_record(step, {"loss": 10 ** 400 if step == 7 else 1.0 / (step + 1)}, {})
+    assert run._sender.flush(20)
+    run.finish()
+    run_id = api.get("/api/runs")[0]["id"]
+    steps = api.get(f"/api/runs/{run_id}/series?key=loss")["steps"]
+    assert steps == [s for s in range(30) if s != 7]
+    gaps = [a for a in api.get(f"/api/runs/{run_id}/alerts") if a["kind"] == "data_gap"]
+    assert gaps and "could not be encoded" in gaps[0]["message"]
+    assert api.get(f"/api/runs/{run_id}")["status"] == "finished"
+
+
+def test_log_refuses_a_step_past_64_bits(server):
+    import gradwatch
+
+    run = gradwatch.init(project="p", name="big-step", server=server.url)
+    run.log({"loss": 1.0}, step=2 ** 63)  # refused with a warning, never raised into training
+    run.log({"loss": 1.0}, step=2 ** 63 - 1)
+    assert run.step == 2 ** 63
+    run.finish()
