@@ -34,6 +34,7 @@ class Batch:
     layouts: dict = field(default_factory=dict)   # key -> slot names
     events: list = field(default_factory=list)
     problems: list = field(default_factory=list)  # what could not be stored, and why
+    decoding_problems: int = 0  # how many of those decoding found (applying may add more: see ingest)
 
     @property
     def points(self) -> int:
@@ -62,6 +63,7 @@ def decode(message: dict) -> Batch:
         _from_columns(batch, message["columns"])
     else:
         _from_records(batch, message.get("records") or [])
+    batch.decoding_problems = len(batch.problems)
     return batch
 
 

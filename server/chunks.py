@@ -125,6 +125,22 @@ def append(writes: Writes, tail: Tail, key_id: int, points: Points) -> None:
     writes.small.append((tail, points, _row(key_id, points)))
 
 
+def load_tail(conn, key_id: int, slots: int) -> Tail:
+    """A key's small rows still waiting to be merged (after a server restart or a cache reload), so they
+    are merged with the next ones instead of staying small for good."""
+    cols = db.chunks.c
+    rows = conn.execute(select(cols.id, cols.steps, cols.walls, cols.data, cols.missing)
+                        .where(cols.key_id == key_id, cols.n < capacity(slots)).order_by(cols.id)).all()
+    tail = Tail(slots=slots)
+    for row in rows:
+        if len(row.data) == slots * len(row.steps):  # (8 bytes a value, 8 a step) written under this layout
+            part = _decode(row, None)
+            tail.ids.append(row.id)
+            tail.parts.append(part)
+            tail.n += len(part)
+    return tail
+
+
 def append_now(conn, tail: Tail, key_id: int, points: Points) -> None:
     """``append`` and write at once (one key)."""
     writes = Writes()

@@ -99,7 +99,12 @@ def _wait_for_notifies(dbapi, timeout: float) -> list[str]:
 
 
 def reference(message: dict) -> dict:
-    """What a receiving process needs to read a big points push back from the database."""
+    """What a receiving process needs to read a big message back from the database: a run's summary
+    (with its config and traceback) by id, a points push by keys and step range; anything else: resync."""
+    if message.get("type") == "run":
+        return {"type": "run", "run_id": (message.get("run") or {}).get("id")}
+    if message.get("type") != "points":
+        return {"type": "resync"}
     steps = [s for part in ("series", "vectors") for v in (message.get(part) or {}).values() for s in v["steps"]]
     keys = sorted({*(message.get("series") or {}), *(message.get("vectors") or {})})
     return {"type": message.get("type"), "run_id": message.get("run_id"), "keys": keys,

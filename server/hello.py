@@ -49,18 +49,19 @@ def _skip_lost_batches(conn, opened: dict, resume_from: int, now: float) -> None
     opened.update(acked_seq=last_lost, skipped=last_lost - first_lost + 1)
 
 
-def ensure_layouts(conn, run_id: int, layouts: dict) -> list[str]:
-    """Create the vector keys a hello names that this run does not have yet; returns them."""
+def ensure_layouts(conn, run_id: int, layouts: dict, max_keys: int = 10000, max_layers: int = 100000) -> list[str]:
+    """Create the vector keys a hello names that this run does not have yet (within the run's limits)."""
     known = {r.key for r in conn.execute(select(db.metric_keys.c.key).where(db.metric_keys.c.run_id == run_id))}
     added = []
     for key, names in layouts.items():
         protocol.check_key(key)
         if not isinstance(names, list):
             raise protocol.ProtocolError(f"layout of {key!r} must be a list of names")
-        if key not in known:
-            conn.execute(db.metric_keys.insert().values(run_id=run_id, key=key,
-                                                        layers=json.dumps([clean(n)[:256] for n in names])))
-            added.append(key)
+        if key in known or len(names) > max_layers or len(known) + len(added) >= max_keys:
+            continue  # over a limit: left to the batches, where the refusal is reported on the run
+        conn.execute(db.metric_keys.insert().values(run_id=run_id, key=key,
+                                                    layers=json.dumps([clean(n)[:256] for n in names])))
+        added.append(key)
     return added
 
 

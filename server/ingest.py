@@ -19,7 +19,7 @@ from sqlalchemy import select, update
 
 from . import chunks, db, health, rollup
 from .alerts import AlertBook
-from .batch import Batch, Column
+from .batch import Batch
 from .diagnose import diagnose
 from .hello import clean_json
 
@@ -81,7 +81,7 @@ def _replay_recent(conn, state: RunState) -> None:
     depth = int(max(v for k, v in th.items() if k.endswith((".window", ".patience", ".min_history")))) + 1
     steps: dict = {}
     for key, key_id in state.key_ids.items():
-        if key in state.layouts or not health_relevant(key):
+        if key in state.layouts or not health.relevant(key):
             continue
         points = chunks.latest(conn, key_id, depth, slots=1)
         for step, value in zip(points.steps.tolist(), points.values[:, 0].tolist()):
@@ -95,14 +95,6 @@ def _replay_recent(conn, state: RunState) -> None:
             steps.setdefault(step, ({}, {}))[1][health.GRAD_VECTOR] = (layout, norms)
     for step in sorted(steps)[-depth:]:
         state.monitor.observe(step, *steps[step])
-
-
-def health_relevant(key: str) -> bool:
-    """Scalar keys the health rules read (only these are handed to them)."""
-    relevant = getattr(health, "relevant", None)
-    if relevant is not None:
-        return relevant(key)
-    return protocol.is_loss_key(key) or key.startswith(("grad/", "memory/", "amp/"))
 
 
 def _key_id(conn, state: RunState, key: str, limits: Limits, layers: list | None = None) -> int | None:
@@ -139,6 +131,7 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
     """Store one batch (already checked to be the next seq); returns what to push and what was refused."""
     now = now or time.time()
     limits = limits or Limits()
+    del batch.problems[batch.decoding_problems:]  # a retry (after a failed group commit) starts afresh
     _apply_layouts(conn, state, batch, limits)
     stored = _store_columns(conn, state, batch, limits)
     new_alerts = _observe(state, batch)
@@ -195,7 +188,10 @@ def _store_columns(conn, state: RunState, batch: Batch, limits: Limits) -> dict:
                 continue
             steps, walls = batch.column_steps(column)
             points = chunks.Points(steps, walls, column.values, column.missing)
-            chunks.append(chunk_writes, state.tails.setdefault(key, chunks.Tail()), key_id, points)
+            tail = state.tails.get(key)
+            if tail is None:  # first write since this cache was built: pick up the key's small rows
+                tail = state.tails[key] = chunks.load_tail(conn, key_id, column.values.shape[1])
+            chunks.append(chunk_writes, tail, key_id, points)
             if kind == "scalar" and column.rows is None:
                 shared.append((key_id, column.values[:, 0]))
             else:
@@ -229,42 +225,19 @@ def _accept(conn, state: RunState, batch: Batch, limits: Limits, kind: str, key:
 
 
 def _observe(state: RunState, batch: Batch) -> list:
-    """The health rules over the batch: the keys they read, in record order."""
-    scalars = {k: c for k, c in batch.scalars.items() if health_relevant(k)}
+    """The health rules over the whole batch (``Monitor.observe_batch``): the keys they read, in record order."""
+    scalars = {k: c for k, c in batch.scalars.items() if health.relevant(k)}
     grad = batch.vectors.get(health.GRAD_VECTOR)
     if not scalars and grad is None:
         return []
-    observe_batch = getattr(state.monitor, "observe_batch", None)
-    layout = state.layouts.get(health.GRAD_VECTOR)
-    if observe_batch is not None:
-        every = np.arange(len(batch.steps))
-        cols = {k: (every if c.rows is None else c.rows, c.values[:, 0]) for k, c in scalars.items()}
-        vecs = {}
-        if grad is not None:
-            vecs[health.GRAD_VECTOR] = (layout or [], every if grad.rows is None else grad.rows, grad.values,
-                                        np.ones(grad.values.shape, dtype=bool) if grad.missing is None else ~grad.missing)
-        return observe_batch(batch.steps, cols, vecs)
-    return _observe_each(state, batch, scalars, grad, layout)
-
-
-def _observe_each(state: RunState, batch: Batch, scalars: dict, grad: Column | None, layout) -> list:
-    """Fallback: one ``observe`` call per record that holds a key the rules read."""
-    per_row: dict = {}
-    for key, column in scalars.items():
-        rows = range(len(batch.steps)) if column.rows is None else column.rows.tolist()
-        for row, value in zip(rows, column.values[:, 0].tolist()):
-            per_row.setdefault(row, ({}, {}))[0][key] = value
+    every = np.arange(len(batch.steps))
+    cols = {k: (every if c.rows is None else c.rows, c.values[:, 0]) for k, c in scalars.items()}
+    vecs = {}
     if grad is not None:
-        rows = range(len(batch.steps)) if grad.rows is None else grad.rows.tolist()
         present = np.ones(grad.values.shape, dtype=bool) if grad.missing is None else ~grad.missing
-        for row, values, ok in zip(rows, grad.values.tolist(), present.tolist()):
-            norms = [v if p else None for v, p in zip(values, ok)]
-            per_row.setdefault(row, ({}, {}))[1][health.GRAD_VECTOR] = (layout, norms)
-    alerts = []
-    steps = batch.steps.tolist()
-    for row in sorted(per_row):
-        alerts += state.monitor.observe(steps[row], *per_row[row])
-    return alerts
+        vecs[health.GRAD_VECTOR] = (state.layouts.get(health.GRAD_VECTOR) or [],
+                                    every if grad.rows is None else grad.rows, grad.values, present)
+    return state.monitor.observe_batch(batch.steps, cols, vecs)
 
 
 def _apply_event(state: RunState, ev, changes: dict) -> list:

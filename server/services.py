@@ -32,8 +32,7 @@ class Services:
         self.hub = Hub()
         self.webhook = WebhookSender(settings.webhook) if settings.webhook else None
         self.states: dict[int, ingest.RunState] = {}  # touched only on the writer thread
-        self.limits = ingest.Limits(max_keys=getattr(settings, "max_keys_per_run", 10000),
-                                    max_layers=getattr(settings, "max_layers", 100000))
+        self.limits = ingest.Limits(max_keys=settings.max_keys_per_run, max_layers=settings.max_layers)
         self.connected: Counter = Counter()
         self.activity = Activity()
         self.ingest_stats = IngestStats()
@@ -65,14 +64,17 @@ class Services:
             asyncio.ensure_future(self._deliver_reference(channel, ref))
 
     async def _deliver_reference(self, channel, ref: dict) -> None:
-        """A big points push from another process: read those points back, for this process's pages."""
-        if ref.get("lo") is None:
-            return
+        """A message from another process too big for a NOTIFY: read it back, for this process's pages."""
         try:
-            points = await self.aread(store.points_between, ref["run_id"], ref["keys"], ref["lo"], ref["hi"])
+            if ref.get("type") == "run" and ref.get("run_id") is not None:
+                self.hub.deliver(channel, {"type": "run", "run": await self.aread(store.get_run, ref["run_id"])})
+            elif ref.get("type") == "points" and ref.get("lo") is not None:
+                points = await self.aread(store.points_between, ref["run_id"], ref["keys"], ref["lo"], ref["hi"])
+                self.hub.deliver(channel, {"type": "points", "run_id": ref["run_id"], **points})
+            else:
+                self.hub.deliver(channel, {"type": "resync"})
         except store.NotFound:
             return
-        self.hub.deliver(channel, {"type": "points", "run_id": ref["run_id"], **points})
 
     def read(self, fn, *args, **kwargs):
         """Run a read function from ``store`` on a pooled connection (blocking: call off the event loop)."""
@@ -111,7 +113,7 @@ class Services:
 
     def _open(self, conn, info: dict, resume_from: int | None, layouts: dict | None) -> dict:
         result = hello.open_run(conn, info, self.settings.alert_overrides, resume_from=resume_from)
-        added = hello.ensure_layouts(conn, result["run_id"], layouts or {})
+        added = hello.ensure_layouts(conn, result["run_id"], layouts or {}, self.limits.max_keys, self.limits.max_layers)
         if result.get("skipped") or added or not result["created"]:
             self.states.pop(result["run_id"], None)  # its cached seq / keys may be behind the database now
         return result

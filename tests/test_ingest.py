@@ -68,3 +68,27 @@ def test_replay_reads_only_the_recent_steps(tmp_path):
     state = _restart(engine, run_id)
     window = state.monitor.states["spike"]["loss"]["window"]
     assert 0 < len(window) <= 100 and state.last_step == 4999
+
+
+def test_small_rows_left_by_a_restart_are_still_merged(tmp_path):
+    """Live batches of one step each, the server 'restarting' every 5 batches: the small rows of every
+    restart are merged into full chunks later, not left small for good."""
+    from sqlalchemy import func, select
+
+    engine, run_id = _setup(tmp_path)
+    layers = [f"l{i}" for i in range(300)]  # a 300-slot vector: a full chunk is 16 steps
+    for seq in range(1, 41):
+        state = _restart(engine, run_id) if seq % 5 == 1 else state
+        msg = decode({"type": "batch", "seq": seq, "layouts": {"grad": layers} if seq == 1 else {},
+                      "records": [{"step": seq - 1, "t": float(seq), "scalars": {},
+                                   "vectors": {"grad": [float(seq)] * 300}}]})
+        with engine.begin() as conn:
+            apply_batch(conn, state, msg)
+    with engine.connect() as conn:
+        key_id = conn.execute(select(db.metric_keys.c.id).where(db.metric_keys.c.key == "grad")).scalar()
+        rows = conn.execute(select(func.count()).select_from(db.chunks).where(db.chunks.c.key_id == key_id)).scalar()
+        full = conn.execute(select(func.count()).select_from(db.chunks).where(db.chunks.c.key_id == key_id,
+                                                                             db.chunks.c.n == 16)).scalar()
+        from gradwatch_server import store
+        assert store.get_series(conn, run_id, "grad/l7")["steps"] == list(range(40))
+    assert full == 2 and rows == 2 + 8  # two full chunks and the 8 newest steps still small

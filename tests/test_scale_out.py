@@ -133,3 +133,20 @@ def test_workers_refuse_sqlite(tmp_path):
     out = subprocess.run([sys.executable, "-m", "gradwatch_server.cli", "serve", "--port", "0", "--workers", "2",
                           "--db", f"sqlite:///{tmp_path / 'x.db'}"], capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "PostgreSQL" in out.stderr
+
+
+def test_a_run_summary_too_big_for_a_notify_still_reaches_the_other_process(two_servers):
+    a, b = two_servers
+    feed = connect("ws" + b.url[4:] + "/ws/runs")
+    assert json.loads(feed.recv(timeout=10))["type"] == "subscribed"
+    config = {f"param_{i}": "x" * 100 for i in range(200)}  # ~20 KB: over NOTIFY's 8,000-byte payload
+    link = Link(a.url, uid=f"big-{time.monotonic_ns()}", secret="s", run={"config": config})
+    deadline = time.monotonic() + 20
+    while True:
+        msg = json.loads(feed.recv(timeout=20))
+        if msg["type"] == "run" and msg["run"]["id"] == link.welcome["run_id"]:
+            break
+        assert time.monotonic() < deadline
+    assert msg["run"]["name"] == "n"
+    feed.close()
+    link.close()

@@ -57,7 +57,7 @@ async def ingest(ws: WebSocket) -> None:
     run_id = opened["run_id"]
     services.connect(run_id)
     replies: asyncio.Queue = asyncio.Queue(IN_FLIGHT)
-    budget = Budget(getattr(services.settings, "max_buffered_bytes", 64 << 20))
+    budget = Budget(services.settings.max_buffered_bytes)
     answering = asyncio.ensure_future(_answer(ws, services, run_id, replies, budget))
     try:
         await ws.send_text(protocol.dumps({"type": "welcome", "protocol": protocol.PROTOCOL_VERSION,
@@ -65,10 +65,13 @@ async def ingest(ws: WebSocket) -> None:
                                            "features": protocol.SERVER_FEATURES}))
         while not answering.done():
             text = await _receive(ws)
-            await budget.take(len(text))  # past max_buffered_bytes, stop reading: the client's window waits
+            # Past max_buffered_bytes, stop reading: the client's window waits. If the answers stop (the run
+            # was deleted, the database failed a batch), stop waiting too: the connection is over.
+            await _unless_done(answering, budget.take(len(text)))
             message = await (asyncio.to_thread(_decode, text) if len(text) > BIG_FRAME else _wrap(_decode(text)))
-            await replies.put((message.seq, services.submit_batch(run_id, message), len(text)))
-    except (WebSocketDisconnect, RuntimeError):
+            await _unless_done(answering, replies.put((message.seq, services.submit_batch(run_id, message),
+                                                       len(text))))
+    except (WebSocketDisconnect, RuntimeError, _Over):
         pass
     except protocol.ProtocolError as exc:
         log.warning("run %s sent a frame that is not a batch: %s", run_id, exc)
@@ -83,6 +86,18 @@ async def ingest(ws: WebSocket) -> None:
 
 async def _wrap(value):
     return value
+
+
+class _Over(Exception):
+    """The answering side of a connection ended while the reading side waited."""
+
+
+async def _unless_done(answering: asyncio.Future, awaitable) -> None:
+    waiting = asyncio.ensure_future(awaitable)
+    await asyncio.wait({waiting, answering}, return_when=asyncio.FIRST_COMPLETED)
+    if not waiting.done():
+        waiting.cancel()
+        raise _Over
 
 
 def _decode(text: str) -> batches.Batch:
