@@ -91,7 +91,7 @@ class Outbox:
         """Create the spool (locked, with run.json) before its first batch file."""
         if self._disk_ready:
             return
-        self.spool_dir.mkdir(parents=True, exist_ok=True)
+        self.spool_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # run.json holds the run's secret
         self._dir_lock.acquire()
         if self.run_info is not None:
             spool.write_run_info(self.spool_dir, self.run_info)

@@ -54,7 +54,8 @@ class Sender(threading.Thread):
         self.url = self.link.url
         self.flush_interval = flush_interval
         self.max_queue_bytes = max_queue_bytes
-        self.outbox = outbox or Outbox(spool_dir, max_memory_bytes, run_info)
+        # run.json also names the server the run was meant for (older runs' spools go only there).
+        self.outbox = outbox or Outbox(spool_dir, max_memory_bytes, {**run_info, "server": server})
         self.encoder = Encoder(inspect)
         self.quiet = False  # sync prints its own summary
         self.on_connected = None  # called once, on its own thread, after the first welcome

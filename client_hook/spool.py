@@ -63,7 +63,9 @@ class Lock:
 def write_run_info(spool_dir: Path, run_info: dict) -> None:
     """Keep the run's hello section next to its batches, for ``gradwatch sync``."""
     tmp = Path(spool_dir) / (INFO_NAME + ".tmp")
-    tmp.write_text(json.dumps(run_info, default=str))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the run's secret
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(run_info, default=str))
     os.replace(tmp, Path(spool_dir) / INFO_NAME)
 
 
@@ -125,5 +127,9 @@ def deliver(spool_dir: Path, server: str, token: str | None = None, patience: fl
 def deliver_pending(root: Path, server: str, token: str | None = None, skip: Path | None = None) -> None:
     """Background delivery of older runs' spools (after a new run reached the server)."""
     for path in pending_runs(root):
-        if skip is None or path.resolve() != Path(skip).resolve():
-            deliver(path, server, token, patience=10.0)
+        if skip is not None and path.resolve() == Path(skip).resolve():
+            continue
+        meant_for = read_run_info(path).get("server")
+        if meant_for and meant_for.rstrip("/") != server.rstrip("/"):
+            continue  # a run meant for another server waits for it (or for an explicit `gradwatch sync`)
+        deliver(path, server, token, patience=10.0)

@@ -75,6 +75,10 @@ def test_a_new_run_delivers_older_spools_in_the_background(server, api, tmp_path
     old.finish(timeout=2)
     root = gradwatch.spool.default_root()
     assert [p.name for p in gradwatch.spool.pending_runs(root)] == [old.uid]
+    # As if that run had been meant for this server while it was down (runs meant for another server
+    # are left alone: see the next test).
+    info = gradwatch.spool.read_run_info(root / old.uid)
+    gradwatch.spool.write_run_info(root / old.uid, {**info, "server": server.url})
     new = gradwatch.init(project="p", name="online", server=server.url)
     new.log({"loss": 0.5})
     deadline = time.monotonic() + 30
@@ -94,3 +98,24 @@ def test_sync_shows_progress_in_batches_when_it_takes_a_while(capsys):
     meter.show(2.5, 10)
     err = capsys.readouterr().err
     assert "sending 40 batches to the server… 75 %" in err and err.count("sending") == 1
+
+
+def test_a_run_meant_for_another_server_is_not_delivered_in_the_background(server, api):
+    import os
+    import time
+
+    import gradwatch
+
+    old = gradwatch.init(project="p", name="elsewhere", server="http://127.0.0.1:9")
+    old.log({"loss": 1.0})
+    old.finish(timeout=2)
+    root = gradwatch.spool.default_root()
+    [spooled] = gradwatch.spool.pending_runs(root)
+    assert oct((spooled / "run.json").stat().st_mode & 0o777) == "0o600" and oct(spooled.stat().st_mode & 0o777) == "0o700"
+    new = gradwatch.init(project="p", name="here", server=server.url)
+    new.log({"loss": 0.5})
+    new.finish()
+    time.sleep(1.0)
+    assert [r["name"] for r in api.get("/api/runs")] == ["here"]
+    assert gradwatch.spool.pending_runs(root) == [spooled]  # kept for its own server or `gradwatch sync`
+    assert os.path.exists(spooled / "run.json")
