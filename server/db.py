@@ -123,7 +123,11 @@ def make_engine(url: str, synchronous: str = "full") -> Engine:
             cur.execute("PRAGMA foreign_keys=ON")
             cur.close()
     else:
-        engine = create_engine(_postgres_driver(url), pool_pre_ping=True)
+        driver_url = _postgres_driver(url)
+        # psycopg2 runs an UPDATE executemany as one round trip per row; batch them (the rollup
+        # recounts of a batch are hundreds of rows). INSERTs are multi-row VALUES either way.
+        extra = {"executemany_mode": "values_plus_batch"} if driver_url.startswith("postgresql+psycopg2") else {}
+        engine = create_engine(driver_url, pool_pre_ping=True, **extra)
     from .migrate import upgrade
 
     upgrade(engine)
