@@ -51,7 +51,8 @@ class Run:
         flush_interval: longest wait before queued records are sent while a batch is in flight
             (an idle link sends at once).
         token: the server's token; default $GRADWATCH_TOKEN. Sent as a header, never stored.
-        spool_dir: where undelivered batches wait on disk; default $GRADWATCH_SPOOL_DIR/<uid>.
+        spool_dir: where undelivered batches wait on disk; default <spool root>/<run uid>, the root
+            being $GRADWATCH_SPOOL_DIR or ~/.cache/gradwatch/spool.
         max_memory_bytes: memory for unacked batches before they go to disk.
         all_ranks: in a torch.distributed job, this rank streams a run of its own, named
             ``name [rank k]`` and grouped with the other ranks' runs (see gradwatch.distributed).

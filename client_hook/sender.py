@@ -301,8 +301,8 @@ class Sender(threading.Thread):
         kind = message.get("type")
         if kind == "ack":
             if message.get("refused"):  # stored what it could; the rest is gone for good: say why, once
-                self.notify(f"refused:{message['refused']}", f"gradwatch: the server could not store "
-                            f"{message.get('refused_records', 'some')} record(s) of a batch: {message['refused']}")
+                self.notify(f"refused:{message['refused']}", "gradwatch: the server could not store part of a "
+                            f"batch (the rest is stored; the run shows a data_refused alert): {message['refused']}")
             self._on_ack(int(message["seq"]))
         elif kind == "nack":
             expected = int(message["expected"])
