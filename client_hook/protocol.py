@@ -13,7 +13,7 @@ Conversation (client -> server unless marked):
    carries on from n, with a ``data_gap`` alert - and every vector layout sent so far, which the
    server takes for vector keys it does not know)
 2. ``welcome`` (server) {"type": "welcome", "protocol": 1, "run_id": int, "acked_seq": int,
-   "features": [...]} - optional capabilities; "vector_f64" lets vectors travel as
+   "features": [...], "max_frame_bytes": int} - the largest frame it takes; optional capabilities; "vector_f64" lets vectors travel as
    {"f64": base64 little-endian float64, "missing": [slot, ...]} instead of JSON lists
    ``acked_seq`` is the last batch the server has committed for this run uid; the client
    forgets batches up to it and resends the rest, in order.

@@ -24,7 +24,7 @@ from .link import Link, LinkClosed, Refused
 from .gaps import Gaps
 from .outbox import Outbox
 from .progress import Progress
-from .values import TARGET_BATCH_BYTES, Encoder, item_bytes
+from .values import MAX_FRAME_BYTES, TARGET_BATCH_BYTES, Encoder, item_bytes
 
 WINDOW = 8                  # batches sent and not yet acked, at most (flow control)
 # An idle link sends a record at once, but not more often than this: a loop logging hundreds of
@@ -269,6 +269,8 @@ class Sender(threading.Thread):
             threading.Thread(target=_quietly, args=(self.on_connected,), name="gradwatch-older-spools",
                              daemon=True).start()
             self.on_connected = None
+        if isinstance(welcome.get("max_frame_bytes"), int):  # split batches to fit what this server accepts
+            self.encoder.frame_limit = max(64 << 10, min(MAX_FRAME_BYTES, welcome["max_frame_bytes"] * 3 // 4))
         self._on_ack(int(welcome.get("acked_seq", 0)))
         self._sent_upto = self._acked
 

@@ -113,6 +113,7 @@ class Encoder:
     def __init__(self, inspect=None):
         self.inspect = inspect
         self.layouts: dict[str, list[str]] = {}  # every vector layout seen (repeated in each hello)
+        self.frame_limit = MAX_FRAME_BYTES  # lowered to fit a server that accepts less (its welcome says)
 
     def encode(self, items: list, next_seq: int, features: set, events: list = ()) -> list[tuple[int, bytes, int]]:
         """Batches for ``items`` numbered from ``next_seq``: [(seq, text, record count)]."""
@@ -124,7 +125,7 @@ class Encoder:
         seq = next_seq
         for chunk in chunks:
             plain, layouts, evs = self._prepare(chunk)
-            seq = _emit(plain, layouts, evs, features, seq, out)
+            seq = _emit(plain, layouts, evs, features, seq, out, self.frame_limit)
         return out
 
     def _prepare(self, chunk: list) -> tuple[list, dict, list]:
@@ -173,13 +174,20 @@ class Encoder:
         return step, wall, values, vecs
 
 
-def _emit(plain: list, layouts: dict, events: list, features: set, seq: int, out: list) -> int:
+class RecordTooBig(ValueError):
+    """One record alone is bigger than the server accepts in a frame."""
+
+
+def _emit(plain: list, layouts: dict, events: list, features: set, seq: int, out: list,
+          limit: int = MAX_FRAME_BYTES) -> int:
     """Append batch ``seq`` (or, when over the frame limit, its halves) to out; returns the next seq."""
     text = _batch_text(seq, plain, layouts, events, features).encode()
-    if len(text) > MAX_FRAME_BYTES and len(plain) > 1:
+    if len(text) > limit and len(plain) <= 1:
+        raise RecordTooBig(f"a record of {len(text):,} bytes is over the server's frame limit ({limit:,})")
+    if len(text) > limit:
         half = len(plain) // 2  # layouts and events go with the first half, which comes first
-        seq = _emit(plain[:half], layouts, events, features, seq, out)
-        return _emit(plain[half:], {}, [], features, seq, out)
+        seq = _emit(plain[:half], layouts, events, features, seq, out, limit)
+        return _emit(plain[half:], {}, [], features, seq, out, limit)
     out.append((seq, text, len(plain)))
     return seq + 1
 

@@ -226,3 +226,35 @@ def test_log_refuses_a_step_past_64_bits(server):
     run.log({"loss": 1.0}, step=2 ** 63 - 1)
     assert run.step == 2 ** 63
     run.finish()
+
+
+def test_batches_fit_a_server_with_a_small_frame_limit_and_a_record_too_big_is_a_gap(tmp_path):
+    """The welcome says how big a frame may be: batches are split to fit; one record alone over it is
+    counted as a gap instead of being resent forever."""
+    import dataclasses
+
+    import gradwatch
+    from conftest import Api
+    from gradwatch_server.serve import BackgroundServer
+    from gradwatch_server.settings import Settings
+
+    settings = Settings(host="127.0.0.1", port=0, db=f"sqlite:///{tmp_path / 'f.db'}")
+    srv = BackgroundServer(dataclasses.replace(settings, max_frame_bytes=200_000)).start()
+    try:
+        run = gradwatch.init(project="p", name="small-frames", server=srv.url)
+        run.log({"warm": 0.0})
+        assert run._sender.flush(20)
+        for step in range(1, 3001):
+            run.log({f"k{i}": float(step) for i in range(20)})
+        run._put_record(3001, {f"wide{i}": 1.0 for i in range(30000)}, {})  # ~1 MB alone
+        run.log({"k0": 1.0}, step=3002)
+        run.finish()
+        api = Api(srv.url)
+        run_id = api.get("/api/runs")[0]["id"]
+        assert len(api.get(f"/api/runs/{run_id}/series?key=k7")["steps"]) == 3000
+        assert api.get(f"/api/runs/{run_id}/series?key=k0")["steps"][-1] == 3002
+        gaps = [a for a in api.get(f"/api/runs/{run_id}/alerts") if a["kind"] == "data_gap"]
+        assert gaps and "frame limit" in gaps[0]["message"]
+        assert api.get(f"/api/runs/{run_id}")["status"] == "finished"
+    finally:
+        srv.stop()

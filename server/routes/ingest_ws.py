@@ -62,7 +62,8 @@ async def ingest(ws: WebSocket) -> None:
     try:
         await ws.send_text(protocol.dumps({"type": "welcome", "protocol": protocol.PROTOCOL_VERSION,
                                            "run_id": run_id, "acked_seq": opened["acked_seq"],
-                                           "features": protocol.SERVER_FEATURES}))
+                                           "features": protocol.SERVER_FEATURES,
+                                           "max_frame_bytes": services.settings.max_frame_bytes}))
         while not answering.done():
             text = await _receive(ws)
             # Past max_buffered_bytes, stop reading: the client's window waits. If the answers stop (the run
