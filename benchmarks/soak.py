@@ -137,6 +137,8 @@ def main() -> None:
     print(f"server RSS (MiB): first half {mem[1][1]:.0f} -> {mem[half - 1][1]:.0f}; after the restart "
           f"{mem[half + 2][1]:.0f} -> {mem[-1][1]:.0f} (max {max(m for _, m in mem):.0f})")
     print(f"live pushes received by the two watchers: {out['pushes']}")
+    step = max(1, len(mem) // 12)
+    print("server RSS over time (s: MiB): " + ", ".join(f"{t}: {m:.0f}" for t, m in mem[::step]))
 
 
 if __name__ == "__main__":
