@@ -325,3 +325,19 @@ def test_runs_list_neutral_colours_disabled_compare_and_loss_sparklines(server, 
         return (h * 60 + 360) % 360; })""")
     assert all(h == -1 or 170 <= h <= 320 for h in hues), hues  # no red, orange, yellow or green
     assert not page.js_errors
+
+
+def test_a_real_recurring_nan_shows_as_one_card_with_its_count(server, page, api):
+    """A loss that goes NaN, recovers for a long stretch, and goes NaN again: the server folds the second
+    episode into the first alert (count 2, last step moved on) and the page shows one card for it."""
+    def value(step):
+        return math.nan if step in (100, 400) else 1.0 + (step % 10) * 0.01
+
+    _logged_run(server.url, "nan-twice", 500, values=value)
+    alerts = [a for a in api.get("/api/runs/1/alerts") if a["kind"] == "nan_loss"]
+    assert len(alerts) == 1 and alerts[0]["count"] == 2 and alerts[0]["step"] == 100 and alerts[0]["last_step"] == 400
+    page.goto(server.url + "/runs/1")
+    card = page.locator(".alert[data-kind='nan_loss']")
+    card.wait_for()
+    assert card.count() == 1 and card.get_attribute("data-count") == "2"
+    assert "2×" in card.inner_text() and "100" in card.inner_text()
