@@ -28,6 +28,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+sys.path.insert(0, str(ROOT / "tests"))
+
+from server_process import ServerProcess  # noqa: E402
 
 SCALAR_CLIENT = textwrap.dedent("""
     import sys, time, gradwatch
@@ -69,27 +72,13 @@ POSTGRES: str | None = None  # a cluster URL (--postgres): each server gets a fr
 WORKERS = 1
 
 
-class Server:
+class Server(ServerProcess):
     """``gradwatch serve`` in its own process on a fresh SQLite file (or a fresh PostgreSQL database)."""
 
     def __init__(self, tmp: Path):
         self.db = tmp / "bench.db"
-        url = fresh_postgres_database(POSTGRES) if POSTGRES else f"sqlite:///{self.db}"
-        self.proc = subprocess.Popen([PY, "-m", "gradwatch_server.cli", "serve", "--port", "0", "--db", url,
-                                      "--workers", str(WORKERS)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True)
-        line = self.proc.stdout.readline()
-        self.url = line.split("dashboard at ")[1].split()[0]
-        for _ in range(500):  # the port is bound before uvicorn listens on it
-            try:
-                get(self.url + "/healthz")
-                break
-            except OSError:
-                time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+        super().__init__(fresh_postgres_database(POSTGRES) if POSTGRES else f"sqlite:///{self.db}",
+                         "--workers", str(WORKERS))
 
 
 def fresh_postgres_database(cluster_url: str) -> str:
@@ -258,7 +247,6 @@ def main() -> None:
     parser.add_argument("--only-ingest", action="store_true", help="skip the 1M-step and latency parts")
     args = parser.parse_args()
     if args.postgres:
-        sys.path.insert(0, str(ROOT / "tests"))
         from pg_cluster import cluster
 
         global POSTGRES, WORKERS

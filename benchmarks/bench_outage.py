@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,28 +27,10 @@ from torch import nn
 import gradwatch
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from server_process import ServerProcess  # noqa: E402
 QUICK = "--quick" in sys.argv
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    exe = Path(sys.executable).with_name("gradwatch")
-    proc = subprocess.Popen([str(exe), "serve", "--port", str(port), "--db", f"sqlite:///{tmp / 'b.db'}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            urllib.request.urlopen(url + "/healthz", timeout=1).read()
-            return proc, url
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("server did not start")
 
 
 class GcLog:
@@ -71,7 +50,7 @@ class GcLog:
             self.events.append((info["generation"], time.perf_counter() - self._start, inside))
 
 
-def outage(url: str, proc: subprocess.Popen, seconds: float) -> None:
+def outage(url: str, server: ServerProcess, seconds: float) -> None:
     model = nn.Sequential(*[nn.Linear(32, 32) for _ in range(8)])
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     run = gradwatch.init(project="bench", name="outage", server=url, flush_interval=0.05)
@@ -96,8 +75,7 @@ def outage(url: str, proc: subprocess.Popen, seconds: float) -> None:
             gcs[phase] += gclog.events
             gclog.events = []
             if killed_at is None and time.perf_counter() - start > seconds / 3:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
+                server.kill()
                 killed_at, phase = time.perf_counter(), "during"
             time.sleep(0.002)
     finally:
@@ -149,18 +127,17 @@ def main() -> None:
     print(f"Python {sys.version.split()[0]}, torch {torch.__version__}, {os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["GRADWATCH_SPOOL_DIR"] = str(Path(tmp) / "spool")
-        proc, url = start_server(Path(tmp))
+        server = ServerProcess(f"sqlite:///{Path(tmp) / 'b.db'}")
         print("1. server SIGKILLed mid-run (log() timed on the training thread):")
-        outage(url, proc, 6.0 if QUICK else 15.0)
-        proc, url = start_server(Path(tmp))
+        outage(server.url, server, 6.0 if QUICK else 15.0)
+        server = ServerProcess(f"sqlite:///{Path(tmp) / 'b.db'}")
         try:
             print("2. log() cost, idle link:")
-            log_cost(url)
+            log_cost(server.url)
             print("3. finish() after logging as fast as Python can:")
-            big_finish(url, 100_000 if QUICK else 1_000_000)
+            big_finish(server.url, 100_000 if QUICK else 1_000_000)
         finally:
-            proc.terminate()
-            proc.wait()
+            server.stop()
 
 
 if __name__ == "__main__":

@@ -7,11 +7,9 @@ Prints each measurement next to its baseline, with the ratio, from one run on th
 from __future__ import annotations
 
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import torch
@@ -20,6 +18,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import gradwatch  # noqa: E402
+from server_process import ServerProcess  # noqa: E402
 
 
 def per_call(fn, n: int) -> float:
@@ -109,33 +108,6 @@ def bench_ingest(url: str, steps: int = 3000, layers: int = 300) -> None:
     print(f"ingest, {layers}-layer vectors              : {steps / elapsed:7.0f} steps/s end to end "
           f"({scalars / elapsed / 1e3:.0f} k scalar values/s; one-row-per-scalar would need "
           f"{scalars / elapsed:.0f} rows/s)")
-
-
-class ServerProcess:
-    """`gradwatch serve` in its own process, as in real use: the server must not share our GIL."""
-
-    def __init__(self, db: str):
-        import socket
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "gradwatch_server.cli", "serve", "--port",
-                                      str(self.port), "--db", db])
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(self.url + "/healthz", timeout=1).read()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("server did not start")
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
 
 
 def main() -> None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,6 +20,9 @@ import urllib.request
 from pathlib import Path
 
 PY = sys.executable
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from server_process import ServerProcess  # noqa: E402
 
 CLIENT = textwrap.dedent("""
     import math, sys, time, gradwatch
@@ -37,27 +38,9 @@ CLIENT = textwrap.dedent("""
 """)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def get(url: str):
     with urllib.request.urlopen(url, timeout=60) as resp:
         return json.loads(resp.read())
-
-
-def start_server(db: Path, port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([PY, "-m", "gradwatch_server.cli", "serve", "--port", str(port), "--db", f"sqlite:///{db}",
-                             "--crash-timeout", "120"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(500):
-        try:
-            get(f"http://127.0.0.1:{port}/healthz")
-            return proc
-        except OSError:
-            time.sleep(0.02)
-    raise RuntimeError("server did not start")
 
 
 def rss_mib(pid: int) -> float:
@@ -93,9 +76,10 @@ def watch_pages(url: str, stop: threading.Event, counts: dict) -> list[threading
 
 def soak(clients: int, seconds: float, rate: float) -> dict:
     with tempfile.TemporaryDirectory() as d:
-        tmp, port = Path(d), free_port()
-        url = f"http://127.0.0.1:{port}"
-        server = start_server(tmp / "soak.db", port)
+        tmp = Path(d)
+        db = f"sqlite:///{tmp / 'soak.db'}"
+        server = ServerProcess(db, "--crash-timeout", "120")
+        url = server.url
         env = {**os.environ, "GRADWATCH_SERVER": url, "GRADWATCH_SPOOL_DIR": str(tmp / "spool")}
         procs = [subprocess.Popen([PY, "-c", CLIENT, str(seconds), str(rate), f"c{i}"], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for i in range(clients)]
@@ -106,18 +90,16 @@ def soak(clients: int, seconds: float, rate: float) -> dict:
         while any(p.poll() is None for p in procs):
             memory.append((round(time.monotonic() - start), rss_mib(server.pid)))
             if not restarted and time.monotonic() - start > seconds / 2:
-                server.send_signal(signal.SIGKILL)  # a crash, not a clean stop
-                server.wait()
+                server.kill()  # a crash, not a clean stop
                 time.sleep(2)
-                server = start_server(tmp / "soak.db", port)
+                server = ServerProcess(db, "--crash-timeout", "120", port=server.port)
                 restarted = True
             time.sleep(1)
         logged = [int(p.communicate()[0].strip() or 0) for p in procs]
         runs = sorted(get(url + "/api/runs"), key=lambda r: int(r["name"][1:]))
         stored = [get(url + f"/api/runs/{r['id']}/series?key=loss")["steps"] for r in runs]
         stop.set()
-        server.terminate()
-        server.wait()
+        server.stop()
     exact = all(s == list(range(n)) for s, n in zip(stored, logged)) and len(stored) == clients
     return {"clients": clients, "seconds": seconds, "points": sum(logged) * 4, "exactly_once": exact,
             "memory": memory, "pushes": counts}

@@ -78,7 +78,8 @@ def test_small_rows_left_by_a_restart_are_still_merged(tmp_path):
     engine, run_id = _setup(tmp_path)
     layers = [f"l{i}" for i in range(300)]  # a 300-slot vector: a full chunk is 16 steps
     for seq in range(1, 41):
-        state = _restart(engine, run_id) if seq % 5 == 1 else state
+        if seq % 5 == 1:
+            state = _restart(engine, run_id)
         msg = decode({"type": "batch", "seq": seq, "layouts": {"grad": layers} if seq == 1 else {},
                       "records": [{"step": seq - 1, "t": float(seq), "scalars": {},
                                    "vectors": {"grad": [float(seq)] * 300}}]})

@@ -7,46 +7,30 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import pytest
 from websockets.sync.client import connect
 
 from conftest import Api
+from server_process import ServerProcess
 from test_ingest_ws import Link, _columns_batch
 
 pytestmark = pytest.mark.slow
 
 
-class ServeProcess:
-    """`gradwatch serve` in its own process."""
-
-    def __init__(self, db_url: str, *extra: str):
-        self.proc = subprocess.Popen([sys.executable, "-m", "gradwatch_server.cli", "serve", "--port", "0", "--db",
-                                      db_url, "--crash-timeout", "3", *extra], stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
-        self.url = self.proc.stdout.readline().split("dashboard at ")[1].split()[0]
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(self.url + "/healthz", timeout=5).read()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
-
-
 @pytest.fixture
 def two_servers(postgres_url):
-    a, b = ServeProcess(postgres_url), ServeProcess(postgres_url)
+    a, b = (ServerProcess(postgres_url, "--crash-timeout", "3") for _ in range(2))
     yield a, b
     a.stop()
     b.stop()
+
+
+def _feed(server: ServerProcess, path: str):
+    """A page's live feed on ``server``, subscribed."""
+    ws = connect("ws" + server.url[4:] + path)
+    assert json.loads(ws.recv(timeout=10))["type"] == "subscribed"
+    return ws
 
 
 def _loss(api: Api, run_id: int) -> list:
@@ -84,8 +68,7 @@ def test_a_page_on_one_process_sees_what_another_ingests(two_servers):
     a, b = two_servers
     link = Link(a.url, uid=f"live-{time.monotonic_ns()}", secret="s")
     run_id = link.welcome["run_id"]
-    page = connect("ws" + b.url[4:] + f"/ws/runs/{run_id}")
-    assert json.loads(page.recv(timeout=10))["type"] == "subscribed"
+    page = _feed(b, f"/ws/runs/{run_id}")
     small = [(s, float(s), {"loss": 0.5}, {}) for s in range(3)]
     big = [(s, float(s), {"loss": 0.25, **{f"k{i}": 1.0 for i in range(20)}}, {}) for s in range(3, 200)]
     assert link.send(_columns_batch(1, small))["type"] == "ack"
@@ -117,7 +100,7 @@ def test_a_run_whose_client_vanished_is_marked_crashed_by_one_process(two_server
 
 
 def test_serve_workers_runs_several_processes(postgres_url):
-    srv = ServeProcess(postgres_url, "--workers", "2")
+    srv = ServerProcess(postgres_url, "--crash-timeout", "3", "--workers", "2")
     try:
         link = Link(srv.url, uid=f"workers-{time.monotonic_ns()}", secret="s")
         assert link.send(_columns_batch(1, [(0, 1.0, {"loss": 1.0}, {})]))["type"] == "ack"
@@ -137,8 +120,7 @@ def test_workers_refuse_sqlite(tmp_path):
 
 def test_a_run_summary_too_big_for_a_notify_still_reaches_the_other_process(two_servers):
     a, b = two_servers
-    feed = connect("ws" + b.url[4:] + "/ws/runs")
-    assert json.loads(feed.recv(timeout=10))["type"] == "subscribed"
+    feed = _feed(b, "/ws/runs")
     config = {f"param_{i}": "x" * 100 for i in range(200)}  # ~20 KB: over NOTIFY's 8,000-byte payload
     link = Link(a.url, uid=f"big-{time.monotonic_ns()}", secret="s", run={"config": config})
     deadline = time.monotonic() + 20
