@@ -246,11 +246,24 @@ def check_key(key: Any) -> str:
     if not isinstance(key, str) or not key or len(key) > 256:
         shown = repr(key) if not isinstance(key, str) or len(key) <= 60 else f"{key[:40]!r}... ({len(key)} chars)"
         raise ProtocolError(f"metric key must be a non-empty string of <= 256 chars, got {shown}")
-    try:
-        key.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ProtocolError(f"metric key {key!r} is not valid Unicode (a lone surrogate)") from None
+    if not valid_unicode(key):
+        raise ProtocolError(f"metric key {key!r} is not valid Unicode (a lone surrogate)")
     return key
+
+
+def valid_unicode(text: str) -> bool:
+    """Whether a string can be stored and served as UTF-8 (JSON lets a lone surrogate through)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def clean_text(text) -> str:
+    """A peer's string made safe to store and serve (a lone surrogate becomes '?')."""
+    text = str(text)
+    return text if valid_unicode(text) else text.encode("utf-8", "replace").decode("utf-8")
 
 
 # -- columnar batches (feature "columns") ------------------------------------------------------

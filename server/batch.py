@@ -82,7 +82,7 @@ def _layouts(batch: Batch, layouts) -> None:
         if not isinstance(names, list):
             batch.problems.append(f"layout of {key!r} must be a list of names")
             continue
-        batch.layouts[key] = [str(n).encode("utf-8", "replace").decode("utf-8")[:256] for n in names]
+        batch.layouts[key] = [protocol.clean_text(n)[:256] for n in names]
 
 
 def _from_columns(batch: Batch, cols) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from gradwatch import protocol
 from sqlalchemy import delete, select, update
 
 from . import chunks, db
@@ -19,7 +20,7 @@ def check_changes(body: dict) -> dict:
         raise ValueError(f"unknown field(s): {', '.join(sorted(unknown))}; allowed: name, tags, notes")
     for field, value in body.items():
         texts = value if isinstance(value, list) else [value]
-        if any(isinstance(t, str) and not _valid_text(t) for t in texts):
+        if any(isinstance(t, str) and not protocol.valid_unicode(t) for t in texts):
             raise ValueError(f"{field} is not valid Unicode text (it holds a lone surrogate)")
     changes = {}
     if "name" in body:
@@ -36,14 +37,6 @@ def check_changes(body: dict) -> dict:
             raise ValueError("notes must be a string of at most 20000 characters")
         changes["notes"] = body["notes"]
     return changes
-
-
-def _valid_text(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def update_run(conn, run_id: int, changes: dict) -> None:

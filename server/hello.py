@@ -60,7 +60,7 @@ def ensure_layouts(conn, run_id: int, layouts: dict, max_keys: int = 10000, max_
         if key in known or len(names) > max_layers or len(known) + len(added) >= max_keys:
             continue  # over a limit: left to the batches, where the refusal is reported on the run
         conn.execute(db.metric_keys.insert().values(run_id=run_id, key=key,
-                                                    layers=json.dumps([clean(n)[:256] for n in names])))
+                                                    layers=json.dumps([protocol.clean_text(n)[:256] for n in names])))
         added.append(key)
     return added
 
@@ -68,8 +68,9 @@ def ensure_layouts(conn, run_id: int, layouts: dict, max_keys: int = 10000, max_
 def _create_run(conn, info: dict, server_alerts: dict, now: float) -> dict:
     alerts = info.get("alerts") if isinstance(info.get("alerts"), dict) else {}
     result = conn.execute(db.runs.insert().values(
-        uid=info["uid"], project=clean(info.get("project") or "default")[:200], secret=_secret_hash(info),
-        name=clean(info.get("name") or info["uid"][:8])[:200], status="running", created_at=now, updated_at=now, seen_at=now,
+        uid=info["uid"], project=protocol.clean_text(info.get("project") or "default")[:200],
+        secret=_secret_hash(info), name=protocol.clean_text(info.get("name") or info["uid"][:8])[:200],
+        status="running", created_at=now, updated_at=now, seen_at=now,
         last_seq=0, config=_json(info.get("config") or {}), meta=_json(info.get("meta") or {}),
         alert_config=_json({**server_alerts, **alerts}),
         tags=_json([str(t) for t in info.get("tags") or []] if isinstance(info.get("tags"), list) else []), notes=""))
@@ -87,27 +88,14 @@ def _json(value) -> str:
     return json.dumps(clean_json(value), ensure_ascii=False)
 
 
-def clean(text) -> str:
-    """A client's string made safe to store and serve (lone surrogates become U+FFFD)."""
-    return str(text).encode("utf-8", "replace").decode("utf-8") if not isinstance(text, str) or _bad(text) else text
-
-
-def _bad(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
-
-
 def clean_json(value):
     """A client's JSON value made safe to store: non-finite floats as strings, strings valid Unicode."""
     if isinstance(value, float) and not math.isfinite(value):
         return protocol.encode_float(value)
     if isinstance(value, str):
-        return clean(value)
+        return protocol.clean_text(value)
     if isinstance(value, dict):
-        return {str(k): clean_json(v) for k, v in value.items()}
+        return {protocol.clean_text(k): clean_json(v) for k, v in value.items()}
     if isinstance(value, list):
         return [clean_json(v) for v in value]
     return value
