@@ -172,24 +172,35 @@ def _decode(row, slots: int | None, column: int | None = None) -> Points:
     return Points(steps, from_f64(row.walls), values, missing)
 
 
+def empty(width: int = 1) -> Points:
+    return Points(np.zeros(0, np.int64), np.zeros(0), np.zeros((0, width)), None)
+
+
+def _points(rows, slots: int | None, column: int | None) -> Points:
+    """Chunk rows decoded to one width (``slots``, one ``column``, else the widest) and concatenated."""
+    if not rows:
+        return empty(1 if column is not None else slots or 1)
+    parts = [_decode(r, slots, column) for r in rows]
+    if column is None and slots is None:
+        width = max(p.values.shape[1] for p in parts)
+        if any(p.values.shape[1] != width for p in parts):  # rows from before a layout change
+            parts = [_decode(r, width) for r in rows]
+    return concat(parts)
+
+
 def read(conn, key_id: int, lo: int | None = None, hi: int | None = None, slots: int | None = None,
          column: int | None = None) -> Points:
     """Every point of a key with lo <= step <= hi, in step order (repeated steps in arrival order);
     with ``column``, only that slot of each step."""
+    if lo is not None and hi is not None and hi < lo:
+        return empty(1 if column is not None else slots or 1)
     cols = db.chunks.c
     query = select(cols.steps, cols.walls, cols.data, cols.missing).where(cols.key_id == key_id)
     if lo is not None:
         query = query.where(cols.last_step >= lo)
     if hi is not None:
         query = query.where(cols.first_step <= hi)
-    parts = [_decode(r, slots, column) for r in conn.execute(query.order_by(cols.id))]
-    if not parts:
-        width = 1 if column is not None else slots or 1
-        return Points(np.zeros(0, np.int64), np.zeros(0), np.zeros((0, width)), None)
-    if column is None and slots is None and len({p.values.shape[1] for p in parts}) > 1:
-        width = max(p.values.shape[1] for p in parts)
-        parts = [_decode(r, width) for r in conn.execute(query.order_by(cols.id))]
-    points = concat(parts)
+    points = _points(conn.execute(query.order_by(cols.id)).all(), slots, column)
     keep = np.ones(len(points), dtype=bool)
     if lo is not None:
         keep &= points.steps >= lo
@@ -227,14 +238,8 @@ def latest(conn, key_id: int, count: int, slots: int | None = None) -> Points:
     cols = db.chunks.c
     rows = conn.execute(select(cols.steps, cols.walls, cols.data, cols.missing).where(cols.key_id == key_id)
                         .order_by(cols.last_step.desc()).limit(max(4, count))).all()
-    if not rows:
-        return read(conn, -1, slots=slots)
-    parts = [_decode(r, slots) for r in rows]
-    if slots is None and len({p.values.shape[1] for p in parts}) > 1:
-        parts = [_decode(r, parts[0].values.shape[1]) for r in rows]
-    points = concat(parts)
-    order = np.argsort(points.steps, kind="stable")
-    return points.take(order[-count:])
+    points = _points(rows, slots, None)
+    return points.take(np.argsort(points.steps, kind="stable")[-count:])
 
 
 def delete_keys(conn, key_ids) -> None:

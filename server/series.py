@@ -14,7 +14,7 @@ from .downsample import envelope
 
 def raw(conn, key_id: int, slot: int | None, lo: int, hi: int) -> tuple:
     """Steps, values, missing flags and wall times (numpy) of every point with lo <= step <= hi."""
-    points = chunks.read(conn, key_id, lo, hi, column=slot or 0) if hi >= lo else chunks.read(conn, -1, column=0)
+    points = chunks.read(conn, key_id, lo, hi, column=slot or 0)
     missing = points.missing[:, 0] if points.missing is not None else np.zeros(len(points), dtype=bool)
     return points.steps, points.values[:, 0], missing, points.walls
 
@@ -96,7 +96,7 @@ def read_heatmap(conn, key_id: int, slots: int, max_steps: int, start: int | Non
 
 
 def _heat_units_raw(conn, key_id: int, slots: int, lo: int, hi: int):
-    points = chunks.read(conn, key_id, lo, hi, slots) if hi >= lo else chunks.read(conn, -1, slots=slots)
+    points = chunks.read(conn, key_id, lo, hi, slots)
     vals, present = points.values, points.present()
     finite = present & np.isfinite(vals)
     return (points.steps.astype(np.int64), np.where(finite, vals, -np.inf),
