@@ -43,18 +43,18 @@ class PgFanout:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def payload(self, channel, message: dict) -> str:
-        """The NOTIFY text for a message: the message itself, or a reference when it is too big."""
-        body = json.dumps({"o": self.origin, "c": channel, "m": message}, allow_nan=False)
-        if len(body.encode()) <= MAX_PAYLOAD:
-            return body
-        return json.dumps({"o": self.origin, "c": channel, "r": reference(message)})
+    def payload(self, channel, message: dict | None = None, ref: dict | None = None) -> str:
+        """The NOTIFY text: the message itself, or a reference to it (when it is too big, or given)."""
+        if message is not None:
+            body = json.dumps({"o": self.origin, "c": channel, "m": message}, allow_nan=False)
+            if len(body.encode()) <= MAX_PAYLOAD:
+                return body
+            ref = reference(message)
+        return json.dumps({"o": self.origin, "c": channel, "r": ref})
 
-    def send(self, conn, channel, message: dict | None, ref: dict | None = None) -> None:
-        """NOTIFY the other processes of a message or a reference (on a worker thread: a database round trip)."""
-        body = self.payload(channel, message) if message is not None else \
-            json.dumps({"o": self.origin, "c": channel, "r": ref})
-        conn.execute(text("SELECT pg_notify(:c, :p)"), {"c": CHANNEL, "p": body})
+    def send(self, conn, channel, message: dict | None = None, ref: dict | None = None) -> None:
+        """NOTIFY the other processes (on a worker thread: a database round trip)."""
+        conn.execute(text("SELECT pg_notify(:c, :p)"), {"c": CHANNEL, "p": self.payload(channel, message, ref)})
 
     def _listen(self) -> None:
         while not self._stop.is_set():

@@ -69,7 +69,7 @@ async def ingest(ws: WebSocket) -> None:
             # Past max_buffered_bytes, stop reading: the client's window waits. If the answers stop (the run
             # was deleted, the database failed a batch), stop waiting too: the connection is over.
             await _unless_done(answering, budget.take(len(text)))
-            message = await (asyncio.to_thread(_decode, text) if len(text) > BIG_FRAME else _wrap(_decode(text)))
+            message = await asyncio.to_thread(_decode, text) if len(text) > BIG_FRAME else _decode(text)
             await _unless_done(answering, replies.put((message.seq, services.submit_batch(run_id, message),
                                                        len(text))))
     except (WebSocketDisconnect, RuntimeError, _Over):
@@ -83,10 +83,6 @@ async def ingest(ws: WebSocket) -> None:
         if not answering.done():
             await replies.put(None)
         await asyncio.gather(answering, return_exceptions=True)
-
-
-async def _wrap(value):
-    return value
 
 
 class _Over(Exception):
