@@ -144,34 +144,15 @@ def _sqlite_file_exists(url: str) -> bool:
 
 
 def pending(url: str) -> list[str]:
-    """What an upgrade would change, read without changing anything: missing tables, columns, indexes."""
-    from sqlalchemy import create_engine, inspect
+    """What an upgrade would change (migrate.pending), read without changing anything."""
+    from sqlalchemy import create_engine
 
-    from . import db
-
-    from . import migrate
+    from . import db, migrate
 
     engine = create_engine(db._postgres_driver(url))
     try:
-        insp = inspect(engine)
-        have = set(insp.get_table_names())
         with engine.connect() as conn:
-            at, head = migrate.revision(conn), migrate.head_revision()
-        out = [f"schema revision {at or 'none (gradwatch 0.1)'}, this release needs {head}"] if at != head and have \
-            else []
-        out += [f"0.1 table {t} to convert" for t in ("points", "vectors") if t in have]
-        for table in db.metadata.sorted_tables:
-            if table.name not in have:
-                out.append(f"table {table.name} missing")
-                continue
-            columns = {c["name"]: str(c["type"]).upper() for c in insp.get_columns(table.name)}
-            out += [f"column {table.name}.{c.name} missing" for c in table.columns if c.name not in columns]
-            if engine.dialect.name == "postgresql":  # steps are 64-bit; older releases made some INTEGER
-                out += [f"column {table.name}.{c.name} is 32-bit" for c in table.columns
-                        if isinstance(c.type, db.BigInteger) and columns.get(c.name) == "INTEGER"]
-            indexes = {i["name"] for i in insp.get_indexes(table.name)}
-            out += [f"index {i.name} missing" for i in table.indexes if i.name not in indexes]
-        return out
+            return migrate.pending(conn)
     finally:
         engine.dispose()
 

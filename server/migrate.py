@@ -31,7 +31,6 @@ NEW_COLUMNS = {
                ("updated_at", "FLOAT")],
     "runs": [("secret", "VARCHAR(64)"), ("seen_at", "FLOAT")],
 }
-STEP_COLUMNS = [("runs", "last_step"), ("alerts", "step"), ("rollups", "block")]
 UPGRADE_LOCK = 0x6772_6164  # "grad": the advisory lock id taken while upgrading
 BASELINE = "0001"  # the Alembic revision of gradwatch 0.1's schema
 
@@ -94,13 +93,42 @@ def ensure_schema(conn):
         for name, ddl in columns:
             if name not in have:
                 conn.execute(text(f'ALTER TABLE {table} ADD COLUMN "{name}" {ddl}'))
-    if conn.dialect.name == "postgresql":
-        for table, column in STEP_COLUMNS:
-            kind = {c["name"]: str(c["type"]).upper() for c in insp.get_columns(table)}.get(column)
-            if kind == "INTEGER":
-                conn.execute(text(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE BIGINT"))
+    for table, column in _narrow_steps(conn, insp):
+        conn.execute(text(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE BIGINT"))
     _rebuild_changed_indexes(conn, insp)
     return inspect(conn)
+
+
+def _narrow_steps(conn, insp) -> list[tuple[str, str]]:
+    """64-bit columns an older release made 32-bit (PostgreSQL; SQLite integers are 64-bit anyway)."""
+    if conn.dialect.name != "postgresql":
+        return []
+    have = set(insp.get_table_names())
+    out = []
+    for table in db.metadata.sorted_tables:
+        if table.name in have:
+            kinds = {c["name"]: str(c["type"]).upper() for c in insp.get_columns(table.name)}
+            out += [(table.name, c.name) for c in table.columns
+                    if isinstance(c.type, db.BigInteger) and kinds.get(c.name) == "INTEGER"]
+    return out
+
+
+def pending(conn) -> list[str]:
+    """What ``upgrade`` would change, read without changing anything (``gradwatch db status``)."""
+    insp = inspect(conn)
+    have = set(insp.get_table_names())
+    at, head = revision(conn), head_revision()
+    out = [f"schema revision {at or 'none (gradwatch 0.1)'}, this release needs {head}"] if at != head and have else []
+    out += [f"0.1 table {t} to convert" for t in ("points", "vectors") if t in have]
+    for table in db.metadata.sorted_tables:
+        if table.name not in have:
+            out.append(f"table {table.name} missing")
+            continue
+        columns = {c["name"] for c in insp.get_columns(table.name)}
+        out += [f"column {table.name}.{c.name} missing" for c in table.columns if c.name not in columns]
+        indexes = {i["name"] for i in insp.get_indexes(table.name)}
+        out += [f"index {i.name} missing" for i in table.indexes if i.name not in indexes]
+    return out + [f"column {t}.{c} is 32-bit" for t, c in _narrow_steps(conn, insp)]
 
 
 def _rebuild_changed_indexes(conn, insp) -> None:
