@@ -128,14 +128,14 @@ def committed_seq(conn, run_id: int) -> int | None:
 
 
 def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, limits: Limits | None = None) -> dict:
-    """Store one batch (already checked to be the next seq); returns what to push and what was refused."""
+    """Store one batch whose seq the caller claimed (``claim_seq``); returns what to push and what was refused."""
     now = now or time.time()
     limits = limits or Limits()
     del batch.problems[batch.decoding_problems:]  # a retry (after a failed group commit) starts afresh
     _apply_layouts(conn, state, batch, limits)
     stored = _store_columns(conn, state, batch, limits)
     new_alerts = _observe(state, batch)
-    run_changes: dict = {"updated_at": now, "last_seq": batch.seq}
+    run_changes: dict = {"updated_at": now}  # last_seq: written by claim_seq, in this same transaction
     for ev in batch.events:
         try:
             new_alerts += _apply_event(state, ev, run_changes)
