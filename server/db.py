@@ -86,7 +86,7 @@ alerts = Table(
     Column("step", BigInteger),                # the first bad step (onset)
     Column("last_step", BigInteger),           # the latest step it recurred at
     Column("confirmed_step", BigInteger),      # where the rule became sure (after its patience)
-    Column("count", Integer, nullable=False, default=1),  # how many times it fired (recurrences merge)
+    Column("count", Integer, nullable=False, default=1, server_default="1"),  # times it fired (recurrences merge)
     Column("key", String(256)),
     Column("layer", String(256)),
     Column("value", Float),

@@ -21,16 +21,12 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
+from sqlalchemy.schema import CreateColumn
 
 from . import chunks, db, rollup
 
 log = logging.getLogger("gradwatch.server")
 
-NEW_COLUMNS = {
-    "alerts": [("count", "INTEGER NOT NULL DEFAULT 1"), ("last_step", "BIGINT"), ("confirmed_step", "BIGINT"),
-               ("updated_at", "FLOAT")],
-    "runs": [("secret", "VARCHAR(64)"), ("seen_at", "FLOAT")],
-}
 UPGRADE_LOCK = 0x6772_6164  # "grad": the advisory lock id taken while upgrading
 BASELINE = "0001"  # the Alembic revision of gradwatch 0.1's schema
 
@@ -88,11 +84,12 @@ def ensure_schema(conn):
     """Every table, column and index of this release present (and steps 64-bit); returns a fresh inspector."""
     db.metadata.create_all(conn)
     insp = inspect(conn)
-    for table, columns in NEW_COLUMNS.items():
-        have = {c["name"] for c in insp.get_columns(table)}
-        for name, ddl in columns:
-            if name not in have:
-                conn.execute(text(f'ALTER TABLE {table} ADD COLUMN "{name}" {ddl}'))
+    for table in db.metadata.sorted_tables:  # columns a later release added: from the schema itself
+        have = {c["name"] for c in insp.get_columns(table.name)}
+        for column in table.columns:
+            if column.name not in have:
+                ddl = CreateColumn(column).compile(dialect=conn.dialect)
+                conn.execute(text(f"ALTER TABLE {table.name} ADD COLUMN {ddl}"))
     for table, column in _narrow_steps(conn, insp):
         conn.execute(text(f"ALTER TABLE {table} ALTER COLUMN {column} TYPE BIGINT"))
     _rebuild_changed_indexes(conn, insp)
