@@ -22,8 +22,10 @@ from sqlalchemy import create_engine, text
 
 from bench_series import build
 from gradwatch import protocol
-from gradwatch_server import db, edits, retention
-from gradwatch_server.batch import decode
+from gradwatch_server.storage import db
+from gradwatch_server.storage import edits
+from gradwatch_server.storage import retention
+from gradwatch_server.ingest.batch import decode
 from gradwatch_server.services import Services
 from gradwatch_server.settings import Settings
 

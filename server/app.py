@@ -11,12 +11,12 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse
 
-from . import retention
-from . import routes
-from .security import Auth, Guard
-from .services import Services
-from .settings import Settings, from_env
-from .store import NotFound
+from gradwatch_server.storage import retention
+from gradwatch_server.web import routes
+from gradwatch_server.web.security import Auth, Guard
+from gradwatch_server.services import Services
+from gradwatch_server.settings import Settings, from_env
+from gradwatch_server.storage.store import NotFound
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from .settings import Settings
+from gradwatch_server.settings import Settings
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -24,8 +24,8 @@ def bind(host: str, port: int) -> socket.socket:
 def _server(settings: Settings):
     import uvicorn
 
-    from .app import create_app
-    from .security import guard_logs
+    from gradwatch_server.app import create_app
+    from gradwatch_server.web.security import guard_logs
 
     guard_logs()
     config = uvicorn.Config(create_app(settings), log_level=settings.log_level, ws_max_size=settings.max_frame_bytes,
@@ -91,8 +91,8 @@ def serve_workers(settings: Settings) -> None:
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
-    from .security import guard_logs
-    from .settings import to_env
+    from gradwatch_server.web.security import guard_logs
+    from gradwatch_server.settings import to_env
 
     if not settings.db_url.startswith(("postgresql", "postgres")):
         raise ValueError("--workers > 1 needs a PostgreSQL database (--db postgresql://...): SQLite takes one "

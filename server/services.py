@@ -8,16 +8,21 @@ import time
 from collections import Counter
 
 
-from . import db, hello, ingest, live, run_states, store
-from .activity import Activity
-from .batch import Batch
-from .fanout import PgFanout
-from .fanout import stored_reference as fanout_reference
-from .live import RUNS_CHANNEL, Hub
-from .stats import IngestStats, batch_points
-from .settings import Settings
-from .webhook import WebhookSender, payload
-from .writer import Writer
+from gradwatch_server.storage import db
+from gradwatch_server.ingest import hello
+from gradwatch_server.ingest import apply as ingest
+from gradwatch_server.live import hub as live
+from gradwatch_server.ingest import run_states
+from gradwatch_server.storage import store
+from gradwatch_server.ingest.activity import Activity
+from gradwatch_server.ingest.batch import Batch
+from gradwatch_server.live.fanout import PgFanout
+from gradwatch_server.live.fanout import stored_reference as fanout_reference
+from gradwatch_server.live.hub import RUNS_CHANNEL, Hub
+from gradwatch_server.ingest.stats import IngestStats, batch_points
+from gradwatch_server.settings import Settings
+from gradwatch_server.live.webhook import WebhookSender, payload
+from gradwatch_server.ingest.writer import Writer
 
 log = logging.getLogger("gradwatch.server")
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from gradwatch_server import demo
+from gradwatch_server.cli import demo
 
 DIVERGENCE = {"loss_divergence", "loss_spike", "exploding_gradients", "nan_loss"}
 

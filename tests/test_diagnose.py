@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from gradwatch_server.diagnose import diagnose
+from gradwatch_server.health.diagnose import diagnose
 
 
 def _raise(fn):

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from gradwatch_server import routes
+from gradwatch_server.web import routes
 
 API_DOC = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
 PAGES = {"/static/{name}", "/static/vendor/plotly.min.js", "/", "/runs/{run_id}", "/compare", "/favicon.ico"}

@@ -3,7 +3,7 @@
 import math
 import random
 
-from gradwatch_server.downsample import envelope
+from gradwatch_server.storage.downsample import envelope
 
 
 def test_single_spike_and_nan_survive_heavy_downsampling():

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, settings as hsettings
 
 import gradwatch
 from fastapi import FastAPI
-from gradwatch_server import routes
+from gradwatch_server.web import routes
 from gradwatch_server.serve import BackgroundServer
 from gradwatch_server.settings import Settings
 

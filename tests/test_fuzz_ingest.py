@@ -9,10 +9,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gradwatch import protocol
-from gradwatch_server import chunks, db
-from gradwatch_server.batch import decode
-from gradwatch_server.hello import open_run
-from gradwatch_server.ingest import apply_batch, load_state
+from gradwatch_server.storage import chunks
+from gradwatch_server.storage import db
+from gradwatch_server.ingest.batch import decode
+from gradwatch_server.ingest.hello import open_run
+from gradwatch_server.ingest.apply import apply_batch, load_state
 
 json_leaf = st.one_of(st.none(), st.booleans(), st.integers(min_value=-10 ** 400, max_value=10 ** 400),
                       st.floats(allow_nan=True), st.text(max_size=8), st.sampled_from(["NaN", "Infinity", ""]))

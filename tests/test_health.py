@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 import random
 
-from gradwatch_server import health
-from gradwatch_server.health import Monitor, Observation, thresholds
+from gradwatch_server.health import monitor as health
+from gradwatch_server.health.monitor import Monitor, Observation, thresholds
 
 TH = thresholds()
 LAYERS = ["in.weight", "in.bias", "mid.weight", "mid.bias", "out.weight", "out.bias"]

@@ -141,7 +141,7 @@ def amp_overflow():
 
 def spirals(lr, steps=60):
     """The README demo's run: two spirals, the demo MLP, Adam with a cosine schedule."""
-    from gradwatch_server import demo
+    from gradwatch_server.cli import demo
 
     model, (x, y), g = demo.make_model(), demo.make_data(), _gen(1)
     o = torch.optim.Adam(model.parameters(), lr=lr)
@@ -230,7 +230,7 @@ def results() -> dict:
 
 def score(res: dict) -> dict:
     """kind -> {"runs", "caught", "false", "onset": [alert step - first bad step], "delay": [confirmed - first bad]}"""
-    from gradwatch_server.health import KINDS, SERVER_KINDS
+    from gradwatch_server.health.monitor import KINDS, SERVER_KINDS
 
     table = {k: {"runs": 0, "caught": 0, "false": 0, "onset": [], "delay": []} for k in KINDS if k not in SERVER_KINDS}
     for name, (_, expect, allow) in CASES.items():
@@ -317,7 +317,7 @@ def test_docs_carry_the_table_this_corpus_produces():
 
 
 def test_every_alert_kind_is_documented():
-    from gradwatch_server import health
+    from gradwatch_server.health import monitor as health
 
     text = DOC.read_text()
     for kind in health.KINDS:

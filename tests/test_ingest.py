@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from gradwatch import protocol
-from gradwatch_server import db
-from gradwatch_server.batch import decode
-from gradwatch_server.hello import open_run
-from gradwatch_server.ingest import apply_batch, load_state
+from gradwatch_server.storage import db
+from gradwatch_server.ingest.batch import decode
+from gradwatch_server.ingest.hello import open_run
+from gradwatch_server.ingest.apply import apply_batch, load_state
 
 LAYERS = ["in.weight", "in.bias", "out.weight", "out.bias"]
 
@@ -90,6 +90,6 @@ def test_small_rows_left_by_a_restart_are_still_merged(tmp_path):
         rows = conn.execute(select(func.count()).select_from(db.chunks).where(db.chunks.c.key_id == key_id)).scalar()
         full = conn.execute(select(func.count()).select_from(db.chunks).where(db.chunks.c.key_id == key_id,
                                                                              db.chunks.c.n == 16)).scalar()
-        from gradwatch_server import store
+        from gradwatch_server.storage import store
         assert store.get_series(conn, run_id, "grad/l7")["steps"] == list(range(40))
     assert full == 2 and rows == 2 + 8  # two full chunks and the 8 newest steps still small

@@ -202,7 +202,7 @@ def test_a_connection_holds_at_most_max_buffered_bytes():
 async def _small_budget_scenario():
     import asyncio
 
-    from gradwatch_server.routes.ingest_ws import Budget
+    from gradwatch_server.web.routes.ingest_ws import Budget
 
     alone = Budget(100)
     await asyncio.wait_for(alone.take(500), 1)  # any single frame fits (its size is capped by max_frame_bytes)

@@ -64,7 +64,7 @@ def test_metrics_without_prometheus_client_is_a_clear_501(server, api, monkeypat
 
 
 def test_new_routes_are_documented():
-    from gradwatch_server.routes import metrics, ranks
+    from gradwatch_server.web.routes import metrics, ranks
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
     for module in (metrics, ranks):

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gradwatch_server import db, migrate, store
+from gradwatch_server.storage import db
+from gradwatch_server.storage import migrate
+from gradwatch_server.storage import store
 
 SCHEMA = (Path(__file__).parent / "data" / "schema_0_1.sql").read_text()
 PG_SCHEMA = (Path(__file__).parent / "data" / "schema_0_1_postgres.sql").read_text()

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import Api
 from gradwatch_server.serve import BackgroundServer
-from gradwatch_server.sync import sync
+from gradwatch_server.cli.sync import sync
 
 HERE = Path(__file__).resolve().parent
 

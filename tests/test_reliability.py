@@ -9,7 +9,7 @@ import time
 import gradwatch
 from conftest import Api
 from gradwatch_server.serve import BackgroundServer
-from gradwatch_server.sync import sync
+from gradwatch_server.cli.sync import sync
 
 
 def free_port() -> int:

@@ -12,10 +12,13 @@ from sqlalchemy import func, select, text, update
 
 from conftest import in_thread, run_async
 from gradwatch import protocol
-from gradwatch_server import cli, db, migrate, retention
-from gradwatch_server.batch import decode
-from gradwatch_server.hello import open_run
-from gradwatch_server.ingest import apply_batch, load_state
+from gradwatch_server import cli
+from gradwatch_server.storage import db
+from gradwatch_server.storage import migrate
+from gradwatch_server.storage import retention
+from gradwatch_server.ingest.batch import decode
+from gradwatch_server.ingest.hello import open_run
+from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.services import Services
 from gradwatch_server.settings import Settings, from_env
 

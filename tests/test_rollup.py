@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from gradwatch_server import rollup
+from gradwatch_server.storage import rollup
 
 
 def _wall(step):

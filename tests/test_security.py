@@ -18,7 +18,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from gradwatch import metadata
-from gradwatch_server.security import Refusal, check_host
+from gradwatch_server.web.security import Refusal, check_host
 from gradwatch_server.serve import BackgroundServer
 from gradwatch_server.settings import Settings
 

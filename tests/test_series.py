@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 
 from gradwatch import protocol
-from gradwatch_server import db, store
-from gradwatch_server.batch import decode
-from gradwatch_server.hello import open_run
-from gradwatch_server.ingest import apply_batch, load_state
+from gradwatch_server.storage import db
+from gradwatch_server.storage import store
+from gradwatch_server.ingest.batch import decode
+from gradwatch_server.ingest.hello import open_run
+from gradwatch_server.ingest.apply import apply_batch, load_state
 
 N = 60_000
 LAYERS = 6

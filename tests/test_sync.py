@@ -9,7 +9,7 @@ import gradwatch
 from conftest import Api
 from gradwatch import spool
 from gradwatch_server.serve import BackgroundServer
-from gradwatch_server.sync import sync
+from gradwatch_server.cli.sync import sync
 
 
 def _offline_run(port: int, name: str, steps: int) -> None:

@@ -135,7 +135,7 @@ class Recorder:
         """Every alert the server would raise for this run: records through Monitor.observe_batch in
         batches (cut where a layout changes), held alerts flushed at the end, client alert events."""
         import numpy as np
-        from gradwatch_server import health
+        from gradwatch_server.health import monitor as health
 
         monitor, layouts, alerts, chunk = health.Monitor(), {}, [], []
 

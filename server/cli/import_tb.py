@@ -1,0 +1,99 @@
+"""``gradwatch import-tb DIR``: TensorBoard event files in as runs, through the normal ingest path.
+
+Each directory holding event files becomes one run (named by its path under DIR), read with
+TensorBoard's own ``EventAccumulator`` and sent by the real client (``gradwatch.Run``) over the
+ingest websocket, with each point's original step and wall time.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gradwatch_server.cli.source import Progress, SourceError
+
+EVENTS_GLOB = "events.out.tfevents.*"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("import-tb", help="bring TensorBoard event files in as runs",
+                       description="Every directory under DIR holding TensorBoard event files becomes a run named by "
+                                   "its path, with every scalar at its original step and wall time.")
+    p.add_argument("dir", help="a TensorBoard log directory")
+    p.add_argument("--project", default="tensorboard", help="project of the new runs [tensorboard]")
+    p.add_argument("--server", help="server address [$GRADWATCH_SERVER or http://127.0.0.1:8765]")
+    p.add_argument("--token", help="the server's token [$GRADWATCH_TOKEN]")
+
+
+def run_dirs(root: Path) -> list[Path]:
+    """Directories under (and including) root that hold event files, sorted."""
+    return sorted({p.parent for p in root.rglob(EVENTS_GLOB) if p.is_file()})
+
+
+def read_scalars(directory: Path) -> dict:
+    """{step: (wall_time, {tag: value})} of every scalar in a directory's event files (last write of a step wins)."""
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        raise SourceError("import-tb reads event files with the tensorboard package: pip install tensorboard") from None
+    acc = EventAccumulator(str(directory), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    points: dict = {}
+
+    def put(tag, step, wall, value):
+        wall0, values = points.setdefault(int(step), (wall, {}))
+        points[int(step)] = (min(wall0, wall), values)
+        values[tag] = float(value)
+
+    tags = acc.Tags()
+    for tag in tags.get("scalars", []):
+        for ev in acc.Scalars(tag):
+            put(tag, ev.step, ev.wall_time, ev.value)
+    for tag in tags.get("tensors", []):  # TF2 writers store scalars as 0-d tensors
+        from tensorboard.util import tensor_util
+
+        for ev in acc.Tensors(tag):
+            value = tensor_util.make_ndarray(ev.tensor_proto)
+            if value.size == 1 and value.dtype.kind in "fiu":
+                put(tag, ev.step, ev.wall_time, value.reshape(()).item())
+    return points
+
+
+def import_dir(directory: Path, points: dict, name: str, project: str, server: str | None, token: str | None,
+               progress) -> tuple:
+    """Send one directory's scalars (``read_scalars``) as a run; returns (run id, points sent)."""
+    import gradwatch
+    from gradwatch import protocol
+
+    if not points:
+        return None, 0
+    first_wall = min(wall for wall, _ in points.values())
+    run = gradwatch.Run(project, name, {"imported_from": str(directory), "tensorboard_start_time": first_wall},
+                        server=server, token=token, tags=["tensorboard"])
+    sent = 0
+    for step in sorted(points):
+        wall, values = points[step]
+        scalars = {protocol.check_key(k): v for k, v in values.items()}
+        # The client's own record, with the event's wall time instead of now (log() stamps the present).
+        run._sender.put(("rec", step, wall, scalars, {}))
+        sent += len(scalars)
+        progress.step(len(scalars))
+    run.finish("finished")
+    return run.id, sent
+
+
+def run_import(args) -> int:
+    root = Path(args.dir)
+    if not root.is_dir():
+        raise SourceError(f"{root} is not a directory")
+    dirs = run_dirs(root)
+    if not dirs:
+        raise SourceError(f"no TensorBoard event files ({EVENTS_GLOB}) under {root}")
+    loaded = [(d, read_scalars(d)) for d in dirs]
+    progress = Progress(f"import-tb {len(dirs)} run(s): points", sum(len(v) for _, p in loaded for _, v in p.values()))
+    for d, points in loaded:
+        name = str(d.relative_to(root)) if d != root else root.resolve().name
+        run_id, sent = import_dir(d, points, name, args.project, args.server, args.token, progress)
+        print(f"gradwatch: {d}: {'no scalars' if run_id is None and not sent else f'{sent:,} points -> run {run_id}'}",
+              file=sys.stderr)
+    return 0

@@ -1,0 +1,158 @@
+"""``gradwatch report RUN [RUN...] -o report.html``: one self-contained HTML file to send to a person.
+
+Charts of every metric (runs overlaid, min/max envelopes that keep every spike), each run's
+alerts and the config keys that differ; Plotly.js is inlined from the installed plotly package,
+so the file opens anywhere, offline, with nothing fetched.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import sys
+import time
+from pathlib import Path
+
+from gradwatch_server.cli.export import add_source_arguments
+from gradwatch_server.cli.source import Progress, open_source, resolve
+
+MAX_POINTS = 2000
+COLORS = ["#3b5bdb", "#ae3ec9", "#1098ad", "#7048e8", "#5f6b7a", "#1c7ed6", "#cc5de8", "#0b7285"]
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("report", help="write one self-contained HTML report of one or more runs",
+                       description="Charts of every metric (runs overlaid), the alerts and the config diff, in one "
+                                   "HTML file with Plotly.js inlined: it opens offline and can be mailed.")
+    p.add_argument("runs", nargs="+", help="run ids, or names that each match one run")
+    p.add_argument("-o", "--output", default="report.html", help="file to write [report.html]")
+    add_source_arguments(p)
+
+
+def chart_keys(keys_per_run: list[list[str]]) -> list[str]:
+    """Every logged key of any run, loss first; per-layer slots (grad/<layer>) left out, the global norm kept."""
+    seen: list[str] = []
+    for keys in keys_per_run:
+        for k in keys:
+            if k not in seen and (not k.startswith("grad/") or k in ("grad/global_norm", "grad/missing_count")):
+                seen.append(k)
+    return sorted(seen, key=lambda k: (k != "loss", "loss" not in k, k))
+
+
+def gather(source, run_ids: list[int]) -> dict:
+    """Runs, alerts, config diff and envelopes of every chart key, for the page."""
+    from gradwatch_server.storage.edits import config_diff
+
+    runs = [source.run(i) for i in run_ids]
+    keys = chart_keys([source.keys(i) for i in run_ids])
+    progress = Progress("report: series", len(keys) * len(run_ids))
+    series: dict = {}
+    for key in keys:
+        for run in runs:
+            try:
+                s = source.series(run["id"], key, MAX_POINTS)
+                series.setdefault(key, {})[str(run["id"])] = {"steps": s["steps"], "values": s["values"]}
+            except Exception:  # this run never logged the key
+                pass
+            progress.step()
+    alerts = {str(i): source.alerts(i) for i in run_ids}
+    return {"runs": runs, "keys": keys, "series": series, "alerts": alerts, "diff": config_diff(runs),
+            "created": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def _script_json(data) -> str:
+    """JSON safe inside a <script> element."""
+    return json.dumps(data, allow_nan=False).replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+def _table(header: list[str], rows: list[list[str]], marks: list[bool] | None = None) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(("<tr class=differs>" if marks and marks[i] else "<tr>") +
+                   "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for i, row in enumerate(rows))
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _cell(value) -> str:
+    return "—" if value is None else (value if isinstance(value, str) else json.dumps(value))
+
+
+def render(data: dict, plotly_js: str) -> str:
+    """The whole report as one HTML string."""
+    runs = data["runs"]
+    summary = _table(["id", "name", "project", "status", "last step", "alerts"],
+                     [[str(r["id"]), r["name"], r["project"], r["status"], _cell(r["last_step"]), str(r["alert_count"])]
+                      for r in runs])
+    alert_rows = [[str(a["run_id"]), a["kind"], a["severity"], _cell(a["step"]), _cell(a.get("layer")),
+                   str(a.get("count", 1)), a["message"]] for rid in data["alerts"] for a in data["alerts"][rid]]
+    alerts = _table(["run", "kind", "severity", "step", "layer", "count", "message"], alert_rows) if alert_rows \
+        else "<p class=muted>No alerts.</p>"
+    diff_rows = data["diff"]["rows"]
+    diff = _table(["config key"] + [f"{r['name']} (#{r['id']})" for r in runs],
+                  [[row["key"]] + [_cell(v) for v in row["values"]] for row in diff_rows],
+                  [row["differs"] for row in diff_rows]) if diff_rows else "<p class=muted>No config.</p>"
+    charts = "".join(f'<div class=card><h3>{html.escape(k)}</h3><div class=chart data-key="{html.escape(k)}"></div></div>'
+                     for k in data["keys"])
+    title = "gradwatch report: " + ", ".join(r["name"] for r in runs)
+    colors = {str(r["id"]): COLORS[r["id"] % len(COLORS)] for r in runs}
+    names = {str(r["id"]): f"{r['name']} (#{r['id']})" for r in runs}
+    return TEMPLATE.format(
+        title=html.escape(title), created=html.escape(data["created"]), summary=summary, charts=charts,
+        alerts=alerts, diff=diff, differs=len(data["diff"]["differs"]),
+        plotly=plotly_js.replace("</script", "<\\/script"),
+        data=_script_json({"series": data["series"], "keys": data["keys"], "colors": colors, "names": names}))
+
+
+def run_report(args) -> int:
+    from gradwatch_server.web.routes.pages import plotly_js
+
+    source = open_source(args)
+    try:
+        ids = [resolve(source, ref) for ref in args.runs]
+        data = gather(source, ids)
+    finally:
+        source.close()
+    Path(args.output).write_text(render(data, plotly_js().read_text(encoding="utf-8")), encoding="utf-8")
+    print(f"gradwatch: report of {len(ids)} run(s), {len(data['keys'])} charts, written to {args.output}", file=sys.stderr)
+    return 0
+
+
+TEMPLATE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{title}</title>
+<style>
+body {{ font: 14px system-ui, sans-serif; margin: 24px; color: #1d2330; }}
+h1 {{ font-size: 20px; }} h2 {{ font-size: 16px; margin-top: 28px; }} h3 {{ font-size: 13px; margin: 4px 0; }}
+table {{ border-collapse: collapse; margin: 8px 0; }} td, th {{ border: 1px solid #e4e7ec; padding: 3px 8px; text-align: left; vertical-align: top; }}
+tr.differs td {{ background: #fff4d6; font-weight: 600; }} .muted {{ color: #5f6b7a; }}
+.grid {{ display: grid; grid-template-columns: repeat(auto-fill, minmax(480px, 1fr)); gap: 12px; }}
+.card {{ border: 1px solid #e4e7ec; border-radius: 6px; padding: 8px; }} .chart {{ height: 280px; }}
+</style></head><body>
+<h1>{title}</h1><p class=muted>Made by gradwatch on {created}. Charts keep every spike (min/max envelopes); NaN/inf points are red crosses.</p>
+<h2>Runs</h2>{summary}
+<h2>Charts</h2><div class=grid id=charts>{charts}</div>
+<h2>Alerts</h2>{alerts}
+<h2>Config ({differs} key(s) differ, highlighted)</h2>{diff}
+<script>{plotly}</script>
+<script type="application/json" id="report-data">{data}</script>
+<script>
+(function () {{
+  const D = JSON.parse(document.getElementById("report-data").textContent);
+  const num = (v) => (v === "NaN" ? NaN : v === "Infinity" ? Infinity : v === "-Infinity" ? -Infinity : v);
+  // Plotly reads a subset of HTML in trace names: a run named "<b>x</b>" must show as text.
+  const esc = (t) => String(t).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
+  for (const div of document.querySelectorAll(".chart")) {{
+    const key = div.dataset.key, traces = [], bad = {{ x: [], y: [], type: "scatter", mode: "markers", name: "NaN / inf",
+      marker: {{ symbol: "x", size: 10, color: "#d92d20" }} }};
+    for (const [id, s] of Object.entries(D.series[key] || {{}})) {{
+      const values = s.values.map(num);
+      traces.push({{ x: s.steps, y: values.map((v) => (v !== null && isFinite(v) ? v : null)), type: "scatter", mode: "lines",
+        name: esc(D.names[id]), line: {{ color: D.colors[id], width: 1.6 }} }});
+      values.forEach((v, i) => {{ if (v !== null && !isFinite(v)) {{ bad.x.push(s.steps[i]); bad.y.push(0); }} }});
+    }}
+    if (bad.x.length) traces.push(bad);
+    Plotly.newPlot(div, traces, {{ margin: {{ l: 50, r: 10, t: 6, b: 30 }}, showlegend: true, legend: {{ orientation: "h", y: -0.2 }},
+      xaxis: {{ title: {{ text: "step" }} }} }}, {{ displaylogo: false, responsive: true }});
+  }}
+}})();
+</script></body></html>
+"""

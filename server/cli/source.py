@@ -1,0 +1,165 @@
+"""Where the data commands (export, report, runs) read runs from: a server's HTTP API or, with
+``--db``, the database itself through ``store`` (no server needed). Plus stderr progress lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from gradwatch import protocol
+
+
+class SourceError(RuntimeError):
+    """A run that does not exist, a server that does not answer: one line for the user."""
+
+
+class HttpSource:
+    """The JSON API of a running server (token from --token or $GRADWATCH_TOKEN)."""
+
+    def __init__(self, server: str | None = None, token: str | None = None):
+        self.base = (server or os.environ.get("GRADWATCH_SERVER") or protocol.DEFAULT_SERVER).rstrip("/")
+        self.token = token or os.environ.get("GRADWATCH_TOKEN") or None
+
+    def _call(self, method: str, path: str, **query):
+        query = {k: v for k, v in query.items() if v is not None}
+        url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        req = urllib.request.Request(url, method=method, headers={"Authorization": f"Bearer {self.token}"}
+                                     if self.token else {})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as err:
+            try:
+                why = json.loads(err.read()).get("error")
+            except Exception:
+                why = err.reason
+            raise SourceError(f"{self.base}: {why} (HTTP {err.code})") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise SourceError(f"cannot reach the gradwatch server at {self.base} ({getattr(exc, 'reason', exc)}): "
+                              "start it with `gradwatch serve`, pass --server URL, or read a database with --db") from None
+
+    def runs(self, project=None, status=None):
+        return self._call("GET", "/api/runs", project=project, status=status)
+
+    def run(self, run_id: int):
+        return self._call("GET", f"/api/runs/{run_id}")
+
+    def keys(self, run_id: int):
+        return self._call("GET", f"/api/runs/{run_id}/keys")
+
+    def series(self, run_id: int, key: str, max_points: int | None = None):
+        return self._call("GET", f"/api/runs/{run_id}/series", key=key, max_points=max_points)
+
+    def alerts(self, run_id: int):
+        return self._call("GET", f"/api/runs/{run_id}/alerts")
+
+    def delete(self, run_id: int):
+        return self._call("DELETE", f"/api/runs/{run_id}")
+
+    def close(self):
+        pass
+
+
+class DbSource:
+    """The database itself, read through ``store`` (and ``edits`` for deletes)."""
+
+    def __init__(self, url: str):
+        from gradwatch_server.storage import db
+
+        self.engine = db.make_engine(url)
+
+    def _read(self, fn, *args, **kwargs):
+        from gradwatch_server.storage.store import NotFound
+
+        try:
+            with self.engine.connect() as conn:
+                return fn(conn, *args, **kwargs)
+        except NotFound as exc:
+            raise SourceError(str(exc)) from None
+
+    def runs(self, project=None, status=None):
+        from gradwatch_server.storage import store
+
+        return self._read(store.list_runs, project=project, status=status)
+
+    def run(self, run_id: int):
+        from gradwatch_server.storage import store
+
+        return self._read(store.get_run, run_id)
+
+    def keys(self, run_id: int):
+        from gradwatch_server.storage import store
+
+        return self._read(store.list_keys, run_id)
+
+    def series(self, run_id: int, key: str, max_points: int | None = None):
+        from gradwatch_server.storage import store
+
+        return self._read(store.get_series, run_id, key, max_points)
+
+    def alerts(self, run_id: int):
+        from gradwatch_server.storage import store
+
+        return self._read(store.get_alerts, run_id)
+
+    def delete(self, run_id: int):
+        from gradwatch_server.storage import edits
+        from gradwatch_server.storage import store
+
+        self._read(store.get_run, run_id)
+        with self.engine.begin() as conn:
+            edits.delete_run(conn, run_id)
+        return {"deleted": run_id}
+
+    def close(self):
+        self.engine.dispose()
+
+
+def open_source(args):
+    """--db URL reads the database; otherwise the server at --server / $GRADWATCH_SERVER."""
+    if getattr(args, "db", None):
+        return DbSource(args.db)
+    return HttpSource(getattr(args, "server", None), getattr(args, "token", None))
+
+
+def resolve(source, ref: str) -> int:
+    """A run id, or a run name that matches exactly one run."""
+    if ref.isdigit():
+        return int(ref)
+    matches = [r for r in source.runs() if r["name"] == ref]
+    if len(matches) != 1:
+        ids = ", ".join(str(r["id"]) for r in matches)
+        raise SourceError(f"no run named {ref!r}" if not matches else f"{len(matches)} runs are named {ref!r} "
+                          f"(ids {ids}): give an id")
+    return matches[0]["id"]
+
+
+def decode(values: list) -> list:
+    """API values as floats: "NaN"/"Infinity"/"-Infinity" back to floats, null (no gradient) kept as None."""
+    return [protocol.decode_float(v) for v in values]
+
+
+class Progress:
+    """A progress line on stderr, rewritten in place on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, what: str, total: int, stream=None):
+        self.what, self.total, self.done = what, total, 0
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self._last = 0.0
+
+    def step(self, n: int = 1, note: str = "") -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.done >= self.total or now - self._last >= (0.1 if self.tty else 2.0):
+            self._last = now
+            line = f"gradwatch: {self.what} {self.done}/{self.total}{' ' + note if note else ''}"
+            self.stream.write(("\r" + line + "\033[K") if self.tty else line + "\n")
+            if self.tty and self.done >= self.total:
+                self.stream.write("\n")
+            self.stream.flush()

@@ -1,0 +1,246 @@
+"""A key's points stored in blocks ("chunks"): packing, appending with compaction, reading a range.
+
+Why blocks (measured in docs/storage.md): a row per point costs the database a B-tree entry,
+an index entry and SQLAlchemy's per-row Python work; a row per few thousand points costs one
+of each for all of them, so ingest beats raw row-per-point inserts. A live run sends small
+batches, so each batch first lands as a small row; once a key's small rows hold a full chunk
+they are merged into one (each point is written about twice, never rewritten in place).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from sqlalchemy import delete, func, select
+
+from gradwatch_server.storage import db
+
+CHUNK_VALUES = 2048  # values (steps x slots) per full chunk: 48 KiB for a scalar key
+
+
+def capacity(slots: int) -> int:
+    """Steps per full chunk for a key with ``slots`` values per step."""
+    return max(16, CHUNK_VALUES // max(1, slots))
+
+
+def f64(array: np.ndarray) -> bytes:
+    """float64 little-endian bytes (NaN/inf bit-exact): the one packing of values on the server."""
+    return np.ascontiguousarray(array, dtype="<f8").tobytes()
+
+
+def from_f64(blob: bytes) -> np.ndarray:
+    return np.frombuffer(blob, dtype="<f8")
+
+
+@dataclass
+class Points:
+    """Points of one key in step order: steps (n,), walls (n,), values (n, slots), missing (n, slots) or None."""
+
+    steps: np.ndarray
+    walls: np.ndarray
+    values: np.ndarray
+    missing: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def present(self) -> np.ndarray:
+        return np.ones(self.values.shape, dtype=bool) if self.missing is None else ~self.missing
+
+    def take(self, index) -> "Points":
+        return Points(self.steps[index], self.walls[index], self.values[index],
+                      None if self.missing is None else self.missing[index])
+
+
+@dataclass
+class Tail:
+    """A key's small rows not yet merged into a full chunk (kept in memory to merge without a read)."""
+
+    ids: list = field(default_factory=list)
+    parts: list = field(default_factory=list)
+    n: int = 0
+    slots: int | None = None
+
+
+def _row(key_id: int, p: Points) -> dict:
+    missing = p.missing if p.missing is not None and p.missing.any() else None
+    return {"key_id": key_id, "first_step": int(p.steps.min()), "last_step": int(p.steps.max()), "n": len(p),
+            "steps": np.ascontiguousarray(p.steps, dtype="<i8").tobytes(), "walls": f64(p.walls),
+            "data": f64(p.values), "missing": None if missing is None else missing.astype(np.uint8).tobytes()}
+
+
+def concat(parts: list[Points]) -> Points:
+    if len(parts) == 1:
+        return parts[0]
+    missing = None
+    if any(p.missing is not None for p in parts):
+        missing = np.concatenate([p.missing if p.missing is not None else np.zeros(p.values.shape, dtype=bool)
+                                  for p in parts])
+    return Points(np.concatenate([p.steps for p in parts]), np.concatenate([p.walls for p in parts]),
+                  np.concatenate([p.values for p in parts]), missing)
+
+
+@dataclass
+class Writes:
+    """The chunk rows of one batch, across keys, written with three statements in all."""
+
+    deletes: list = field(default_factory=list)   # ids of small rows merged into full chunks
+    full: list = field(default_factory=list)      # rows of full chunks
+    small: list = field(default_factory=list)     # (tail, points, row) of small rows: their ids go to the tail
+
+    def flush(self, conn) -> None:
+        if self.deletes:
+            conn.execute(delete(db.chunks).where(db.chunks.c.id.in_(self.deletes)))
+        if self.full:
+            conn.execute(db.chunks.insert(), self.full)
+        if self.small:
+            ids = conn.execute(db.chunks.insert().returning(db.chunks.c.id, sort_by_parameter_order=True),
+                               [row for _tail, _points, row in self.small]).scalars().all()
+            for (tail, points, _row), row_id in zip(self.small, ids):
+                tail.ids.append(row_id)
+                tail.parts.append(points)
+                tail.n += len(points)
+        self.deletes, self.full, self.small = [], [], []
+
+
+def append(writes: Writes, tail: Tail, key_id: int, points: Points) -> None:
+    """Plan a batch's points of one key: a small row until the key's small rows fill a chunk, then
+    full chunks (the small rows merged in first, so repeated steps keep their arrival order)."""
+    slots = points.values.shape[1]
+    cap = capacity(slots)
+    if tail.slots is not None and tail.slots != slots:  # the layout changed: leave the old rows as they are
+        tail.ids, tail.parts, tail.n = [], [], 0
+    tail.slots = slots
+    if tail.n + len(points) >= cap:
+        if tail.ids:
+            writes.deletes += tail.ids
+            points = concat(tail.parts + [points])
+            tail.ids, tail.parts, tail.n = [], [], 0
+        full = (len(points) // cap) * cap
+        writes.full += [_row(key_id, points.take(slice(i, i + cap))) for i in range(0, full, cap)]
+        if full == len(points):
+            return
+        points = points.take(slice(full, None))
+    writes.small.append((tail, points, _row(key_id, points)))
+
+
+def load_tail(conn, key_id: int, slots: int) -> Tail:
+    """A key's small rows still waiting to be merged (after a server restart or a cache reload), so they
+    are merged with the next ones instead of staying small for good."""
+    cols = db.chunks.c
+    rows = conn.execute(select(cols.id, cols.steps, cols.walls, cols.data, cols.missing)
+                        .where(cols.key_id == key_id, cols.n < capacity(slots)).order_by(cols.id)).all()
+    tail = Tail(slots=slots)
+    for row in rows:
+        if len(row.data) == slots * len(row.steps):  # (8 bytes a value, 8 a step) written under this layout
+            part = _decode(row, None)
+            tail.ids.append(row.id)
+            tail.parts.append(part)
+            tail.n += len(part)
+    return tail
+
+
+def append_now(conn, tail: Tail, key_id: int, points: Points) -> None:
+    """``append`` and write at once (one key)."""
+    writes = Writes()
+    append(writes, tail, key_id, points)
+    writes.flush(conn)
+
+
+def _decode(row, slots: int | None, column: int | None = None) -> Points:
+    """One chunk row as Points; ``slots`` pads (no value) or cuts rows written under another layout;
+    ``column`` keeps only that slot (one layer of a vector), before anything is copied."""
+    steps = np.frombuffer(row.steps, dtype="<i8")
+    n = len(steps)
+    width = len(row.data) // 8 // n if n else 0
+    values = from_f64(row.data).reshape(n, width)
+    missing = None if row.missing is None else np.frombuffer(row.missing, dtype=np.uint8).reshape(n, width) != 0
+    if column is not None:
+        if column >= width:  # written under an older, smaller layout: no value in that slot
+            return Points(steps, from_f64(row.walls), np.full((n, 1), np.nan), np.ones((n, 1), dtype=bool))
+        values = values[:, column:column + 1]
+        missing = None if missing is None else missing[:, column:column + 1]
+        return Points(steps, from_f64(row.walls), values, missing)
+    if slots is not None and slots != width:
+        padded = np.full((n, slots), np.nan)
+        gone = np.ones((n, slots), dtype=bool)
+        keep = min(slots, width)
+        padded[:, :keep] = values[:, :keep]
+        gone[:, :keep] = False if missing is None else missing[:, :keep]
+        values, missing = padded, gone
+    return Points(steps, from_f64(row.walls), values, missing)
+
+
+def empty(width: int = 1) -> Points:
+    return Points(np.zeros(0, np.int64), np.zeros(0), np.zeros((0, width)), None)
+
+
+def _points(rows, slots: int | None, column: int | None) -> Points:
+    """Chunk rows decoded to one width (``slots``, one ``column``, else the widest) and concatenated."""
+    if not rows:
+        return empty(1 if column is not None else slots or 1)
+    parts = [_decode(r, slots, column) for r in rows]
+    if column is None and slots is None:
+        width = max(p.values.shape[1] for p in parts)
+        if any(p.values.shape[1] != width for p in parts):  # rows from before a layout change
+            parts = [_decode(r, width) for r in rows]
+    return concat(parts)
+
+
+def read(conn, key_id: int, lo: int | None = None, hi: int | None = None, slots: int | None = None,
+         column: int | None = None) -> Points:
+    """Every point of a key with lo <= step <= hi, in step order (repeated steps in arrival order);
+    with ``column``, only that slot of each step."""
+    if lo is not None and hi is not None and hi < lo:
+        return empty(1 if column is not None else slots or 1)
+    cols = db.chunks.c
+    query = select(cols.steps, cols.walls, cols.data, cols.missing).where(cols.key_id == key_id)
+    if lo is not None:
+        query = query.where(cols.last_step >= lo)
+    if hi is not None:
+        query = query.where(cols.first_step <= hi)
+    points = _points(conn.execute(query.order_by(cols.id)).all(), slots, column)
+    keep = np.ones(len(points), dtype=bool)
+    if lo is not None:
+        keep &= points.steps >= lo
+    if hi is not None:
+        keep &= points.steps <= hi
+    order = np.argsort(points.steps[keep], kind="stable")
+    return points.take(np.flatnonzero(keep)[order])
+
+
+def bounds(conn, key_id: int, start: int | None, end: int | None) -> tuple:
+    """The (first, last) step of a key's points within [start, end], from chunk headers; (None, None) if none.
+
+    Exact at the ends of a key's data; inside a chunk that straddles ``start`` or ``end`` the bound
+    is the range edge itself (readers only use these to size buckets).
+    """
+    cols = db.chunks.c
+    q_lo = select(func.min(cols.first_step)).where(cols.key_id == key_id)
+    q_hi = select(func.max(cols.last_step)).where(cols.key_id == key_id)
+    if start is not None:
+        q_lo = q_lo.where(cols.last_step >= start)
+        q_hi = q_hi.where(cols.last_step >= start)
+    if end is not None:
+        q_lo = q_lo.where(cols.first_step <= end)
+        q_hi = q_hi.where(cols.first_step <= end)
+    lo, hi = conn.execute(q_lo).scalar(), conn.execute(q_hi).scalar()
+    if lo is None or hi is None:
+        return None, None
+    lo = max(lo, start) if start is not None else lo
+    hi = min(hi, end) if end is not None else hi
+    return (lo, hi) if lo <= hi else (None, None)
+
+
+def latest(conn, key_id: int, count: int, slots: int | None = None) -> Points:
+    """The ``count`` highest-step points of a key (for warming the health rules after a restart)."""
+    cols = db.chunks.c
+    rows = conn.execute(select(cols.steps, cols.walls, cols.data, cols.missing).where(cols.key_id == key_id)
+                        .order_by(cols.last_step.desc()).limit(max(4, count))).all()
+    points = _points(rows, slots, None)
+    return points.take(np.argsort(points.steps, kind="stable")[-count:])
+
+
+def delete_keys(conn, key_ids) -> None:
+    conn.execute(delete(db.chunks).where(db.chunks.c.key_id.in_(key_ids)))

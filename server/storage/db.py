@@ -1,0 +1,154 @@
+"""Database schema and engine (SQLAlchemy Core; SQLite by default, PostgreSQL compatible).
+
+Storage notes (the measurements behind them are in docs/storage.md):
+- ``chunks`` holds a key's points in blocks: one row per key per up to ``CHUNK_POINTS`` steps,
+  with the steps (int64), wall times and values (float64, NaN and inf bit-exact) packed
+  little-endian. A vector key (per-layer gradient norms) keeps ``slots`` values per step and a
+  uint8 mask of the slots that had no value (``.grad is None``). Storing a block costs one row
+  where one row per point cost hundreds, so ingest runs faster than raw row-per-point inserts.
+- Chunks of one key may overlap in steps (out-of-order or repeated steps); readers merge them.
+- ``rollups`` summarises every block of 16, 64, ... 65536 steps per key (see rollup.py), so a
+  chart of a million-step run reads a few thousand rows and still shows every spike and NaN.
+- Steps are 64-bit on every engine (steps counted in tokens or samples pass 2**31 easily).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from sqlalchemy import (BigInteger, Column, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Table,
+                        Text, UniqueConstraint, create_engine, event)
+from sqlalchemy.engine import Engine
+
+metadata = MetaData()
+
+runs = Table(
+    "runs", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("uid", String(64), nullable=False, unique=True),
+    Column("secret", String(64)),  # sha256 of the client's per-run secret: only that client may resume the run
+    Column("project", String(200), nullable=False, index=True),
+    Column("name", String(200), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),   # the last data (or status change)
+    Column("seen_at", Float),                      # the last sign of life of its client (server heartbeat)
+    Column("finished_at", Float),
+    Column("last_step", BigInteger),
+    Column("last_seq", Integer, nullable=False, default=0),
+    Column("config", Text, nullable=False, default="{}"),
+    Column("meta", Text, nullable=False, default="{}"),
+    Column("alert_config", Text, nullable=False, default="{}"),
+    Column("tags", Text, nullable=False, default="[]"),
+    Column("notes", Text, nullable=False, default=""),
+    Column("error", Text),
+)
+
+metric_keys = Table(
+    "metric_keys", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("key", String(256), nullable=False),
+    Column("layers", Text),  # JSON list of slot names for vector keys, NULL for scalars
+    UniqueConstraint("run_id", "key", name="uq_metric_keys_run_key"),
+)
+
+chunks = Table(  # a key's points in blocks; see the module docstring and chunks.py
+    "chunks", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("key_id", Integer, nullable=False),
+    Column("first_step", BigInteger, nullable=False),
+    Column("last_step", BigInteger, nullable=False),
+    Column("n", Integer, nullable=False),
+    Column("steps", LargeBinary, nullable=False),  # n int64
+    Column("walls", LargeBinary, nullable=False),  # n float64 (unix seconds)
+    Column("data", LargeBinary, nullable=False),   # n x slots float64
+    Column("missing", LargeBinary),                # n x slots uint8, 1 = no value; NULL when none
+    Index("ix_chunks_key_last", "key_id", "last_step", "first_step"),  # covering: a range lookup reads no rows
+)
+
+rollups = Table(  # per-block summaries for fast, spike-preserving reads of big runs (see rollup.py)
+    "rollups", metadata,
+    Column("key_id", Integer, nullable=False),
+    Column("level", Integer, nullable=False),
+    Column("block", BigInteger, nullable=False),
+    Column("n", Integer, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    UniqueConstraint("key_id", "level", "block", name="uq_rollups_key_level_block"),
+)
+
+alerts = Table(
+    "alerts", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False, index=True),
+    Column("kind", String(40), nullable=False),
+    Column("step", BigInteger),                # the first bad step (onset)
+    Column("last_step", BigInteger),           # the latest step it recurred at
+    Column("confirmed_step", BigInteger),      # where the rule became sure (after its patience)
+    Column("count", Integer, nullable=False, default=1, server_default="1"),  # times it fired (recurrences merge)
+    Column("key", String(256)),
+    Column("layer", String(256)),
+    Column("value", Float),
+    Column("severity", String(16), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float),
+)
+
+
+SYNCHRONOUS = ("full", "normal")
+
+
+def make_engine(url: str, synchronous: str = "full") -> Engine:
+    """Create the engine and the tables; SQLite gets WAL mode and a busy timeout.
+
+    ``synchronous="full"``: every commit reaches the disk before the batch is acked, so an ack
+    survives a power loss or kernel crash; "normal" survives a crash of the server process only
+    (the cost is measured in docs/storage.md).
+    """
+    if synchronous not in SYNCHRONOUS:
+        raise ValueError(f"synchronous must be one of {SYNCHRONOUS}, got {synchronous!r}")
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[1] if "///" in url else ""
+        if path and path != ":memory:":
+            Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn, _record):
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+    else:
+        driver_url = _postgres_driver(url)
+        # psycopg2 runs an UPDATE executemany as one round trip per row; batch them (the rollup
+        # recounts of a batch are hundreds of rows). INSERTs are multi-row VALUES either way.
+        extra = {"executemany_mode": "values_plus_batch"} if driver_url.startswith("postgresql+psycopg2") else {}
+        engine = create_engine(driver_url, pool_pre_ping=True, **extra)
+    from gradwatch_server.storage.migrate import upgrade
+
+    upgrade(engine)
+    return engine
+
+
+def _postgres_driver(url: str) -> str:
+    """Plain postgresql:// uses whichever driver is installed (psycopg 3, else psycopg2)."""
+    if not url.startswith(("postgresql://", "postgres://")):
+        return url
+    import importlib.util
+
+    rest = url.split("://", 1)[1]
+    driver = "psycopg" if importlib.util.find_spec("psycopg") else "psycopg2"
+    return f"postgresql+{driver}://{rest}"
+
+
+def to_db_float(value: float) -> float | None:
+    """NaN becomes NULL (SQL has no NaN); everything else is stored as is."""
+    return None if math.isnan(value) else value
+
+
+def from_db_float(value: float | None) -> float:
+    return math.nan if value is None else value

@@ -1,0 +1,281 @@
+"""Rollups: per-block summaries written with the data, so big runs read fast and still show every spike.
+
+For every key and every block of ``level`` consecutive steps (levels 16 or 64 to 262144, each 4x the last) one row
+keeps, per slot (a scalar has one slot, a per-layer vector one per layer): the finite minimum
+and maximum with the steps (and wall times) they occurred at, and the first step (and wall time)
+of each non-finite kind (NaN, +inf, -inf). Each of those is a real logged point, so an envelope computed over a range's
+block summaries is the envelope of its raw points, at a cost of a few rows per block.
+Blocks written under an older per-layer layout (the model gained or lost parameters) no
+longer match; readers then fall back to the raw points for that range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from sqlalchemy import bindparam, func, select, update
+
+from gradwatch_server.storage import db
+from gradwatch_server.storage.chunks import f64, from_f64
+
+# Scalars start at 64: finer blocks would cost more rows than they save (a chart of < 32k steps reads
+# its raw points from chunks in milliseconds). Vectors (300 layers = 2.4 KB a step) also keep 16, so a
+# heatmap never reads more than ~25k steps raw. 262144 keeps a 10M-step chart to a few hundred blocks.
+LEVELS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144)
+
+
+def levels_for(slots: int) -> tuple:
+    """The rollup levels kept for a key with ``slots`` values per step."""
+    return LEVELS if slots > 1 else LEVELS[1:]
+MIN_V, MIN_S, MAX_V, MAX_S, NAN_S, PINF_S, NINF_S = range(7)
+STEP_ROWS = (MIN_S, MAX_S, NAN_S, PINF_S, NINF_S)
+WALL_OF = {row: 7 + i for i, row in enumerate(STEP_ROWS)}  # the wall time of each step row
+ROWS = 12
+NONE = -1.0  # "no such step" in the step rows
+
+
+@dataclass
+class Block:
+    """One block's summary: a (ROWS, slots) float64 array, the point count and whether it is stored yet."""
+
+    data: np.ndarray
+    n: int = 0
+    stored: bool = False
+
+
+def empty(slots: int) -> Block:
+    data = np.full((ROWS, slots), NONE)
+    data[MIN_V], data[MAX_V] = np.inf, -np.inf
+    return Block(data)
+
+
+def summarise(steps: np.ndarray, walls: np.ndarray, values: np.ndarray, present: np.ndarray, groups: np.ndarray):
+    """Per-group summaries of points sorted by group: (group ids, counts, (g, ROWS, slots) array)."""
+    k = len(steps)
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    seg = np.cumsum(np.r_[False, groups[1:] != groups[:-1]])  # row -> its group's position
+    rows = np.arange(k)[:, None]
+    out = np.empty((len(starts), ROWS, values.shape[1]))
+    finite = present & np.isfinite(values)
+
+    def note(s_row, first):
+        found = first < k
+        at = np.minimum(first, k - 1)
+        out[:, s_row] = np.where(found, steps[at], NONE)
+        out[:, WALL_OF[s_row]] = np.where(found, walls[at], NONE)
+
+    for sign, v_row, s_row in ((1.0, MIN_V, MIN_S), (-1.0, MAX_V, MAX_S)):
+        masked = np.where(finite, sign * values, np.inf)
+        best = np.minimum.reduceat(masked, starts, axis=0)
+        out[:, v_row] = sign * best
+        note(s_row, np.minimum.reduceat(np.where(finite & (masked == best[seg]), rows, k), starts, axis=0))
+    for row, hit in ((NAN_S, np.isnan(values)), (PINF_S, values == np.inf), (NINF_S, values == -np.inf)):
+        note(row, np.minimum.reduceat(np.where(hit & present, rows, k), starts, axis=0))
+    return groups[starts], np.diff(np.r_[starts, k]), out
+
+
+def merge(block: Block, data: np.ndarray, n: int) -> bool:
+    """Fold a newer summary of the same block into ``block`` (the earlier point wins a tie).
+
+    Returns whether the summary changed (not just its point count).
+    """
+    block.n += n
+    return bool(merge_into(block.data, data).any())
+
+
+def merge_into(d: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """``merge`` on (ROWS, columns) arrays, in place on ``d``; returns which columns changed."""
+    changed = np.zeros(d.shape[1], dtype=bool)
+    for v_row, s_row, better in ((MIN_V, MIN_S, np.less), (MAX_V, MAX_S, np.greater)):
+        take = better(data[v_row], d[v_row]) | ((data[v_row] == d[v_row]) & (data[s_row] != NONE)
+                                                 & ((d[s_row] == NONE) | (data[s_row] < d[s_row])))
+        _take(d, data, take, (v_row, s_row, WALL_OF[s_row]), changed)
+    for row in (NAN_S, PINF_S, NINF_S):
+        take = (data[row] != NONE) & ((d[row] == NONE) | (data[row] < d[row]))
+        _take(d, data, take, (row, WALL_OF[row]), changed)
+    return changed
+
+
+def _take(d: np.ndarray, data: np.ndarray, take: np.ndarray, rows: tuple, changed: np.ndarray) -> None:
+    if take.any():
+        for row in rows:
+            d[row] = np.where(take, data[row], d[row])
+        changed |= take
+
+
+@dataclass
+class Writes:
+    """Rollup rows of one batch, across keys: inserted, rewritten, or only recounted; three statements."""
+
+    inserts: list = field(default_factory=list)
+    updates: list = field(default_factory=list)
+    counts: list = field(default_factory=list)
+
+    def flush(self, conn) -> None:
+        if self.inserts:
+            conn.execute(db.rollups.insert(), self.inserts)
+        if self.updates:
+            conn.execute(_UPDATE.values(n=bindparam("n"), data=bindparam("d")), self.updates)
+        if self.counts:
+            conn.execute(_UPDATE.values(n=bindparam("n")), self.counts)
+        self.inserts, self.updates, self.counts = [], [], []
+
+
+def update_rollups(conn, cache: dict, key_id: int, steps: np.ndarray, walls: np.ndarray, values: np.ndarray,
+                   present: np.ndarray, writes: Writes | None = None) -> None:
+    """Fold a batch of one key (values and presence: (k, slots) arrays) into every level.
+
+    With ``writes`` the rows are collected there (the caller flushes once per batch); else written now.
+    """
+    now = writes is None
+    writes = Writes() if now else writes
+    _update(conn, cache, [(key_id, slice(None))], values.shape[1], steps, walls, values, present, writes)
+    if now:
+        writes.flush(conn)
+
+
+def update_many(conn, cache: dict, key_ids: list[int], steps, walls, values, present, writes: Writes) -> None:
+    """``update_rollups`` for scalar keys logged at the same steps, summarised together: column j is key j."""
+    _update(conn, cache, [(k, slice(j, j + 1)) for j, k in enumerate(key_ids)], 1, steps, walls, values, present,
+            writes)
+
+
+def _update(conn, cache: dict, targets: list, slots: int, steps, walls, values, present, writes: Writes) -> None:
+    if not len(steps):
+        return
+    order = np.argsort(steps, kind="stable")
+    st, wl = steps[order].astype(np.float64), walls[order]
+    vals, present = values[order], present[order]
+    # A live batch (~20 steps) usually falls inside one block of every level but the finest: one
+    # summary of the whole batch serves all of those; only levels it straddles are cut per block.
+    whole = summarise(st, wl, vals, present, np.zeros(len(st), dtype=np.int64))
+    for level in levels_for(slots):
+        first, last = int(st[0] // level), int(st[-1] // level)
+        if first == last:
+            parts = [(first, int(whole[1][0]), whole[2][0])]
+        else:
+            ids, ns, sums = summarise(st, wl, vals, present, (st // level).astype(np.int64))
+            parts = list(zip(ids.tolist(), ns.tolist(), sums))
+        for b, n, data in parts:
+            _fold(conn, cache, writes, targets, level, int(b), int(n), data)
+
+
+def _fold(conn, cache: dict, writes: Writes, targets: list, level: int, b: int, n: int, data: np.ndarray) -> None:
+    """One block summary of every target key into its stored block (a new row, a rewrite or a recount).
+
+    The keys whose block already holds points are merged in one stacked numpy pass, not key by key.
+    """
+    existing = []
+    for key_id, cols in targets:
+        part = data[:, cols]
+        hit = cache.get((key_id, level))
+        if hit is not None and b > hit[2]:  # a block never seen before: its summary is the batch's
+            cache[(key_id, level)] = (b, Block(part.copy(), n, True), b)
+            writes.inserts.append({"key_id": key_id, "level": level, "block": b, "n": n, "data": encode(part)})
+        else:
+            existing.append((key_id, _cached(conn, cache, key_id, level, b, part.shape[1]), part))
+    if not existing:
+        return
+    stacked = np.concatenate([blk.data for _k, blk, _p in existing], axis=1)
+    changed = merge_into(stacked, np.concatenate([p for _k, _b, p in existing], axis=1))
+    offset = 0
+    for key_id, block, part in existing:
+        width = part.shape[1]
+        block.data[:] = stacked[:, offset:offset + width]
+        block.n += n
+        row = {"k": key_id, "lv": level, "b": b, "n": block.n}
+        if not block.stored:
+            writes.inserts.append({"key_id": key_id, "level": level, "block": b, "n": block.n,
+                                   "data": encode(block.data)})
+            block.stored = True
+        elif changed[offset:offset + width].any():
+            writes.updates.append({**row, "d": encode(block.data)})
+        else:
+            writes.counts.append(row)  # same extremes, more points: rewrite the count, not the summary
+        offset += width
+
+
+_UPDATE = update(db.rollups).where(db.rollups.c.key_id == bindparam("k"), db.rollups.c.level == bindparam("lv"),
+                                   db.rollups.c.block == bindparam("b"))
+
+
+def new_key(cache: dict, key_id: int) -> None:
+    """A key created just now has no rollups yet: nothing to look up."""
+    for level in LEVELS:
+        cache[(key_id, level)] = (None, None, -1)
+
+
+def _load_newest(conn, cache: dict, key_id: int) -> None:
+    """The newest stored block of every level of a key, in one query."""
+    newest = dict(conn.execute(select(db.rollups.c.level, func.max(db.rollups.c.block))
+                               .where(db.rollups.c.key_id == key_id).group_by(db.rollups.c.level)).all())
+    for level in LEVELS:
+        cache.setdefault((key_id, level), (None, None, newest.get(level, -1)))
+
+
+def _cached(conn, cache: dict, key_id: int, level: int, b: int, slots: int) -> Block:
+    """The block being written; only the newest block per (key, level) stays in memory."""
+    hit = cache.get((key_id, level))
+    if hit is None:  # first write since the server started: where did this key's rollups end?
+        _load_newest(conn, cache, key_id)
+        hit = cache[(key_id, level)]
+    if hit[0] == b and hit[1].data.shape[1] == slots:
+        return hit[1]
+    row = None
+    if b <= hit[2]:  # steps went back (or a restart): the block may be on disk already
+        row = conn.execute(select(db.rollups.c.n, db.rollups.c.data).where(
+            db.rollups.c.key_id == key_id, db.rollups.c.level == level, db.rollups.c.block == b)).first()
+    if row is None:
+        block = empty(slots)
+    elif len(row.data) != ROWS * slots * 8:  # the layout changed: summarise from here on under the new one
+        block = empty(slots)
+        block.stored = True
+    else:
+        block = Block(decode(row.data, slots), row.n, True)
+    cache[(key_id, level)] = (b, block, max(b, hit[2]))
+    return block
+
+
+def encode(data: np.ndarray) -> bytes:
+    return f64(data)
+
+
+def decode(blob: bytes, slots: int) -> np.ndarray:
+    return from_f64(blob).reshape(ROWS, slots).astype(np.float64)
+
+
+def pick_level(width: float, slots: int = 1) -> int | None:
+    """The coarsest level whose blocks still fit in one bucket of ``width`` steps (None: read raw)."""
+    fitting = [lv for lv in levels_for(slots) if lv <= width]
+    return fitting[-1] if fitting else None
+
+
+def read_blocks(conn, key_id: int, level: int, first: int, last: int, slots: int):
+    """Block numbers (k,), counts (k,) and summaries (k, 7, slots) of blocks first..last that exist."""
+    rows = conn.execute(select(db.rollups.c.block, db.rollups.c.n, db.rollups.c.data).where(
+        db.rollups.c.key_id == key_id, db.rollups.c.level == level, db.rollups.c.block >= first,
+        db.rollups.c.block <= last).order_by(db.rollups.c.block)).all()
+    if not rows:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, ROWS, slots))
+    if any(len(r.data) != ROWS * slots * 8 for r in rows):
+        return None, None, None  # written under an older layout: the caller reads raw points instead
+    data = from_f64(b"".join(r.data for r in rows)).reshape(len(rows), ROWS, slots)
+    return (np.array([r.block for r in rows], dtype=np.int64), np.array([r.n for r in rows], dtype=np.int64),
+            data.astype(np.float64))
+
+
+def candidates(summaries: np.ndarray, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every real point a set of block summaries names for one slot: (steps, values, walls) in step order."""
+    d = summaries[:, :, slot]
+    parts = []
+    for s_row, v in ((MIN_S, d[:, MIN_V]), (MAX_S, d[:, MAX_V]), (NAN_S, np.full(len(d), np.nan)),
+                     (PINF_S, np.full(len(d), np.inf)), (NINF_S, np.full(len(d), -np.inf))):
+        ok = d[:, s_row] != NONE
+        parts.append(np.stack([d[ok, s_row], v[ok], d[ok, WALL_OF[s_row]]], axis=1))
+    both = np.concatenate(parts) if parts else np.zeros((0, 3))
+    both = both[np.argsort(both[:, 0], kind="stable")]
+    # A block's min and max can be one point (a block of one step): keep each step once.
+    _, first = np.unique(both[:, 0], return_index=True)
+    both = both[np.sort(first)] if len(both) else both
+    return both[:, 0].astype(np.int64), both[:, 1], both[:, 2]

@@ -1,0 +1,117 @@
+"""Reading one key's points for charts: raw ranges, envelopes over rollups, per-layer heatmaps."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gradwatch import protocol
+
+from gradwatch_server.storage import chunks
+from gradwatch_server.storage import rollup
+from gradwatch_server.storage.downsample import envelope
+
+
+def raw(conn, key_id: int, slot: int | None, lo: int, hi: int) -> tuple:
+    """Steps, values, missing flags and wall times (numpy) of every point with lo <= step <= hi."""
+    points = chunks.read(conn, key_id, lo, hi, column=slot or 0)
+    missing = points.missing[:, 0] if points.missing is not None else np.zeros(len(points), dtype=bool)
+    return points.steps, points.values[:, 0], missing, points.walls
+
+
+def read_series(conn, key_id: int, slot: int | None, slots: int, max_points: int | None,
+                start: int | None, end: int | None) -> dict:
+    """Every point in range, or (with max_points) a min/max envelope that keeps spikes and NaNs."""
+    lo, hi = chunks.bounds(conn, key_id, start, end)
+    if lo is None:
+        return {"steps": [], "values": [], "wall_times": [], "total_points": 0}
+    if max_points:
+        level = rollup.pick_level((hi - lo + 1) / max(1, max_points // 4), slots)
+        if level is not None:
+            out = _from_rollups(conn, key_id, slot, slots, lo, hi, level, max_points)
+            if out is not None:
+                return out
+    steps, values, missing, walls = raw(conn, key_id, slot, lo, hi)
+    keep = envelope(steps, values, max_points) if max_points else slice(None)
+    return _result(steps[keep], values[keep], missing[keep], walls[keep], len(steps))
+
+
+def _result(steps: np.ndarray, values: np.ndarray, missing: np.ndarray, walls: np.ndarray, total: int) -> dict:
+    """The API form of the kept points."""
+    out = values.tolist() if np.isfinite(values).all() else [protocol.encode_float(v) for v in values.tolist()]
+    for i in np.flatnonzero(missing).tolist():
+        out[i] = None
+    return {"steps": steps.tolist(), "values": out, "wall_times": walls.tolist(), "total_points": total}
+
+
+def _whole_blocks(conn, key_id: int, level: int, lo: int, hi: int, slots: int):
+    """(first, last, block ids, counts, summaries) of the blocks lying wholly in [lo, hi]; None if
+    there are none or they were written under another layout (read raw instead)."""
+    first, last = -(-lo // level), (hi + 1) // level - 1
+    if last < first:
+        return None
+    blocks, counts, summaries = rollup.read_blocks(conn, key_id, level, first, last, slots)
+    return None if summaries is None else (first, last, blocks, counts, summaries)
+
+
+def _from_rollups(conn, key_id, slot, slots, lo, hi, level, max_points) -> dict | None:
+    """Envelope over whole-block summaries plus the raw points of the partial blocks at both edges."""
+    whole = _whole_blocks(conn, key_id, level, lo, hi, slots)
+    if whole is None:
+        return None
+    first, last, _blocks, counts, summaries = whole
+    c_steps, c_values, c_walls = rollup.candidates(summaries, slot or 0)
+    left = raw(conn, key_id, slot, lo, first * level - 1)
+    right = raw(conn, key_id, slot, (last + 1) * level, hi)
+    middle = (c_steps, c_values, np.zeros(len(c_steps), dtype=bool), c_walls)
+    steps, values, missing, walls = (np.concatenate(parts) for parts in zip(left, middle, right))
+    keep = envelope(steps, values, max_points)
+    return _result(steps[keep], values[keep], missing[keep], walls[keep],
+                   int(counts.sum()) + len(left[0]) + len(right[0]))
+
+
+def read_heatmap(conn, key_id: int, slots: int, max_steps: int, start: int | None, end: int | None) -> dict:
+    """Per-layer matrix: one column per step bucket holding the max norm (a NaN/inf in the bucket wins)."""
+    lo, hi = chunks.bounds(conn, key_id, start, end)
+    if lo is None:
+        return {"steps": [], "values": [[] for _ in range(slots)], "bucket": 1}
+    width = max(1, math.ceil((hi - lo + 1) / max(1, max_steps)))
+    units = None
+    level = rollup.pick_level(width, slots)
+    if level is not None:
+        units = _heat_units_rollup(conn, key_id, slots, lo, hi, level)
+    if units is None:
+        units = _heat_units_raw(conn, key_id, slots, lo, hi)
+    steps, fmax, nan, pinf, ninf = units
+    bucket = (steps - lo) // width
+    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+    top = np.maximum.reduceat(fmax, starts, axis=0)
+    flags = [np.logical_or.reduceat(f, starts, axis=0) for f in (nan, pinf, ninf)]
+    out = top.astype(object)
+    out[top == -np.inf] = None  # no finite value (and, unless flagged below, no value at all)
+    for flag, value in zip(reversed(flags), (-math.inf, math.inf, math.nan)):  # NaN beats +inf beats -inf
+        out[flag] = value
+    values = [[None if v is None else protocol.encode_float(float(v)) for v in col] for col in out.T.tolist()]
+    return {"steps": (lo + bucket[starts] * width).tolist(), "values": values, "bucket": width}
+
+
+def _heat_units_raw(conn, key_id: int, slots: int, lo: int, hi: int):
+    points = chunks.read(conn, key_id, lo, hi, slots)
+    vals, present = points.values, points.present()
+    finite = present & np.isfinite(vals)
+    return (points.steps.astype(np.int64), np.where(finite, vals, -np.inf),
+            present & np.isnan(vals), present & (vals == np.inf), present & (vals == -np.inf))
+
+
+def _heat_units_rollup(conn, key_id: int, slots: int, lo: int, hi: int, level: int):
+    """Whole blocks from the rollups, raw rows for the partial blocks at the edges."""
+    whole = _whole_blocks(conn, key_id, level, lo, hi, slots)
+    if whole is None:
+        return None
+    first, last, blocks, _counts, s = whole
+    mid = (blocks * level, s[:, rollup.MAX_V, :], s[:, rollup.NAN_S, :] != rollup.NONE,
+           s[:, rollup.PINF_S, :] != rollup.NONE, s[:, rollup.NINF_S, :] != rollup.NONE)
+    left = _heat_units_raw(conn, key_id, slots, lo, first * level - 1)
+    right = _heat_units_raw(conn, key_id, slots, (last + 1) * level, hi)
+    return tuple(np.concatenate([a, b, c]) for a, b, c in zip(left, mid, right))

@@ -1,0 +1,76 @@
+"""The login page: a person exchanges the token (or a one-time link) for a session cookie."""
+
+from __future__ import annotations
+
+import html
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+
+from gradwatch_server.web.security import COOKIE, Auth
+from gradwatch_server.web.routes.pages import frontend_dir
+
+router = APIRouter()
+COOKIE_MAX_AGE = 30 * 24 * 3600
+
+MESSAGES = {
+    "": "",
+    "wrong": "That token is not right.",
+    "used": "That one-time link was already used or is not valid; enter the token instead.",
+}
+
+
+def _auth(request: Request) -> Auth:
+    return request.app.state.auth
+
+
+def safe_next(target: str | None) -> str:
+    """Only a path on this server: no //other.site or /\\other.site open redirects."""
+    if not target or not target.startswith("/") or target.startswith(("//", "/\\")) or "\\" in target:
+        return "/"
+    return target
+
+
+def _form(next_path: str, message: str = "", status: int = 200) -> HTMLResponse:
+    text = (frontend_dir() / "login.html").read_text()
+    text = text.replace("{{next}}", html.escape(next_path, quote=True))
+    text = text.replace("{{message}}", html.escape(MESSAGES[message]))
+    return HTMLResponse(text, status_code=status, headers={"Cache-Control": "no-store"})
+
+
+def _logged_in(request: Request, next_path: str) -> RedirectResponse:
+    """Redirect to ``next_path`` with the session cookie set."""
+    response = RedirectResponse(next_path, status_code=303)
+    response.set_cookie(COOKIE, _auth(request).cookie_value, max_age=COOKIE_MAX_AGE, path="/", httponly=True,
+                        samesite="strict", secure=request.url.scheme == "https")
+    return response
+
+
+@router.get("/login", include_in_schema=False)
+def login_page(request: Request, next: str | None = None, once: str | None = None):
+    """The form; with ?once=<code> a one-time link that logs in without typing the token."""
+    target = safe_next(next)
+    if not _auth(request).enabled:
+        return RedirectResponse(target, status_code=303)
+    if once is not None:
+        if _auth(request).redeem(once):
+            return _logged_in(request, target)
+        return _form(target, "used", status=401)
+    return _form(target)
+
+
+@router.post("/login", include_in_schema=False)
+async def login(request: Request):
+    """The form's post: token=<token>&next=<path>."""
+    form = parse_qs((await request.body()).decode("utf-8", "replace"))
+    target = safe_next((form.get("next") or ["/"])[0])
+    if _auth(request).enabled and not _auth(request).token_matches((form.get("token") or [""])[0].strip()):
+        return _form(target, "wrong", status=401)
+    return _logged_in(request, target)
+
+
+@router.get("/login/status", include_in_schema=False)
+def login_status() -> dict:
+    """Reached only with a valid session (the middleware checks): the login page skips itself."""
+    return {"logged_in": True}

@@ -1,0 +1,160 @@
+"""The ingest websocket: a training process streams its run here (protocol in gradwatch.protocol).
+
+Batches are read, decoded and queued for the writer while earlier ones are still being
+committed (a pipeline of at most ``IN_FLIGHT`` per connection), and answered in order: ``ack``
+once committed (with ``refused`` when part of it could not be stored), ``ack`` again for a
+duplicate, ``nack`` for a gap, and ``error`` + close for a run deleted meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from gradwatch import protocol
+
+from gradwatch_server.ingest import batch as batches
+
+router = APIRouter()
+log = logging.getLogger("gradwatch.ingest")
+IN_FLIGHT = 16  # batches of one connection queued for the writer at once (back-pressure beyond)
+BIG_FRAME = 256 << 10  # frames above this are decoded on a worker thread, off the event loop
+
+
+async def _refuse(ws: WebSocket, message: str, code: int, reason: str | None = None) -> None:
+    body = {"type": "error", "message": message}
+    if reason:
+        body["code"] = reason
+    try:
+        await ws.send_text(protocol.dumps(body))
+        await ws.close(code=code, reason=message[:120])
+    except (WebSocketDisconnect, RuntimeError):
+        pass
+
+
+async def _receive(ws: WebSocket) -> str:
+    # Frame size is capped by uvicorn (ws_max_size = the max_frame_bytes setting): a bigger frame is
+    # refused with close code 1009 and a reason before it reaches this code.
+    return await ws.receive_text()
+
+
+@router.websocket(protocol.INGEST_PATH)
+async def ingest(ws: WebSocket) -> None:
+    """Hello, welcome, then batches acked once committed; duplicates acked, not stored twice."""
+    services = ws.app.state.services
+    await ws.accept()
+    try:
+        hello = protocol.loads(await _receive(ws))
+        info = protocol.check_hello(hello)
+        opened = await services.open_run(info, _resume_from(hello), protocol.hello_layouts(hello))
+    except protocol.ProtocolError as exc:
+        code = protocol.CLOSE_PROTOCOL_MISMATCH if "version" in str(exc) else protocol.CLOSE_BAD_MESSAGE
+        await _refuse(ws, str(exc), code)
+        return
+    except WebSocketDisconnect:
+        return
+    run_id = opened["run_id"]
+    services.connect(run_id)
+    replies: asyncio.Queue = asyncio.Queue(IN_FLIGHT)
+    budget = Budget(services.settings.max_buffered_bytes)
+    answering = asyncio.ensure_future(_answer(ws, services, run_id, replies, budget))
+    try:
+        await ws.send_text(protocol.dumps({"type": "welcome", "protocol": protocol.PROTOCOL_VERSION,
+                                           "run_id": run_id, "acked_seq": opened["acked_seq"],
+                                           "features": protocol.SERVER_FEATURES,
+                                           "max_frame_bytes": services.settings.max_frame_bytes}))
+        while not answering.done():
+            text = await _receive(ws)
+            # Past max_buffered_bytes, stop reading: the client's window waits. If the answers stop (the run
+            # was deleted, the database failed a batch), stop waiting too: the connection is over.
+            await _unless_done(answering, budget.take(len(text)))
+            message = await asyncio.to_thread(_decode, text) if len(text) > BIG_FRAME else _decode(text)
+            await _unless_done(answering, replies.put((message.seq, services.submit_batch(run_id, message),
+                                                       len(text))))
+    except (WebSocketDisconnect, RuntimeError, _Over):
+        pass
+    except protocol.ProtocolError as exc:
+        log.warning("run %s sent a frame that is not a batch: %s", run_id, exc)
+        if not answering.done():
+            await replies.put((None, exc, 0))
+    finally:
+        services.disconnect(run_id)
+        if not answering.done():
+            await replies.put(None)
+        await asyncio.gather(answering, return_exceptions=True)
+
+
+class _Over(Exception):
+    """The answering side of a connection ended while the reading side waited."""
+
+
+async def _unless_done(answering: asyncio.Future, awaitable) -> None:
+    waiting = asyncio.ensure_future(awaitable)
+    await asyncio.wait({waiting, answering}, return_when=asyncio.FIRST_COMPLETED)
+    if not waiting.done():
+        waiting.cancel()
+        raise _Over
+
+
+def _decode(text: str) -> batches.Batch:
+    return batches.decode(protocol.loads(text))
+
+
+def _resume_from(hello: dict) -> int | None:
+    resume = hello.get("resume_from")
+    return resume if type(resume) is int and resume >= 1 else None
+
+
+class Budget:
+    """Bytes of frames a connection holds (read, not yet answered), capped at ``limit``."""
+
+    def __init__(self, limit: int):
+        self.limit, self.used = limit, 0
+        self._freed = asyncio.Event()
+
+    async def take(self, n: int) -> None:
+        while self.used and self.used + n > self.limit:  # one frame always fits (its size is capped apart)
+            self._freed.clear()
+            await self._freed.wait()
+        self.used += n
+
+    def give(self, n: int) -> None:
+        self.used -= n
+        self._freed.set()
+
+
+async def _answer(ws: WebSocket, services, run_id: int, replies: asyncio.Queue, budget: Budget) -> None:
+    """Send each batch's answer in order, once the writer has dealt with it."""
+    while True:
+        item = await replies.get()
+        if item is None:
+            return
+        seq, pending, size = item
+        if isinstance(pending, Exception):
+            await _refuse(ws, f"bad frame (nothing of it was stored): {pending}", protocol.CLOSE_BAD_MESSAGE)
+            return
+        try:
+            result = await pending
+        except Exception as exc:  # the database failed this batch: the client keeps it and resends
+            log.warning("run %s batch %s could not be stored: %r", run_id, seq, exc)
+            await _refuse(ws, "the server could not store a batch (it will be resent)", 1011)
+            return
+        finally:
+            budget.give(size)  # the batch left the writer queue: its bytes are free
+        try:
+            if "deleted" in result:
+                await _refuse(ws, f"run {run_id} was deleted on the server; stop sending it",
+                              protocol.CLOSE_RUN_DELETED, "run_deleted")
+                return
+            if "expected" in result:
+                await ws.send_text(protocol.dumps({"type": "nack", "expected": result["expected"]}))
+                continue
+            ack = {"type": "ack", "seq": seq}
+            if "duplicate" not in result:
+                services.after_batch(run_id, result)
+                if result.get("refused"):
+                    ack["refused"] = result["refused"]
+            await ws.send_text(protocol.dumps(ack))
+        except (WebSocketDisconnect, RuntimeError):
+            return

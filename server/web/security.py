@@ -1,0 +1,227 @@
+"""Who may talk to the server: Host, Origin, token and connection checks as one ASGI middleware.
+
+It wraps the whole app, so every HTTP route, both websockets and the pages are covered without
+any route knowing about it. A refused websocket is answered with a plain HTTP status before the
+upgrade (401 for the token, 403 for Host/Origin, 503 when full), so a client sees why at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import re
+import secrets
+from http.cookies import SimpleCookie
+from urllib.parse import quote, urlsplit
+
+from gradwatch_server.settings import LOOPBACK_NAMES, Settings, strip_port
+
+COOKIE = "gradwatch_session"
+OPEN_PATHS = frozenset({"/healthz", "/login"})  # reachable without the token
+UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+class Refusal(Exception):
+    """Why a request is turned away: an HTTP status, a message, extra headers."""
+
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers or {}
+
+
+class Auth:
+    """The shared token, the cookie derived from it and the one-time login codes."""
+
+    def __init__(self, token: str):
+        self.token = token
+        # The cookie is an HMAC of the token, not the token: a leaked cookie does not reveal it,
+        # and it stays valid across restarts as long as the token does.
+        self.cookie_value = hmac.new(token.encode(), b"gradwatch-session-v1", hashlib.sha256).hexdigest()
+        self._once: set[str] = set()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.token)
+
+    def new_once_code(self) -> str:
+        """A random code that /login?once= exchanges for the cookie exactly once."""
+        code = secrets.token_urlsafe(24)
+        self._once.add(code)
+        return code
+
+    def redeem(self, code: str) -> bool:
+        """True (and the code is gone) if ``code`` is an unused one-time code."""
+        for known in list(self._once):
+            if hmac.compare_digest(known.encode(), code.encode()):
+                self._once.discard(known)
+                return True
+        return False
+
+    def token_matches(self, candidate: str) -> bool:
+        return hmac.compare_digest(self.token.encode(), candidate.encode())
+
+    def cookie_matches(self, candidate: str) -> bool:
+        return hmac.compare_digest(self.cookie_value.encode(), candidate.encode())
+
+    def allows(self, headers: dict) -> bool:
+        """A right bearer token or session cookie in the request's headers."""
+        scheme, _, value = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and self.token_matches(value.strip()):
+            return True
+        cookie = SimpleCookie()
+        try:
+            cookie.load(headers.get("cookie", ""))
+        except Exception:  # a malformed Cookie header is just not a session
+            return False
+        return COOKIE in cookie and self.cookie_matches(cookie[COOKIE].value)
+
+
+def header_dict(scope) -> dict:
+    """Request headers, lower-case names, latin-1 decoded; repeated cookies joined."""
+    out: dict = {}
+    for raw_name, raw_value in scope.get("headers", ()):
+        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+        out[name] = f"{out[name]}; {value}" if name == "cookie" and name in out else value
+    return out
+
+
+def _host_port(netloc: str) -> str:
+    """host[:port] lower-cased, default ports dropped: TLS proxies and browsers differ on writing them."""
+    netloc = netloc.strip().lower()
+    for default in (":80", ":443"):
+        if netloc.endswith(default):
+            return netloc[: -len(default)]
+    return netloc
+
+
+def check_host(settings: Settings, headers: dict) -> None:
+    """DNS-rebinding protection: only names this server answers to."""
+    allowed = settings.allowed_host_names
+    if "*" in allowed or not (settings.on_loopback or allowed):
+        return
+    host = headers.get("host", "")
+    if not host:
+        raise Refusal(400, "the request has no Host header (required while the server listens on loopback)")
+    name = strip_port(host).lower()
+    if name not in LOOPBACK_NAMES | allowed:
+        raise Refusal(403, f"Host {host!r} is not a name this server answers to (DNS-rebinding protection); "
+                           f"if you reach it by that name, start it with --allowed-hosts {name}")
+
+
+def check_origin(scope, headers: dict) -> None:
+    """Cross-site protection: a browser page of another site may not open a websocket or write."""
+    origin = headers.get("origin")
+    if origin is None or not (scope["type"] == "websocket" or scope.get("method") in UNSAFE_METHODS):
+        return  # training clients send no Origin; cross-site GETs cannot read the answer (no CORS)
+    if _host_port(urlsplit(origin).netloc) != _host_port(headers.get("host", "")):
+        raise Refusal(403, f"cross-site request refused: Origin {origin!r} is not this server "
+                           f"({headers.get('host', '')!r})")
+
+
+def check_size(settings: Settings, headers: dict) -> None:
+    """A request body larger than max_frame_bytes is refused before it is read."""
+    length = headers.get("content-length", "")
+    if length.isdigit() and int(length) > settings.max_frame_bytes:
+        raise Refusal(413, f"request body of {length} bytes is over max_frame_bytes ({settings.max_frame_bytes})")
+
+
+def check_token(auth: Auth, scope, headers: dict) -> None:
+    """With a token set, everything but /healthz and /login needs it; pages go to the login form."""
+    if not auth.enabled or scope.get("path") in OPEN_PATHS or auth.allows(headers):
+        return
+    path = scope.get("path", "/")
+    wants_page = (scope["type"] == "http" and scope.get("method") in ("GET", "HEAD")
+                  and not path.startswith("/api/") and "text/html" in headers.get("accept", ""))
+    if wants_page:
+        query = scope.get("query_string", b"").decode("latin-1")
+        target = path + ("?" + query if query else "")
+        raise Refusal(303, "login required", {"location": "/login?next=" + quote(target, safe="/")})
+    raise Refusal(401, "a valid token is required: send 'Authorization: Bearer <token>' "
+                       "(the server's --token / GRADWATCH_TOKEN), or log in at /login",
+                  {"www-authenticate": 'Bearer realm="gradwatch"'})
+
+
+class Guard:
+    """The middleware: refuses what the checks refuse, counts what it lets through."""
+
+    def __init__(self, app, settings: Settings, auth: Auth):
+        self.app, self.settings, self.auth = app, settings, auth
+        self.active = 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        try:
+            self.check(scope)
+        except Refusal as refusal:
+            return await refuse(scope, receive, send, refusal)
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1
+
+    def check(self, scope) -> None:
+        """Raise Refusal if this request may not go on."""
+        if self.active >= self.settings.max_connections:
+            raise Refusal(503, f"server full: {self.active} connections open (max_connections="
+                               f"{self.settings.max_connections}); try again later")
+        headers = header_dict(scope)
+        check_host(self.settings, headers)
+        check_origin(scope, headers)
+        check_size(self.settings, headers)
+        check_token(self.auth, scope, headers)
+
+
+async def refuse(scope, receive, send, refusal: Refusal) -> None:
+    """Answer with the refusal's status and a JSON {"error": ...}; a websocket before its upgrade."""
+    if scope["type"] == "websocket":
+        await receive()  # the websocket.connect event comes first
+    body = json.dumps({"error": refusal.message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               *((k.encode(), v.encode()) for k, v in refusal.headers.items())]
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+    elif "websocket.http.response" in scope.get("extensions", {}):
+        await send({"type": "websocket.http.response.start", "status": refusal.status, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:  # a server without denial responses: closing before accept still answers 403
+        await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
+
+
+
+SECRET_HEADER = re.compile(r"((?:authorization|cookie|set-cookie)\s*:\s*)\S.*", re.I)
+ONCE_CODE = re.compile(r"(once=)[^&\s\"]+")
+
+
+class LogGuard:
+    """Keeps secrets out of uvicorn's logs and drops one false ERROR it logs after a denial."""
+
+    # uvicorn's websockets-sansio protocol (the default since 0.35) does not mark the handshake done
+    # after a denial response, so every refused websocket logged this ERROR (Kludex/uvicorn PR
+    # #3138); our routes always accept, so here it never means anything else.
+    DENIAL_NOISE = "ASGI callable returned without completing handshake."
+
+    def filter(self, record) -> bool:
+        if record.name == "uvicorn.access" and isinstance(record.args, tuple):
+            # the access line's path may carry a one-time login code
+            record.args = tuple(ONCE_CODE.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args)
+            return True
+        message = record.getMessage()
+        if message == self.DENIAL_NOISE:
+            return False
+        redacted = ONCE_CODE.sub(r"\1***", SECRET_HEADER.sub(r"\1***", message))
+        if redacted != message:  # at debug level the websocket handshake headers are logged
+            record.msg, record.args = redacted, ()
+        return True
+
+
+def guard_logs() -> None:
+    """Install LogGuard once on the loggers uvicorn (and websockets through it) write to."""
+    for name in ("uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, LogGuard) for f in logger.filters):
+            logger.addFilter(LogGuard())
