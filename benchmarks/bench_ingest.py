@@ -62,7 +62,6 @@ VECTOR_CLIENT = textwrap.dedent("""
 """)
 
 
-
 def get(url: str):
     with urllib.request.urlopen(url, timeout=60) as resp:
         return json.loads(resp.read())
@@ -77,8 +76,9 @@ class Server(ServerProcess):
 
     def __init__(self, tmp: Path):
         self.db = tmp / "bench.db"
-        super().__init__(fresh_postgres_database(POSTGRES) if POSTGRES else f"sqlite:///{self.db}",
-                         "--workers", str(WORKERS))
+        super().__init__(
+            fresh_postgres_database(POSTGRES) if POSTGRES else f"sqlite:///{self.db}", "--workers", str(WORKERS)
+        )
 
 
 def fresh_postgres_database(cluster_url: str) -> str:
@@ -106,8 +106,16 @@ def run_clients(script: str, url: str, clients: int, steps: int, width: int, tmp
     """Seconds from the clients' start until every point is queryable; and each client's (loop, total)."""
     env = {**os.environ, "GRADWATCH_SERVER": url, "GRADWATCH_SPOOL_DIR": str(tmp / "spool")}
     start = time.perf_counter()
-    procs = [subprocess.Popen([PY, "-c", script, str(steps), str(width), f"c{i}"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(clients)]
+    procs = [
+        subprocess.Popen(
+            [PY, "-c", script, str(steps), str(width), f"c{i}"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(clients)
+    ]
     wait_stored(url, clients, steps - 1)
     elapsed = time.perf_counter() - start
     times = []
@@ -125,12 +133,14 @@ def raw_sqlite(tmp: Path, clients: int, steps: int, keys: int) -> float:
     con = sqlite3.connect(path)
     con.execute("PRAGMA journal_mode=WAL")
     con.execute("PRAGMA synchronous=FULL")  # the durability gradwatch acks with by default
-    con.execute("CREATE TABLE points (run INTEGER, key INTEGER, step INTEGER, value REAL, "
-                "PRIMARY KEY (run, key, step)) WITHOUT ROWID")
+    con.execute(
+        "CREATE TABLE points (run INTEGER, key INTEGER, step INTEGER, value REAL, "
+        "PRIMARY KEY (run, key, step)) WITHOUT ROWID"
+    )
     rows = [(r, k, s, s * 1e-3 + k) for r in range(clients) for s in range(steps) for k in range(keys)]
     start = time.perf_counter()
     for i in range(0, len(rows), 100_000):  # committed in batches, as a server would
-        con.executemany("INSERT INTO points VALUES (?, ?, ?, ?)", rows[i:i + 100_000])
+        con.executemany("INSERT INTO points VALUES (?, ?, ?, ?)", rows[i : i + 100_000])
         con.commit()
     elapsed = time.perf_counter() - start
     con.close()
@@ -153,9 +163,17 @@ def scenario(name, script, clients, steps, width, points_per_step, repeat) -> di
             loops.append(max(t[0] for t in times))
     points = clients * steps * points_per_step
     med, raw = statistics.median(results), statistics.median(raws)
-    return {"scenario": name, "points": points, "seconds": med, "spread": (min(results), max(results)),
-            "points_s": points / med, "raw_points_s": points / raw, "ratio": raw / med,
-            "loop_s": statistics.median(loops), "bytes_per_point": size / points}
+    return {
+        "scenario": name,
+        "points": points,
+        "seconds": med,
+        "spread": (min(results), max(results)),
+        "points_s": points / med,
+        "raw_points_s": points / raw,
+        "ratio": raw / med,
+        "loop_s": statistics.median(loops),
+        "bytes_per_point": size / points,
+    }
 
 
 def million_steps(steps: int) -> dict:
@@ -261,32 +279,44 @@ def report(args) -> None:
     q = args.quick
     repeat = 1 if q else args.repeat
     engine = f"PostgreSQL, {WORKERS} server process(es)" if POSTGRES else "SQLite"
-    print(f"# gradwatch ingest benchmark ({engine})\n\nmachine: {platform.platform()}, {os.cpu_count()} cores, "
-          f"Python {platform.python_version()}; command: {' '.join(sys.argv)}\n")
+    print(
+        f"# gradwatch ingest benchmark ({engine})\n\nmachine: {platform.platform()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}; command: {' '.join(sys.argv)}\n"
+    )
     rows = [
         scenario("1 client, 50 scalar keys", SCALAR_CLIENT, 1, 2000 if q else 20000, 50, 50, repeat),
         scenario("4 clients, 50 scalar keys", SCALAR_CLIENT, 4, 500 if q else 5000, 50, 50, repeat),
         scenario("1 client, 300-layer vectors", VECTOR_CLIENT, 1, 300 if q else 5000, 300, 302, repeat),
         scenario("4 clients, 300-layer vectors", VECTOR_CLIENT, 4, 100 if q else 1500, 300, 302, repeat),
     ]
-    print("| scenario | points | whole path (s, median [min-max]) | points/s | raw SQLite rows/s | ratio | "
-          "client loop (s) | bytes/point |")
+    print(
+        "| scenario | points | whole path (s, median [min-max]) | points/s | raw SQLite rows/s | ratio | "
+        "client loop (s) | bytes/point |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['scenario']} | {r['points']:,} | {r['seconds']:.2f} [{r['spread'][0]:.2f}-{r['spread'][1]:.2f}] | "
-              f"{r['points_s']:,.0f} | {r['raw_points_s']:,.0f} | **{r['ratio']:.2f}** | {r['loop_s']:.2f} | "
-              f"{r['bytes_per_point']:.1f} |")
+        print(
+            f"| {r['scenario']} | {r['points']:,} | {r['seconds']:.2f} [{r['spread'][0]:.2f}-{r['spread'][1]:.2f}] | "
+            f"{r['points_s']:,.0f} | {r['raw_points_s']:,.0f} | **{r['ratio']:.2f}** | {r['loop_s']:.2f} | "
+            f"{r['bytes_per_point']:.1f} |"
+        )
     if args.only_ingest:
         return
     big = million_steps(20_000 if q else 1_000_000)
-    print(f"\n{big['steps']:,} steps of one scalar, log() as fast as Python can: loop {big['loop_s']:.2f} s, "
-          f"completely stored {big['stored_after_loop_s']:.2f} s after the loop ended.")
-    print("\n| logging rate | log() -> pushed to a page, p50 / p99 (ms) | log() -> readable over HTTP, p50 / p99 (ms) |")
+    print(
+        f"\n{big['steps']:,} steps of one scalar, log() as fast as Python can: loop {big['loop_s']:.2f} s, "
+        f"completely stored {big['stored_after_loop_s']:.2f} s after the loop ended."
+    )
+    print(
+        "\n| logging rate | log() -> pushed to a page, p50 / p99 (ms) | log() -> readable over HTTP, p50 / p99 (ms) |"
+    )
     print("|---|---|---|")
     for rate, n in ((20, 40 if q else 400), (5000, 2000 if q else 20000)):
         lat = latency(rate, n)
-        print(f"| {rate:,} steps/s | {lat['push'][0]:.1f} / {lat['push'][1]:.1f} | {lat['http'][0]:.1f} / "
-              f"{lat['http'][1]:.1f} |")
+        print(
+            f"| {rate:,} steps/s | {lat['push'][0]:.1f} / {lat['push'][1]:.1f} | {lat['http'][0]:.1f} / "
+            f"{lat['http'][1]:.1f} |"
+        )
 
 
 if __name__ == "__main__":

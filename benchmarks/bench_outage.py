@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from server_process import ServerProcess  # noqa: E402
+
 QUICK = "--quick" in sys.argv
 
 
@@ -87,10 +88,12 @@ def outage(url: str, server: ServerProcess, seconds: float) -> None:
         ms = sorted(v * 1000 for v in values)
         in_log = [(g, d) for g, d, inside in gcs[name] if inside]
         full = [d for g, d, _ in gcs[name] if g == 2]
-        print(f"  {name:6} outage: {len(ms):6} log() calls  median {statistics.median(ms):.3f} ms  "
-              f"p99 {ms[int(len(ms) * 0.99)]:.3f} ms  worst {ms[-1]:.2f} ms  | gen-2 collections {len(full)}"
-              f"{f' (longest {max(full) * 1000:.0f} ms)' if full else ''}, collections inside log() {len(in_log)}"
-              f"{f' (longest {max(d for _, d in in_log) * 1000:.1f} ms)' if in_log else ''}")
+        print(
+            f"  {name:6} outage: {len(ms):6} log() calls  median {statistics.median(ms):.3f} ms  "
+            f"p99 {ms[int(len(ms) * 0.99)]:.3f} ms  worst {ms[-1]:.2f} ms  | gen-2 collections {len(full)}"
+            f"{f' (longest {max(full) * 1000:.0f} ms)' if full else ''}, collections inside log() {len(in_log)}"
+            f"{f' (longest {max(d for _, d in in_log) * 1000:.1f} ms)' if in_log else ''}"
+        )
     print(f"  finish() with the server gone: {finish_s:.2f} s (spooled)")
 
 
@@ -118,8 +121,10 @@ def big_finish(url: str, steps: int) -> None:
     done = time.perf_counter() - t1
     with urllib.request.urlopen(f"{url}/api/runs/{run.id}", timeout=30) as resp:
         last = __import__("json").loads(resp.read())["last_step"]
-    print(f"  {steps:,} steps: loop {loop:.2f} s ({steps / loop:,.0f} log()/s), finish() {done:.2f} s, "
-          f"stored up to step {last} (expected {steps - 1})")
+    print(
+        f"  {steps:,} steps: loop {loop:.2f} s ({steps / loop:,.0f} log()/s), finish() {done:.2f} s, "
+        f"stored up to step {last} (expected {steps - 1})"
+    )
 
 
 def main() -> None:

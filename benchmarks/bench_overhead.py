@@ -17,8 +17,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-import gradwatch  # noqa: E402
 from server_process import ServerProcess  # noqa: E402
+
+import gradwatch  # noqa: E402
 
 
 def per_call(fn, n: int) -> float:
@@ -37,8 +38,10 @@ def bench_log(url: str) -> None:
     tensor = {"loss": torch.tensor(0.5)}
     cost_t = per_call(lambda i: run.log(tensor), 20_000)
     run.finish(timeout=60)
-    print(f"log(5 scalars) on the training thread : {cost * 1e6:7.2f} us/call "
-          f"(dict copy baseline {base * 1e6:.2f} us, ratio {cost / base:.1f}x)")
+    print(
+        f"log(5 scalars) on the training thread : {cost * 1e6:7.2f} us/call "
+        f"(dict copy baseline {base * 1e6:.2f} us, ratio {cost / base:.1f}x)"
+    )
     print(f"log(1 CPU tensor)                     : {cost_t * 1e6:7.2f} us/call")
 
 
@@ -73,16 +76,18 @@ def bench_watch(url: str, layers: int = 48, width: int = 256, rounds: int = 8) -
     for _ in range(rounds):
         for name, (run, opt) in configs.items():
             times[name] += train_steps(model, opt, x, y, 30, run)
-    for name, (run, _) in configs.items():
+    for run, _ in configs.values():
         if run is not None:
             run._watcher.remove()
             run.finish(timeout=60)
     base, watched, every10 = (statistics.median(times[k]) for k in ("plain", "watched", "every10"))
     norms = time_norms(model)
     n_params = len(list(model.parameters()))
-    print(f"train step, {n_params} param tensors     : {base * 1e3:7.2f} ms plain, {watched * 1e3:.2f} ms watched+log "
-          f"(ratio {watched / base:.3f}x), {every10 * 1e3:.2f} ms with every=10 (ratio {every10 / base:.3f}x); "
-          f"the fused norms alone take {norms * 1e3:.2f} ms on this CPU")
+    print(
+        f"train step, {n_params} param tensors     : {base * 1e3:7.2f} ms plain, {watched * 1e3:.2f} ms watched+log "
+        f"(ratio {watched / base:.3f}x), {every10 * 1e3:.2f} ms with every=10 (ratio {every10 / base:.3f}x); "
+        f"the fused norms alone take {norms * 1e3:.2f} ms on this CPU"
+    )
 
 
 def time_norms(model) -> float:
@@ -100,14 +105,17 @@ def bench_ingest(url: str, steps: int = 3000, layers: int = 300) -> None:
     norms = [float(i) for i in range(layers)]
     start = time.perf_counter()
     for step in range(steps):
-        run._put_record(step, {"loss": 1.0, "grad/global_norm": 2.0, "lr": 1e-3, "memory/rss": 1e9}, {
-            "grad": (norms, [], layers)})
+        run._put_record(
+            step, {"loss": 1.0, "grad/global_norm": 2.0, "lr": 1e-3, "memory/rss": 1e9}, {"grad": (norms, [], layers)}
+        )
     run.finish(timeout=300)
     elapsed = time.perf_counter() - start
     scalars = steps * (4 + layers)
-    print(f"ingest, {layers}-layer vectors              : {steps / elapsed:7.0f} steps/s end to end "
-          f"({scalars / elapsed / 1e3:.0f} k scalar values/s; one-row-per-scalar would need "
-          f"{scalars / elapsed:.0f} rows/s)")
+    print(
+        f"ingest, {layers}-layer vectors              : {steps / elapsed:7.0f} steps/s end to end "
+        f"({scalars / elapsed / 1e3:.0f} k scalar values/s; one-row-per-scalar would need "
+        f"{scalars / elapsed:.0f} rows/s)"
+    )
 
 
 def main() -> None:

@@ -22,8 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import gradwatch  # noqa: E402
 from bench_overhead import ServerProcess  # noqa: E402
+
+import gradwatch  # noqa: E402
 
 # The page is an ES module: the flush timings come from the hook common.throttle reports to
 # (window.__gwFlushMs), the heatmap's draws from wrapping the method on the module's instance.
@@ -62,7 +63,9 @@ def main() -> None:
             run.log({"loss": 1.0, "lr": 1e-3, "grad/global_norm": 1.0}, step=0)
             time.sleep(1.0)
             page.goto(f"{server.url}/runs/1")
-            page.wait_for_function("() => { const d = document.getElementById('chart-loss').data; return d && d[0].x.length; }")
+            page.wait_for_function(
+                "() => { const d = document.getElementById('chart-loss').data; return d && d[0].x.length; }"
+            )
             page.evaluate(INSTRUMENT)
             lags, server_lags, step, start = [], [], 1, time.perf_counter()
             busy_before = page.evaluate("() => performance.now()")
@@ -70,8 +73,11 @@ def main() -> None:
                 due = int((time.perf_counter() - start) * args.rate)
                 while step <= due:
                     norms = [1.0 / (1 + i) for i in range(args.layers)]
-                    run._put_record(step, {"loss": 1 / math.sqrt(step), "lr": 1e-3, "grad/global_norm": 1.0},
-                                    {"grad": (norms, [], args.layers)})
+                    run._put_record(
+                        step,
+                        {"loss": 1 / math.sqrt(step), "lr": 1e-3, "grad/global_norm": 1.0},
+                        {"grad": (norms, [], args.layers)},
+                    )
                     step += 1
                 if step % 500 < 50:
                     with urllib.request.urlopen(f"{server.url}/api/runs/1") as resp:
@@ -89,15 +95,21 @@ def main() -> None:
             browser.close()
             server.stop()
     busy = (sum(flush_ms) + sum(heat_ms) + sum(live_ms)) / elapsed_page
-    print(f"live run at {args.rate:.0f} steps/s for {args.seconds:.0f} s ({step - 1} steps, {args.layers}-layer heatmap)")
-    print(f"chart flushes : {len(flush_ms)} ({len(flush_ms) / args.seconds:.1f}/s), median {statistics.median(flush_ms):.1f} ms, "
-          f"max {max(flush_ms):.1f} ms")
+    print(
+        f"live run at {args.rate:.0f} steps/s for {args.seconds:.0f} s ({step - 1} steps, {args.layers}-layer heatmap)"
+    )
+    print(
+        f"chart flushes : {len(flush_ms)} ({len(flush_ms) / args.seconds:.1f}/s), median {statistics.median(flush_ms):.1f} ms, "
+        f"max {max(flush_ms):.1f} ms"
+    )
     print(f"heatmap draws : {len(heat_ms)}, median {statistics.median(heat_ms) if heat_ms else 0:.1f} ms")
     print(f"live messages : {len(live_ms)}, median {statistics.median(live_ms):.1f} ms to take one in")
     print(f"main thread busy with live data: {busy:.0%} of wall time; loss chart holds {points} points")
     for what, lag in (("stored in the database", server_lags), ("drawn on the chart", lags)):
-        print(f"lag behind the newest logged step, {what}: median {statistics.median(lag):.0f} steps "
-              f"(~{statistics.median(lag) / args.rate * 1000:.0f} ms), max {max(lag):.0f}")
+        print(
+            f"lag behind the newest logged step, {what}: median {statistics.median(lag):.0f} steps "
+            f"(~{statistics.median(lag) / args.rate * 1000:.0f} ms), max {max(lag):.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -37,8 +37,15 @@ SIZES = {  # per task: the worker's size argument
     "quick": {"logcost": 500, "loop": 20, "ingest": 500, "latency": 3, "chart": 2_000},
 }
 # everything the tools might write or phone home with goes nowhere / into the worker's own folder
-QUIET = {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "HF_HUB_OFFLINE": "1", "DO_NOT_TRACK": "1",
-         "MLFLOW_DISABLE_TELEMETRY": "true", "AIM_UI_TELEMETRY_ENABLED": "0", "TQDM_DISABLE": "1"}
+QUIET = {
+    "WANDB_MODE": "offline",
+    "WANDB_SILENT": "true",
+    "HF_HUB_OFFLINE": "1",
+    "DO_NOT_TRACK": "1",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "AIM_UI_TELEMETRY_ENABLED": "0",
+    "TQDM_DISABLE": "1",
+}
 
 
 def python_for(tool: str) -> tuple[str | None, str]:
@@ -61,8 +68,14 @@ def run_worker(tool: str, task: str, size: int, timeout: float) -> dict:
         if server:
             env.update(GRADWATCH_SERVER=server.url, GRADWATCH_BENCH_DB=str(server.db))
         try:
-            done = subprocess.run([py, str(WORKER), tool, task, str(size), str(tmp)], cwd=tmp, env=env,
-                                  capture_output=True, text=True, timeout=timeout)
+            done = subprocess.run(
+                [py, str(WORKER), tool, task, str(size), str(tmp)],
+                cwd=tmp,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
         except subprocess.TimeoutExpired:
             return {"error": f"no result within {timeout:.0f} s"}
         finally:
@@ -130,8 +143,12 @@ def table(results: dict, sizes: dict) -> list[str]:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     gw = results.get("gradwatch", {}).get("chart", [])
     if gw and "down" in gw[0]:
-        lines.append("| Chart read, gradwatch's 2,000-point min/max view (`max_points=2000`), s | "
-                     + cell(gw, "down", "{:,.3f}") + " |" + " |" * (len(tools) - 1))
+        lines.append(
+            "| Chart read, gradwatch's 2,000-point min/max view (`max_points=2000`), s | "
+            + cell(gw, "down", "{:,.3f}")
+            + " |"
+            + " |" * (len(tools) - 1)
+        )
     return lines
 
 
@@ -144,8 +161,11 @@ def main() -> None:
     parser.add_argument("--install-only", action="store_true", help="create the peers' venvs, measure nothing")
     parser.add_argument("--out", type=Path, help="also write the Markdown report here")
     args = parser.parse_args()
-    peers = list(venvs.PEERS) if (args.peers or ("" if args.quick else "all")) == "all" else \
-        [p for p in (args.peers or "").split(",") if p]
+    peers = (
+        list(venvs.PEERS)
+        if (args.peers or ("" if args.quick else "all")) == "all"
+        else [p for p in (args.peers or "").split(",") if p]
+    )
     sizes, repeat = SIZES["quick" if args.quick else "full"], 1 if args.quick else args.repeat
     if args.install_only:
         for tool in peers:
@@ -171,14 +191,17 @@ def main() -> None:
 
 
 def render(results: dict, sizes: dict, repeat: int) -> str:
-    out = [f"machine: {platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-           f"command: {' '.join([Path(sys.executable).name, *sys.argv])}",
-           f"sizes: {json.dumps(sizes)}; repeats: {repeat} (cells: median [min–max] over repeats)", "",
-           "versions:"]
+    out = [
+        f"machine: {platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        f"command: {' '.join([Path(sys.executable).name, *sys.argv])}",
+        f"sizes: {json.dumps(sizes)}; repeats: {repeat} (cells: median [min–max] over repeats)",
+        "",
+        "versions:",
+    ]
     for tool, r in results.items():
         v = r.get("missing") or (r["version"][0].get("version") or r["version"][0].get("error"))
         out.append(f"- {tool}: {v}")
-    out += ["", *table(results, sizes), "", "What \"visible\" means for each tool:"]
+    out += ["", *table(results, sizes), "", 'What "visible" means for each tool:']
     for tool, r in results.items():
         if not r.get("missing") and "visible" in r["version"][0]:
             out.append(f"- {tool}: {r['version'][0]['visible']}")

@@ -18,19 +18,17 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_series import build
 from sqlalchemy import create_engine, text
 
-from bench_series import build
 from gradwatch import protocol
-from gradwatch_server.storage import db
-from gradwatch_server.storage import edits
-from gradwatch_server.storage import retention
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.services import Services
 from gradwatch_server.settings import Settings
+from gradwatch_server.storage import db, edits, retention
 
-EVERY = 0.02   # one live batch every 20 ms
-STEPS = 50     # steps per live batch
+EVERY = 0.02  # one live batch every 20 ms
+STEPS = 50  # steps per live batch
 
 
 def _batch(seq: int) -> dict:
@@ -105,7 +103,9 @@ def main() -> None:
     started = time.perf_counter()
     big_id, _rate = build(engine, args.steps, args.vector_steps)
     engine.dispose()
-    print(f"built a {args.steps:,}-step run ({args.vector_steps:,} with 300-layer vectors) in {time.perf_counter() - started:.1f} s ({url.split(':')[0]})")
+    print(
+        f"built a {args.steps:,}-step run ({args.vector_steps:,} with 300-layer vectors) in {time.perf_counter() - started:.1f} s ({url.split(':')[0]})"
+    )
     results = []
     for i, how in enumerate(("one transaction", "in slices")):
         if args.db:
@@ -118,8 +118,10 @@ def main() -> None:
     print("| delete | took (s) | batches during | p50 | p99 | max | idle p50 / max |\n|---|---|---|---|---|---|---|")
     for r in results:
         d, q = r["during"], r["quiet"]
-        print(f"| {r['how']} | {r['delete_s']:.2f} | {len(d)} | {_ms(d, .5):.1f} | {_ms(d, .99):.1f} | "
-              f"{max(d) * 1000:.1f} | {_ms(q, .5):.1f} / {max(q) * 1000:.1f} |")
+        print(
+            f"| {r['how']} | {r['delete_s']:.2f} | {len(d)} | {_ms(d, 0.5):.1f} | {_ms(d, 0.99):.1f} | "
+            f"{max(d) * 1000:.1f} | {_ms(q, 0.5):.1f} / {max(q) * 1000:.1f} |"
+        )
     print(f"\n(mean during the sliced delete: {statistics.mean(results[1]['during']) * 1000:.1f} ms)")
     shutil.rmtree(tmp, ignore_errors=True)
 

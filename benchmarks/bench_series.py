@@ -19,11 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from gradwatch import protocol
-from gradwatch_server.storage import db
-from gradwatch_server.storage import store
+from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.ingest.apply import apply_batch, load_state
+from gradwatch_server.storage import db, store
 
 LAYERS = 300
 BATCH = 20_000
@@ -43,10 +42,15 @@ def build(engine, steps: int, vector_steps: int) -> tuple[int, float]:
         for i, v in spikes(steps).items():
             if lo <= i < hi:
                 loss[i - lo] = v
-        records = [(i, float(i), {"loss": loss[i - lo]}, {"grad": vec} if i < vector_steps else {})
-                   for i in range(lo, hi)]
-        msg = {"type": "batch", "seq": seq, "columns": protocol.encode_columns(records),
-               "layouts": {"grad": [f"layer{j}" for j in range(LAYERS)]}}
+        records = [
+            (i, float(i), {"loss": loss[i - lo]}, {"grad": vec} if i < vector_steps else {}) for i in range(lo, hi)
+        ]
+        msg = {
+            "type": "batch",
+            "seq": seq,
+            "columns": protocol.encode_columns(records),
+            "layouts": {"grad": [f"layer{j}" for j in range(LAYERS)]},
+        }
         with engine.begin() as conn:
             apply_batch(conn, state, decode(msg))
     return run_id, steps / (time.perf_counter() - start)
@@ -61,15 +65,18 @@ def raw_table(path: Path, steps: int) -> sqlite3.Connection:
     con = sqlite3.connect(path)
     con.execute("CREATE TABLE points (key INTEGER, step INTEGER, value REAL, PRIMARY KEY (key, step)) WITHOUT ROWID")
     for lo in range(0, steps, 1_000_000):
-        con.executemany("INSERT INTO points VALUES (1, ?, ?)",
-                        ((i, 1 / (1 + i * 1e-4)) for i in range(lo, min(lo + 1_000_000, steps))))
+        con.executemany(
+            "INSERT INTO points VALUES (1, ?, ?)",
+            ((i, 1 / (1 + i * 1e-4)) for i in range(lo, min(lo + 1_000_000, steps))),
+        )
     con.commit()
     return con
 
 
 def raw_scan(con: sqlite3.Connection, lo: int, hi: int) -> int:
-    return len(con.execute("SELECT step, value FROM points WHERE key = 1 AND step BETWEEN ? AND ?",
-                           (lo, hi)).fetchall())
+    return len(
+        con.execute("SELECT step, value FROM points WHERE key = 1 AND step BETWEEN ? AND ?", (lo, hi)).fetchall()
+    )
 
 
 def timed(fn, repeat: int = 5) -> float:
@@ -86,21 +93,34 @@ def report(tmp: Path, steps: int, vector_steps: int) -> None:
     engine = db.make_engine(f"sqlite:///{tmp / f'run-{steps}.db'}")
     run_id, rate = build(engine, steps, vector_steps)
     con = raw_table(tmp / f"raw-{steps}.db", steps)
-    print(f"\n{steps:,} steps of 'loss' ({vector_steps:,} with {LAYERS}-layer norms), ingested at {rate:,.0f} "
-          "steps/s through apply_batch\n")
+    print(
+        f"\n{steps:,} steps of 'loss' ({vector_steps:,} with {LAYERS}-layer norms), ingested at {rate:,.0f} "
+        "steps/s through apply_batch\n"
+    )
     print("| request | gradwatch (ms) | raw SQLite scan of the range (ms) | ratio |\n|---|---|---|---|")
     zoom = (steps // 2, steps // 2 + steps // 100)
     with engine.connect() as conn:
-        cases = [("loss, whole run, 2000 pts", lambda: store.get_series(conn, run_id, "loss", 2000), (0, steps - 1)),
-                 ("loss, 1% zoom, 2000 pts", lambda: store.get_series(conn, run_id, "loss", 2000, *zoom), zoom),
-                 ("loss, 1,000 steps full detail", lambda: store.get_series(conn, run_id, "loss", None, 5000, 5999),
-                  (5000, 5999)),
-                 ("one layer of 300, whole run", lambda: store.get_series(conn, run_id, "grad/layer7", 2000),
-                  (0, vector_steps - 1)),
-                 ("heatmap 300 layers x 400 steps", lambda: store.get_heatmap(conn, run_id, "grad", 400),
-                  (0, vector_steps - 1))]
+        cases = [
+            ("loss, whole run, 2000 pts", lambda: store.get_series(conn, run_id, "loss", 2000), (0, steps - 1)),
+            ("loss, 1% zoom, 2000 pts", lambda: store.get_series(conn, run_id, "loss", 2000, *zoom), zoom),
+            (
+                "loss, 1,000 steps full detail",
+                lambda: store.get_series(conn, run_id, "loss", None, 5000, 5999),
+                (5000, 5999),
+            ),
+            (
+                "one layer of 300, whole run",
+                lambda: store.get_series(conn, run_id, "grad/layer7", 2000),
+                (0, vector_steps - 1),
+            ),
+            (
+                "heatmap 300 layers x 400 steps",
+                lambda: store.get_heatmap(conn, run_id, "grad", 400),
+                (0, vector_steps - 1),
+            ),
+        ]
         for name, fn, (lo, hi) in cases:
-            ours, raw = timed(fn), timed(lambda: raw_scan(con, lo, hi))
+            ours, raw = timed(fn), timed(lambda lo=lo, hi=hi: raw_scan(con, lo, hi))
             print(f"| {name} | {ours * 1e3:.1f} | {raw * 1e3:.1f} | **{ours / raw:.3f}** |")
         kept = dict(zip(*(lambda s: (s["steps"], s["values"]))(store.get_series(conn, run_id, "loss", 2000))))
         marks = spikes(steps)

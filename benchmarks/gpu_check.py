@@ -41,8 +41,10 @@ def step_fn(model, opt, x, y):
 
 def no_context_at_init(url: str) -> list[str]:
     """init() in a fresh process must leave CUDA uninitialised (no context on GPU 0 for every rank)."""
-    code = ("import torch, gradwatch; run = gradwatch.init(project='gpu', name='ctx', server=%r); "
-            "print(torch.cuda.is_initialized()); run.finish()" % url)
+    code = (
+        f"import torch, gradwatch; run = gradwatch.init(project='gpu', name='ctx', server={url!r}); "
+        "print(torch.cuda.is_initialized()); run.finish()"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     if out.stdout.strip().splitlines()[:1] == ["False"]:
         print("OK   init() creates no CUDA context")
@@ -62,7 +64,9 @@ def main() -> int:
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         server = BackgroundServer(Settings(port=0, db=f"sqlite:///{tmp}/gpu.db")).start()
-        import urllib.request, json  # noqa: E401
+        import json
+        import urllib.request  # noqa: E401
+
         get = lambda p: json.load(urllib.request.urlopen(server.url + p))  # noqa: E731
 
         # 1. no sync on the training thread. First make sure the plain loop itself is sync-free
@@ -96,8 +100,10 @@ def main() -> int:
             if mine:
                 failures.append(f"{len(mine)} host-device sync(s) on the training thread, e.g. {mine[0][:200]}")
             else:
-                print(f"OK   no host-device sync on the training thread in 100 watched+logged steps "
-                      f"({len(others)} on the sender thread, which reads values in batches)")
+                print(
+                    f"OK   no host-device sync on the training thread in 100 watched+logged steps "
+                    f"({len(others)} on the sender thread, which reads values in batches)"
+                )
         finally:
             torch.cuda.set_sync_debug_mode(0)
             warnings.showwarning = show
@@ -112,8 +118,10 @@ def main() -> int:
         alloc = get(f"/api/runs/{run_id}/series?key=memory/cuda_allocated")["values"]
         peak = get(f"/api/runs/{run_id}/series?key=memory/cuda_peak")["values"]
         params = sum(p.numel() * p.element_size() for p in model.parameters())
-        print(f"     cuda_allocated last={alloc[-1] / 2**20:.0f} MiB, peak={peak[-1] / 2**20:.0f} MiB, "
-              f"params={params / 2**20:.0f} MiB, torch says peak={torch.cuda.max_memory_allocated() / 2**20:.0f} MiB")
+        print(
+            f"     cuda_allocated last={alloc[-1] / 2**20:.0f} MiB, peak={peak[-1] / 2**20:.0f} MiB, "
+            f"params={params / 2**20:.0f} MiB, torch says peak={torch.cuda.max_memory_allocated() / 2**20:.0f} MiB"
+        )
         if not (alloc[-1] >= params * 2 and peak[-1] <= torch.cuda.max_memory_allocated()):
             failures.append("memory counters implausible (params + grads at least, peak <= torch's peak)")
         else:
@@ -137,8 +145,10 @@ def main() -> int:
         run.watch(model, opt)
         watched = timed(run)
         run.finish(timeout=60)
-        print(f"     step {plain * 1e3:.3f} ms plain, {watched * 1e3:.3f} ms watched (ratio {watched / plain:.3f}x) "
-              f"on {torch.cuda.get_device_name()}")
+        print(
+            f"     step {plain * 1e3:.3f} ms plain, {watched * 1e3:.3f} ms watched (ratio {watched / plain:.3f}x) "
+            f"on {torch.cuda.get_device_name()}"
+        )
         server.stop()
     for f in failures:
         print("FAIL", f)

@@ -64,11 +64,13 @@ def watch_pages(url: str, stop: threading.Event, counts: dict) -> list[threading
                             counts[name] = counts.get(name, 0) + 1
                         except TimeoutError:
                             pass
-            except Exception:  # noqa: BLE001 - the server is restarting: come back
+            except Exception:  # the server is restarting: come back
                 time.sleep(0.5)
 
-    threads = [threading.Thread(target=follow, args=(p, n), daemon=True) for p, n in (("/ws/runs", "list"),
-                                                                                    ("/ws/runs/1", "run page"))]
+    threads = [
+        threading.Thread(target=follow, args=(p, n), daemon=True)
+        for p, n in (("/ws/runs", "list"), ("/ws/runs/1", "run page"))
+    ]
     for t in threads:
         t.start()
     return threads
@@ -81,8 +83,16 @@ def soak(clients: int, seconds: float, rate: float) -> dict:
         server = ServerProcess(db, "--crash-timeout", "120")
         url = server.url
         env = {**os.environ, "GRADWATCH_SERVER": url, "GRADWATCH_SPOOL_DIR": str(tmp / "spool")}
-        procs = [subprocess.Popen([PY, "-c", CLIENT, str(seconds), str(rate), f"c{i}"], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True) for i in range(clients)]
+        procs = [
+            subprocess.Popen(
+                [PY, "-c", CLIENT, str(seconds), str(rate), f"c{i}"],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            for i in range(clients)
+        ]
         stop, counts, memory = threading.Event(), {}, []
         watch_pages(url, stop, counts)
         start = time.monotonic()
@@ -101,8 +111,14 @@ def soak(clients: int, seconds: float, rate: float) -> dict:
         stop.set()
         server.stop()
     exact = all(s == list(range(n)) for s, n in zip(stored, logged)) and len(stored) == clients
-    return {"clients": clients, "seconds": seconds, "points": sum(logged) * 4, "exactly_once": exact,
-            "memory": memory, "pushes": counts}
+    return {
+        "clients": clients,
+        "seconds": seconds,
+        "points": sum(logged) * 4,
+        "exactly_once": exact,
+        "memory": memory,
+        "pushes": counts,
+    }
 
 
 def main() -> None:
@@ -114,10 +130,14 @@ def main() -> None:
     out = soak(args.clients, args.seconds, args.rate)
     mem = out["memory"]
     half = len(mem) // 2
-    print(f"{out['clients']} clients x {out['seconds']:.0f} s at {args.rate:.0f} steps/s, server SIGKILLed and "
-          f"restarted once: {out['points']:,} points, every one stored exactly once: {out['exactly_once']}")
-    print(f"server RSS (MiB): first half {mem[1][1]:.0f} -> {mem[half - 1][1]:.0f}; after the restart "
-          f"{mem[half + 2][1]:.0f} -> {mem[-1][1]:.0f} (max {max(m for _, m in mem):.0f})")
+    print(
+        f"{out['clients']} clients x {out['seconds']:.0f} s at {args.rate:.0f} steps/s, server SIGKILLed and "
+        f"restarted once: {out['points']:,} points, every one stored exactly once: {out['exactly_once']}"
+    )
+    print(
+        f"server RSS (MiB): first half {mem[1][1]:.0f} -> {mem[half - 1][1]:.0f}; after the restart "
+        f"{mem[half + 2][1]:.0f} -> {mem[-1][1]:.0f} (max {max(m for _, m in mem):.0f})"
+    )
     print(f"live pushes received by the two watchers: {out['pushes']}")
     step = max(1, len(mem) // 12)
     print("server RSS over time (s: MiB): " + ", ".join(f"{t}: {m:.0f}" for t, m in mem[::step]))

@@ -13,10 +13,11 @@ This package imports neither torch (until ``watch``) nor any server dependency.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from .protocol import PROTOCOL_VERSION
 from .distributed import NoopRun
+from .protocol import PROTOCOL_VERSION
 from .run import Run, TrainingDiverged
 
 __version__ = "0.1.0"
@@ -25,8 +26,14 @@ __all__ = ["init", "watch", "log", "finish", "lr_find", "Run", "NoopRun", "Train
 run: Run | NoopRun | None = None
 
 
-def init(project: str = "default", name: str | None = None, config: Mapping | None = None, *,
-         all_ranks: bool = False, **kwargs) -> Run | NoopRun:
+def init(
+    project: str = "default",
+    name: str | None = None,
+    config: Mapping | None = None,
+    *,
+    all_ranks: bool = False,
+    **kwargs,
+) -> Run | NoopRun:
     """Start a run and make it the current one for ``gradwatch.log/watch/finish``.
 
     Args:

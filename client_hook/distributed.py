@@ -77,8 +77,12 @@ def group_id(rank: int, uid: str, project: str, name: str | None) -> str:
         return shared
     job = [os.environ.get(v, "") for v in ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT")]
     if not any(job):
-        warnings.warn("gradwatch: all_ranks=True but no torch.distributed and no launcher env: this rank's run is "
-                      "not grouped with the others (set GRADWATCH_GROUP)", RuntimeWarning, stacklevel=4)
+        warnings.warn(
+            "gradwatch: all_ranks=True but no torch.distributed and no launcher env: this rank's run is "
+            "not grouped with the others (set GRADWATCH_GROUP)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
         return uuid.uuid4().hex
     seed = "|".join(job + [project, name or "", str(_inits)])
     return hashlib.sha1(seed.encode()).hexdigest()[:24]
@@ -99,8 +103,11 @@ def _from_store(rank: int, uid: str, key: str) -> str | None:
         store.wait([key], timedelta(seconds=GROUP_TIMEOUT_S))
         return store.get(key).decode()
     except Exception as exc:  # rank 0 did not use all_ranks, or a store without set/get
-        warnings.warn(f"gradwatch: could not share the run group through torch.distributed ({exc!r})",
-                      RuntimeWarning, stacklevel=5)
+        warnings.warn(
+            f"gradwatch: could not share the run group through torch.distributed ({exc!r})",
+            RuntimeWarning,
+            stacklevel=5,
+        )
         return None
 
 
@@ -111,8 +118,16 @@ class NoopRun:
     should_stop = False
     diverged = None
 
-    def __init__(self, project: str = "default", name: str | None = None, config=None, *, rank: int = 0,
-                 world_size: int = 1, **_ignored):
+    def __init__(
+        self,
+        project: str = "default",
+        name: str | None = None,
+        config=None,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        **_ignored,
+    ):
         self.project, self.name, self.config = str(project), name, dict(config or {})
         self.rank, self.world_size = rank, world_size
         self.uid = None
@@ -130,7 +145,7 @@ class NoopRun:
     def log(self, data, step: int | None = None) -> None:
         self._step = max(self._step, (step if step is not None else self._step) + 1)
 
-    def watch(self, model, optimizer=None, scaler=None, every: int = 1) -> "NoopRun":
+    def watch(self, model, optimizer=None, scaler=None, every: int = 1) -> NoopRun:
         return self
 
     def record_exception(self, exc: BaseException) -> None:
@@ -139,7 +154,7 @@ class NoopRun:
     def finish(self, status: str = "finished", timeout: float = 30.0) -> None:
         self._finished = True
 
-    def __enter__(self) -> "NoopRun":
+    def __enter__(self) -> NoopRun:
         return self
 
     def __exit__(self, *exc) -> None:

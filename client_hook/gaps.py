@@ -27,6 +27,8 @@ class Gaps:
             return []
         records, first, last, why = self.records, self.first, self.last, "; ".join(sorted(self.reasons))
         self.__init__()
-        notify(f"gap:{why.split(';')[0]}", f"gradwatch: {records} record(s) could not be kept: {why} "
-               "(reported to the server as a data_gap alert)")
+        notify(
+            f"gap:{why.split(';')[0]}",
+            f"gradwatch: {records} record(s) could not be kept: {why} (reported to the server as a data_gap alert)",
+        )
         return [gap_alert(records, first, last, why)]

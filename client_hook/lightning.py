@@ -34,8 +34,16 @@ class GradwatchCallback(pl.Callback):
         watch_gradients: capture gradient norms, LRs and memory (default True).
     """
 
-    def __init__(self, project: str = "default", name: str | None = None, config: dict | None = None, *,
-                 on_nan: str = "warn", watch_gradients: bool = True, **kwargs):
+    def __init__(
+        self,
+        project: str = "default",
+        name: str | None = None,
+        config: dict | None = None,
+        *,
+        on_nan: str = "warn",
+        watch_gradients: bool = True,
+        **kwargs,
+    ):
         super().__init__()
         self.init_args = dict(project=project, name=name, on_nan=on_nan, **kwargs)
         self.extra_config = dict(config or {})
@@ -116,12 +124,18 @@ class GradwatchCallback(pl.Callback):
 
     def _config(self, trainer, pl_module) -> dict:
         config = {str(k): v for k, v in dict(getattr(pl_module, "hparams", {}) or {}).items()}
-        config.setdefault("trainer", {
-            "max_epochs": trainer.max_epochs, "max_steps": trainer.max_steps,
-            "accumulate_grad_batches": trainer.accumulate_grad_batches,
-            "gradient_clip_val": trainer.gradient_clip_val, "precision": str(trainer.precision),
-            "world_size": trainer.world_size, "model": type(pl_module).__name__,
-        })
+        config.setdefault(
+            "trainer",
+            {
+                "max_epochs": trainer.max_epochs,
+                "max_steps": trainer.max_steps,
+                "accumulate_grad_batches": trainer.accumulate_grad_batches,
+                "gradient_clip_val": trainer.gradient_clip_val,
+                "precision": str(trainer.precision),
+                "world_size": trainer.world_size,
+                "model": type(pl_module).__name__,
+            },
+        )
         config.update(self.extra_config)
         return config
 

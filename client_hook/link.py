@@ -32,9 +32,9 @@ def ingest_url(server: str) -> str:
     """http(s)://host:port -> ws(s)://host:port/ws/ingest."""
     server = server.rstrip("/")
     if server.startswith("https://"):
-        server = "wss://" + server[len("https://"):]
+        server = "wss://" + server[len("https://") :]
     elif server.startswith("http://"):
-        server = "ws://" + server[len("http://"):]
+        server = "ws://" + server[len("http://") :]
     elif not server.startswith(("ws://", "wss://")):
         server = "ws://" + server
     return server + protocol.INGEST_PATH
@@ -62,9 +62,12 @@ class Link:
         conn, status, reason = self._upgrade()
         if status in (401, 403):
             self.fatal = "auth"
-            raise Refused("auth", f"gradwatch: the server at {self.server} refused the token (HTTP {status}): set "
-                          "GRADWATCH_TOKEN or init(token=...); your data is kept in <spool> — send it later "
-                          "with `gradwatch sync <spool>`")
+            raise Refused(
+                "auth",
+                f"gradwatch: the server at {self.server} refused the token (HTTP {status}): set "
+                "GRADWATCH_TOKEN or init(token=...); your data is kept in <spool> — send it later "
+                "with `gradwatch sync <spool>`",
+            )
         if conn is None:
             raise LinkClosed(reason)
         self.conn = conn
@@ -80,8 +83,10 @@ class Link:
         if reply.get("type") == "error":
             self.close()
             self.on_error(reply)
-            raise Refused(self.fatal or "refused", f"gradwatch: the server refused the run: {reply.get('message')}; "
-                          "your data is kept in <spool>")
+            raise Refused(
+                self.fatal or "refused",
+                f"gradwatch: the server refused the run: {reply.get('message')}; your data is kept in <spool>",
+            )
         self.run_id = reply.get("run_id")
         self.features = set(reply.get("features") or [])
         self.ever_connected = True
@@ -95,8 +100,14 @@ class Link:
         try:
             # No permessage-deflate: packed float64 barely compresses, and deflating every frame cost
             # the sender (and the server) about a fifth of their time per point.
-            conn = connect(self.url, open_timeout=3, close_timeout=1, max_size=None, compression=None,
-                           additional_headers=self._headers)
+            conn = connect(
+                self.url,
+                open_timeout=3,
+                close_timeout=1,
+                max_size=None,
+                compression=None,
+                additional_headers=self._headers,
+            )
             return conn.__enter__(), None, None  # a connection kept across calls, closed by close()
         except InvalidStatus as exc:
             status = exc.response.status_code

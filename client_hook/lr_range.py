@@ -37,9 +37,21 @@ class LRSuggestion:
     run_url: str = ""
 
 
-def lr_find(model, optimizer, loader, loss_fn, *, start_lr: float = 1e-7, end_lr: float = 10.0,
-            num_steps: int = 200, beta: float = 0.95, diverge_factor: float = 4.0, project: str = "lr_find",
-            name: str | None = None, **init_kwargs) -> LRSuggestion:
+def lr_find(
+    model,
+    optimizer,
+    loader,
+    loss_fn,
+    *,
+    start_lr: float = 1e-7,
+    end_lr: float = 10.0,
+    num_steps: int = 200,
+    beta: float = 0.95,
+    diverge_factor: float = 4.0,
+    project: str = "lr_find",
+    name: str | None = None,
+    **init_kwargs,
+) -> LRSuggestion:
     """Run an LR range test and stream it as its own run; the model and optimizer are restored after.
 
     Args:
@@ -60,13 +72,24 @@ def lr_find(model, optimizer, loader, loss_fn, *, start_lr: float = 1e-7, end_lr
 
     if not (0 < start_lr < end_lr) or num_steps < 2:
         raise ValueError("lr_find needs 0 < start_lr < end_lr and num_steps >= 2")
-    run = _open_run(model, optimizer, project, name, dict(start_lr=start_lr, end_lr=end_lr, num_steps=num_steps,
-                                                          beta=beta, diverge_factor=diverge_factor), init_kwargs)
-    saved = (copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict()), model.training,
-             torch.get_rng_state())
+    run = _open_run(
+        model,
+        optimizer,
+        project,
+        name,
+        dict(start_lr=start_lr, end_lr=end_lr, num_steps=num_steps, beta=beta, diverge_factor=diverge_factor),
+        init_kwargs,
+    )
+    saved = (
+        copy.deepcopy(model.state_dict()),
+        copy.deepcopy(optimizer.state_dict()),
+        model.training,
+        torch.get_rng_state(),
+    )
     try:
-        lrs, losses, smoothed, diverged_at = _sweep(run, model, optimizer, loader, loss_fn, start_lr, end_lr,
-                                                    num_steps, beta, diverge_factor)
+        lrs, losses, smoothed, diverged_at = _sweep(
+            run, model, optimizer, loader, loss_fn, start_lr, end_lr, num_steps, beta, diverge_factor
+        )
         found = suggest(lrs, smoothed, diverged_at, diverge_factor)
         _record(run, found, lrs, smoothed, diverged_at)
         return LRSuggestion(found[0], found[1], lrs, losses, smoothed, run.url)
@@ -100,7 +123,7 @@ def _sweep(run, model, optimizer, loader, loss_fn, start_lr, end_lr, num_steps, 
     model.train()
     batches = cycle(loader)
     for step in range(num_steps):
-        lr = start_lr * gamma ** step
+        lr = start_lr * gamma**step
         for group in optimizer.param_groups:
             group["lr"] = lr
         inputs, targets = _to(next(batches), device)
@@ -123,27 +146,41 @@ def _sweep(run, model, optimizer, loader, loss_fn, start_lr, end_lr, num_steps, 
 def _to(batch, device):
     """(inputs, targets) on the model's device."""
     inputs, targets = batch[0], batch[1]
-    move = (lambda t: t.to(device) if hasattr(t, "to") and device is not None else t)
+
+    def move(t):
+        return t.to(device) if hasattr(t, "to") and device is not None else t
+
     return move(inputs), move(targets)
 
 
 def suggest(lrs: list, smoothed: list, diverged_at: float | None, diverge_factor: float = 4.0) -> tuple:
     """(suggested LR or None, reason): steepest fall of the smoothed loss per decade of LR, before its minimum."""
     if len(lrs) < SKIP_START + 3:
-        return None, (f"too few steps ({len(lrs)}) before the loss blew up at lr={diverged_at:.2e}: lower start_lr"
-                      if diverged_at is not None else f"too few steps ({len(lrs)}): raise num_steps")
+        return None, (
+            f"too few steps ({len(lrs)}) before the loss blew up at lr={diverged_at:.2e}: lower start_lr"
+            if diverged_at is not None
+            else f"too few steps ({len(lrs)}): raise num_steps"
+        )
     low = min(range(len(smoothed)), key=smoothed.__getitem__)
     logs = [math.log10(x) for x in lrs]
-    slopes = {i: (smoothed[i + 1] - smoothed[i - 1]) / (logs[i + 1] - logs[i - 1])
-              for i in range(max(SKIP_START, 1), min(low + 1, len(lrs) - 1))}
+    slopes = {
+        i: (smoothed[i + 1] - smoothed[i - 1]) / (logs[i + 1] - logs[i - 1])
+        for i in range(max(SKIP_START, 1), min(low + 1, len(lrs) - 1))
+    }
     if not slopes or min(slopes.values()) >= 0:
-        return None, (f"the loss did not fall between lr={lrs[0]:.2e} and lr={lrs[-1]:.2e}: "
-                      "try a wider range (lower start_lr)")
+        return None, (
+            f"the loss did not fall between lr={lrs[0]:.2e} and lr={lrs[-1]:.2e}: try a wider range (lower start_lr)"
+        )
     best = min(slopes, key=slopes.get)
-    ending = (f"it blew up (over {diverge_factor:g}x its minimum) at lr={diverged_at:.2e}" if diverged_at is not None
-              else f"it had not blown up by lr={lrs[-1]:.2e}")
-    reason = (f"steepest descent of the smoothed loss at lr={lrs[best]:.2e} (falling {-slopes[best]:.3g} per decade "
-              f"of LR); the loss was lowest at lr={lrs[low]:.2e} and {ending}")
+    ending = (
+        f"it blew up (over {diverge_factor:g}x its minimum) at lr={diverged_at:.2e}"
+        if diverged_at is not None
+        else f"it had not blown up by lr={lrs[-1]:.2e}"
+    )
+    reason = (
+        f"steepest descent of the smoothed loss at lr={lrs[best]:.2e} (falling {-slopes[best]:.3g} per decade "
+        f"of LR); the loss was lowest at lr={lrs[low]:.2e} and {ending}"
+    )
     return lrs[best], reason
 
 
@@ -161,6 +198,15 @@ def _record(run, found: tuple, lrs: list, smoothed: list, diverged_at: float | N
     run.log(scalars, step=last)
     if hasattr(run, "_put_event"):
         step = lrs.index(lr) if lr is not None else last
-        run._put_event({"type": "alert", "kind": "lr_suggestion", "severity": "info", "step": step, "key": "lr",
-                        "value": lr, "message": (f"Suggested learning rate {lr:.2e}: " if lr is not None
-                                                 else "No learning rate suggested: ") + reason})
+        run._put_event(
+            {
+                "type": "alert",
+                "kind": "lr_suggestion",
+                "severity": "info",
+                "step": step,
+                "key": "lr",
+                "value": lr,
+                "message": (f"Suggested learning rate {lr:.2e}: " if lr is not None else "No learning rate suggested: ")
+                + reason,
+            }
+        )

@@ -12,13 +12,40 @@ import time
 
 REDACTED = "***"
 # A flag or variable is secret if one of its words is one of these (hf_token, --api-key, DB_PASSWORD).
-SECRET_WORDS = frozenset({"token", "tokens", "key", "keys", "apikey", "secret", "secrets", "password", "passwd",
-                          "pwd", "pass", "auth", "authorization", "credential", "credentials"})
+SECRET_WORDS = frozenset(
+    {
+        "token",
+        "tokens",
+        "key",
+        "keys",
+        "apikey",
+        "secret",
+        "secrets",
+        "password",
+        "passwd",
+        "pwd",
+        "pass",
+        "auth",
+        "authorization",
+        "credential",
+        "credentials",
+    }
+)
 SECRET_SUFFIXES = ("token", "secret", "password", "passwd", "apikey", "credential", "credentials")
 URL_PASSWORD = re.compile(r"(://[^/:@\s]*:)[^/@\s]+@")  # scheme://user:PASSWORD@host
 # Recorded so a run says how it was launched (distributed rank, devices); secrets among them redacted.
-ENV_PREFIXES = ("GRADWATCH_", "CUDA_VISIBLE_DEVICES", "WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                "MASTER_ADDR", "MASTER_PORT", "SLURM_JOB_ID", "SLURM_PROCID")
+ENV_PREFIXES = (
+    "GRADWATCH_",
+    "CUDA_VISIBLE_DEVICES",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "SLURM_JOB_ID",
+    "SLURM_PROCID",
+)
 
 
 def git_commit(cwd: str | None = None) -> str | None:
@@ -60,8 +87,11 @@ def redact_argv(argv: list[str]) -> list[str]:
 def recorded_env(environ=None) -> dict:
     """The launch-related environment variables, secret ones as ***."""
     environ = os.environ if environ is None else environ
-    return {k: REDACTED if is_secret_name(k) else URL_PASSWORD.sub(rf"\1{REDACTED}@", v)
-            for k, v in sorted(environ.items()) if k.startswith(ENV_PREFIXES)}
+    return {
+        k: REDACTED if is_secret_name(k) else URL_PASSWORD.sub(rf"\1{REDACTED}@", v)
+        for k, v in sorted(environ.items())
+        if k.startswith(ENV_PREFIXES)
+    }
 
 
 def distributed(environ=None) -> dict:

@@ -175,7 +175,7 @@ class Outbox:
         self._dir_lock.forget()
 
     @classmethod
-    def load(cls, spool_dir: Path, max_memory_bytes: int = 32 << 20) -> "Outbox":
+    def load(cls, spool_dir: Path, max_memory_bytes: int = 32 << 20) -> Outbox:
         """Rebuild an outbox from batches left on disk by an earlier process (the caller locks it)."""
         box = cls(spool_dir, max_memory_bytes)
         box._disk_ready = True
@@ -187,8 +187,13 @@ class Outbox:
 def gap_alert(records: int, first_step: int | None, last_step: int | None, why: str) -> dict:
     """The event that tells the server (and the user) what could not be kept."""
     where = f" (steps {first_step}-{last_step})" if first_step is not None else ""
-    return {"type": "alert", "kind": "data_gap", "severity": "warning", "step": first_step,
-            "message": f"gradwatch dropped {records} record(s){where} in the training process: {why}"}
+    return {
+        "type": "alert",
+        "kind": "data_gap",
+        "severity": "warning",
+        "step": first_step,
+        "message": f"gradwatch dropped {records} record(s){where} in the training process: {why}",
+    }
 
 
 def _unlink(path: Path) -> None:

@@ -17,16 +17,16 @@ import collections
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from .link import Link, LinkClosed, Refused
 from .gaps import Gaps
+from .link import Link, LinkClosed, Refused
 from .outbox import Outbox
 from .progress import Progress
 from .values import MAX_FRAME_BYTES, TARGET_BATCH_BYTES, Encoder, item_bytes
 
-WINDOW = 8                  # batches sent and not yet acked, at most (flow control)
+WINDOW = 8  # batches sent and not yet acked, at most (flow control)
 # An idle link sends a record at once, but not more often than this: a loop logging hundreds of
 # steps a second then wakes the sender ~50 times a second instead of every step (each wake costs
 # the training thread GIL time), and a point still reaches the server within ~20 ms.
@@ -34,8 +34,8 @@ MIN_GAP = 0.02
 # Hand-off queue bound (estimated bytes). It only fills when the sender is stuck (or a loop logs
 # ~1M steps faster than they can be encoded: ~300 MB at peak); past it records are dropped and counted.
 MAX_QUEUE_BYTES = 384 << 20
-DRAIN_ITEMS = 50000         # items encoded per pass, so acks are read between passes of a backlog
-MAX_HELD_EVENTS = 1000      # run events kept aside while the disk is full
+DRAIN_ITEMS = 50000  # items encoded per pass, so acks are read between passes of a backlog
+MAX_HELD_EVENTS = 1000  # run events kept aside while the disk is full
 
 
 class Sender(threading.Thread):
@@ -46,9 +46,20 @@ class Sender(threading.Thread):
     until it is acked; what it cannot keep is counted and reported as a ``data_gap`` alert.
     """
 
-    def __init__(self, server: str, run_info: dict, spool_dir: Path, *, flush_interval: float = 0.2,
-                 max_memory_bytes: int = 32 << 20, inspect: Callable | None = None, outbox: Outbox | None = None,
-                 token: str | None = None, max_queue_bytes: int = MAX_QUEUE_BYTES, notify: Callable | None = None):
+    def __init__(
+        self,
+        server: str,
+        run_info: dict,
+        spool_dir: Path,
+        *,
+        flush_interval: float = 0.2,
+        max_memory_bytes: int = 32 << 20,
+        inspect: Callable | None = None,
+        outbox: Outbox | None = None,
+        token: str | None = None,
+        max_queue_bytes: int = MAX_QUEUE_BYTES,
+        notify: Callable | None = None,
+    ):
         super().__init__(name="gradwatch-sender", daemon=True)
         self.link = Link(server, run_info, token)
         self.url = self.link.url
@@ -147,8 +158,11 @@ class Sender(threading.Thread):
                 # Unreachable: not connected although an attempt failed since we began waiting.
                 unreachable = not self.connected and self.failures > failures
                 unreachable_since = (unreachable_since or now) if unreachable else None
-                if (unreachable_since and now - unreachable_since > grace) or now - last_progress > patience \
-                        or (cap is not None and now - start > cap):
+                if (
+                    (unreachable_since and now - unreachable_since > grace)
+                    or now - last_progress > patience
+                    or (cap is not None and now - start > cap)
+                ):
                     return False
                 if meter is not None:
                     meter.show(now - start, left())
@@ -247,8 +261,9 @@ class Sender(threading.Thread):
         try:
             # The oldest batch still held; with none held, the next one: everything before was acked.
             first = self.outbox.first()
-            welcome = self.link.open(resume_from=first if first is not None else self._seq + 1,
-                                     layouts=self.encoder.layouts)
+            welcome = self.link.open(
+                resume_from=first if first is not None else self._seq + 1, layouts=self.encoder.layouts
+            )
         except Refused as refusal:
             if not self.link.deleted:  # a deleted run says so itself (see _discard_all)
                 self.notify(refusal.kind, refusal.text.replace("<spool>", str(self.outbox.spool_dir)))
@@ -259,15 +274,19 @@ class Sender(threading.Thread):
             self._next_connect = time.monotonic() + self._backoff
             self._backoff = min(self._backoff * 2, 0.25 if self.hurry else 5.0)
             if not self.ever_connected:  # say it once, early, and where the data goes meanwhile
-                self.notify("unreachable", f"gradwatch: cannot reach the server at {self.link.server} ({reason}); "
-                            f"training goes on and the data is kept (in memory, then in {self.outbox.spool_dir}) "
-                            "until it answers")
+                self.notify(
+                    "unreachable",
+                    f"gradwatch: cannot reach the server at {self.link.server} ({reason}); "
+                    f"training goes on and the data is kept (in memory, then in {self.outbox.spool_dir}) "
+                    "until it answers",
+                )
             return
         self._backoff = 0.1
         self.notify("registered", f"gradwatch: run {self.run_id} → {self.link.server}/runs/{self.run_id}")
         if self.on_connected is not None:
-            threading.Thread(target=_quietly, args=(self.on_connected,), name="gradwatch-older-spools",
-                             daemon=True).start()
+            threading.Thread(
+                target=_quietly, args=(self.on_connected,), name="gradwatch-older-spools", daemon=True
+            ).start()
             self.on_connected = None
         if isinstance(welcome.get("max_frame_bytes"), int):  # split batches to fit what this server accepts
             self.encoder.frame_limit = max(64 << 10, min(MAX_FRAME_BYTES, welcome["max_frame_bytes"] * 3 // 4))
@@ -278,8 +297,11 @@ class Sender(threading.Thread):
         self.link.close()
         self._next_connect = time.monotonic() + self._backoff
         if self.ever_connected and not self.link.deleted:
-            self.notify("lost", f"gradwatch: lost the connection to {self.link.server}; retrying in the "
-                        "background (nothing logged is lost meanwhile)")
+            self.notify(
+                "lost",
+                f"gradwatch: lost the connection to {self.link.server}; retrying in the "
+                "background (nothing logged is lost meanwhile)",
+            )
 
     def _send_window(self) -> None:
         """Send unsent batches while fewer than WINDOW are unacked."""
@@ -303,8 +325,11 @@ class Sender(threading.Thread):
         kind = message.get("type")
         if kind == "ack":
             if message.get("refused"):  # stored what it could; the rest is gone for good: say why, once
-                self.notify(f"refused:{message['refused']}", "gradwatch: the server could not store part of a "
-                            f"batch (the rest is stored; the run shows a data_refused alert): {message['refused']}")
+                self.notify(
+                    f"refused:{message['refused']}",
+                    "gradwatch: the server could not store part of a "
+                    f"batch (the rest is stored; the run shows a data_refused alert): {message['refused']}",
+                )
             self._on_ack(int(message["seq"]))
         elif kind == "nack":
             expected = int(message["expected"])
@@ -341,7 +366,7 @@ class Sender(threading.Thread):
                 events, self._held_events = self._held_events + self._gap_events(), []
                 try:
                     self._encode(items, events)
-                except Exception:  # noqa: BLE001 - one bad record must not take the others with it
+                except Exception:  # one bad record must not take the others with it
                     self._encode_each(items, events)
         finally:
             self._taken_count += len(items)  # only now: deliver() reads _seq once this covers its items
@@ -357,7 +382,7 @@ class Sender(threading.Thread):
         for item in items:
             try:
                 self._encode([item], [])
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self._discard([item], f"could not be encoded ({type(exc).__name__}: {exc})"[:300])
                 del exc
 
@@ -376,8 +401,10 @@ class Sender(threading.Thread):
         self._queue.clear()
         if len(self.outbox) or self.outbox.spool_dir.exists():
             self.outbox.discard()
-        self.notify("deleted", f"gradwatch: run {self.run_id} was deleted on the server; nothing more is sent "
-                    "for it (training goes on)")
+        self.notify(
+            "deleted",
+            f"gradwatch: run {self.run_id} was deleted on the server; nothing more is sent for it (training goes on)",
+        )
         self._stopping.wait(0.5)
 
     def notify(self, kind: str, text: str) -> None:
@@ -401,5 +428,5 @@ def _quietly(fn) -> None:
     """Background extras (delivering older spools) never disturb the run."""
     try:
         fn()
-    except Exception:  # noqa: BLE001 - `gradwatch sync` remains the way to deliver them
+    except Exception:  # `gradwatch sync` remains the way to deliver them
         pass

@@ -91,8 +91,14 @@ def remove(spool_dir: Path) -> None:
     shutil.rmtree(spool_dir, ignore_errors=True)
 
 
-def deliver(spool_dir: Path, server: str, token: str | None = None, patience: float = 30.0,
-            quiet: bool = True, progress: bool = False) -> tuple[bool, int | None, str]:
+def deliver(
+    spool_dir: Path,
+    server: str,
+    token: str | None = None,
+    patience: float = 30.0,
+    quiet: bool = True,
+    progress: bool = False,
+) -> tuple[bool, int | None, str]:
     """Send one run's spool and remove it once delivered; returns (delivered, run id, why not).
 
     Skips (False, None, "in use ...") a spool that a live process holds. Idempotent: the server
@@ -117,8 +123,11 @@ def deliver(spool_dir: Path, server: str, token: str | None = None, patience: fl
         if ok:
             remove(spool_dir)
             return True, sender.run_id, ""
-        why = {"auth": "the server refused the token (set GRADWATCH_TOKEN)", "deleted": "the run was deleted on "
-               "the server", "refused": "the server refused the run"}.get(sender.fatal or "", "")
+        why = {
+            "auth": "the server refused the token (set GRADWATCH_TOKEN)",
+            "deleted": "the run was deleted on the server",
+            "refused": "the server refused the run",
+        }.get(sender.fatal or "", "")
         return False, sender.run_id, why or f"the server at {server} could not be reached or stopped answering"
     finally:
         lock.release()

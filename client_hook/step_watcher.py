@@ -14,7 +14,7 @@ from .watcher import Watcher
 class _AtStep:
     """The run as the watcher sees it, with the framework's step instead of the run's next step."""
 
-    def __init__(self, run, watcher: "StepWatcher"):
+    def __init__(self, run, watcher: StepWatcher):
         self._run, self._watcher = run, watcher
 
     def __getattr__(self, name):
@@ -78,6 +78,7 @@ class StepWatcher(Watcher):
 
     def _report_orphans(self) -> None:
         """Trainable parameters that no optimizer holds (reported once, like ``run.watch``)."""
+
         class _Union:
             param_groups = [g for o in self.optimizers for g in o.param_groups]
 

@@ -38,8 +38,16 @@ class GradwatchCallback(TrainerCallback):
         watch_gradients: capture per-layer gradient norms (default True).
     """
 
-    def __init__(self, project: str = "default", name: str | None = None, config: dict | None = None, *,
-                 on_nan: str = "warn", watch_gradients: bool = True, **kwargs):
+    def __init__(
+        self,
+        project: str = "default",
+        name: str | None = None,
+        config: dict | None = None,
+        *,
+        on_nan: str = "warn",
+        watch_gradients: bool = True,
+        **kwargs,
+    ):
         self.init_args = dict(project=project, on_nan=on_nan, **kwargs)
         self.name = name
         self.extra_config = dict(config or {})

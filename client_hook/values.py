@@ -73,7 +73,7 @@ def resolve(items: list[Deferred]) -> list[list[float]]:
     by_device: dict = {}
     for i, item in enumerate(items):
         by_device.setdefault(item.tensor.device, []).append(i)
-    for device, indices in by_device.items():
+    for _device, indices in by_device.items():
         for i in indices:
             if items[i].event is not None:
                 items[i].event.synchronize()
@@ -82,7 +82,7 @@ def resolve(items: list[Deferred]) -> list[list[float]]:
         values = torch.cat(flat).cpu().tolist() if flat else []
         pos = 0
         for i, size in zip(indices, sizes):
-            out[i] = values[pos:pos + size]
+            out[i] = values[pos : pos + size]
             pos += size
     return out  # type: ignore[return-value]
 
@@ -91,10 +91,10 @@ def resolve(items: list[Deferred]) -> list[list[float]]:
 # Batches are split by encoded size as well as by count: the server refuses frames over its limit
 # (16 MiB by default), and a small frame keeps one slow batch from holding the link.
 MAX_BATCH_RECORDS = 20000
-TARGET_BATCH_BYTES = 2 << 20   # estimated size at which a chunk is cut
-MAX_FRAME_BYTES = 4 << 20      # encoded size above which a batch is split in halves
+TARGET_BATCH_BYTES = 2 << 20  # estimated size at which a chunk is cut
+MAX_FRAME_BYTES = 4 << 20  # encoded size above which a batch is split in halves
 COLUMNS = getattr(protocol, "COLUMNS", "columns")
-YIELD_EVERY = 64               # records prepared between GIL hand-backs (see Encoder.encode)
+YIELD_EVERY = 64  # records prepared between GIL hand-backs (see Encoder.encode)
 
 
 def item_bytes(item: tuple) -> int:
@@ -178,8 +178,9 @@ class RecordTooBig(ValueError):
     """One record alone is bigger than the server accepts in a frame."""
 
 
-def _emit(plain: list, layouts: dict, events: list, features: set, seq: int, out: list,
-          limit: int = MAX_FRAME_BYTES) -> int:
+def _emit(
+    plain: list, layouts: dict, events: list, features: set, seq: int, out: list, limit: int = MAX_FRAME_BYTES
+) -> int:
     """Append batch ``seq`` (or, when over the frame limit, its halves) to out; returns the next seq."""
     text = _batch_text(seq, plain, layouts, events, features).encode()
     if len(text) > limit and len(plain) <= 1:

@@ -36,7 +36,7 @@ class Watcher:
         self.device = next((p.device for _, p in self.params), torch.device("cpu"))
         self.handles: list = []
         self._pending_backward = False
-        self._last_breakdown_step = -10**9
+        self._last_breakdown_step = -(10**9)
         self._trainable_ids: tuple = ()
         self._hooked: set = set()
         self._forward_order: dict = {}
@@ -63,8 +63,10 @@ class Watcher:
         handles = []
         for path, module in model.named_modules():
             if path == "" or next(module.parameters(recurse=False), None) is not None:
+
                 def seen(mod, args, path=path):
                     self._forward_order.setdefault(path, len(self._forward_order))
+
                 handles.append(module.register_forward_pre_hook(seen))
         return handles
 
@@ -162,7 +164,7 @@ class Watcher:
         for i, g in enumerate(grads):
             groups.setdefault((g.device, g.dtype, g.is_sparse), []).append(i)
         out = [None] * len(grads)
-        for (device, dtype, sparse), idx in groups.items():
+        for (_device, _dtype, sparse), idx in groups.items():
             tensors = [grads[i] for i in idx]
             if sparse:
                 norms = [t.coalesce().values().norm() for t in tensors]
@@ -232,13 +234,19 @@ class Watcher:
         held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
         orphans = [n for n, p in self.params if p.requires_grad and id(p) not in held]
         if orphans:
-            self.run._put_event({
-                "type": "alert", "kind": "missing_gradients", "severity": "warning", "step": None,
-                "layer": orphans[0], "value": float(len(orphans)),
-                "message": f"{len(orphans)} parameter(s) require grad but are not in the optimizer, so they "
-                           f"never update: {', '.join(orphans[:8])}. Pass model.parameters() to the optimizer "
-                           "or set requires_grad=False on purpose-frozen layers.",
-            })
+            self.run._put_event(
+                {
+                    "type": "alert",
+                    "kind": "missing_gradients",
+                    "severity": "warning",
+                    "step": None,
+                    "layer": orphans[0],
+                    "value": float(len(orphans)),
+                    "message": f"{len(orphans)} parameter(s) require grad but are not in the optimizer, so they "
+                    f"never update: {', '.join(orphans[:8])}. Pass model.parameters() to the optimizer "
+                    "or set requires_grad=False on purpose-frozen layers.",
+                }
+            )
 
     def _wrap_scaler_update(self, scaler) -> None:
         """Record the loss scale after every GradScaler.update (a drop means a skipped step)."""
@@ -256,7 +264,9 @@ class Watcher:
         scale = getattr(self.scaler, "_scale", None)
         if scale is None:
             return
-        self.run._put_record(self.run._current_step(), {"amp/scale": defer_vector(scale.detach().clone().reshape(()))}, {})
+        self.run._put_record(
+            self.run._current_step(), {"amp/scale": defer_vector(scale.detach().clone().reshape(()))}, {}
+        )
 
 
 _STATM: dict = {}  # pid -> open fd: each step costs one pread, not an open() (pid: forks reopen)

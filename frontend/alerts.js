@@ -5,7 +5,10 @@ import { el } from "./common.js";
 // and a push with an id already held is an update of that alert, not a new one.
 export function upsert(alerts, alert) {
   const i = alerts.findIndex((a) => a.id === alert.id);
-  if (i >= 0) { alerts[i] = alert; return false; }
+  if (i >= 0) {
+    alerts[i] = alert;
+    return false;
+  }
   alerts.push(alert);
   return true;
 }
@@ -18,9 +21,11 @@ const lastOf = (a) => (a.last_step !== undefined && a.last_step !== null ? a.las
 export function group(alerts) {
   const by = new Map();
   for (const a of alerts) {
-    if (!by.has(a.kind)) by.set(a.kind, { kind: a.kind, alerts: [], count: 0, first: null, last: null, severity: "warning" });
+    if (!by.has(a.kind))
+      by.set(a.kind, { kind: a.kind, alerts: [], count: 0, first: null, last: null, severity: "warning" });
     const g = by.get(a.kind);
-    g.alerts.push(a); g.count += countOf(a);
+    g.alerts.push(a);
+    g.count += countOf(a);
     if (a.step !== null && a.step !== undefined && (g.first === null || a.step < g.first)) g.first = a.step;
     const last = lastOf(a);
     if (last !== null && last !== undefined && (g.last === null || last > g.last)) g.last = last;
@@ -38,15 +43,31 @@ function steps(g) {
 // when there were more, the latest one's; a button zooms every chart to the first step.
 export function renderAlerts(container, alerts, zoomTo) {
   const cards = group(alerts).map((g) => {
-    const first = g.alerts[0], latest = g.alerts[g.alerts.length - 1];
+    const first = g.alerts[0],
+      latest = g.alerts[g.alerts.length - 1];
     const where = (a) => (a.layer ? " · " + a.layer : "");
-    return el("div", { class: "alert " + g.severity, "data-kind": g.kind, "data-count": g.count },
+    return el(
+      "div",
+      { class: "alert " + g.severity, "data-kind": g.kind, "data-count": g.count },
       el("b", {}, g.kind),
       el("span", { class: "alert-count", title: "times raised" }, g.count + "×"),
       el("span", { class: "muted alert-steps" }, steps(g) + where(first) + " · "),
       el("span", { class: "alert-first" }, first.message),
-      g.first === null ? null : el("button", { class: "zoom-to", title: "zoom every chart to this step", onclick: () => zoomTo(g.first) }, "Show step " + g.first),
-      latest !== first ? el("div", { class: "muted alert-latest" }, "latest: step " + (lastOf(latest) ?? "?") + where(latest) + " · " + latest.message) : null);
+      g.first === null
+        ? null
+        : el(
+            "button",
+            { class: "zoom-to", title: "zoom every chart to this step", onclick: () => zoomTo(g.first) },
+            "Show step " + g.first,
+          ),
+      latest !== first
+        ? el(
+            "div",
+            { class: "muted alert-latest" },
+            "latest: step " + (lastOf(latest) ?? "?") + where(latest) + " · " + latest.message,
+          )
+        : null,
+    );
   });
   container.replaceChildren(...cards);
 }

@@ -1,7 +1,7 @@
 // Live line charts: traces per key, NaN/inf drawn as markers, alert lines, appends via extendTraces.
 import { ema, esc, extent, fmtNum, onVisible, plotLayout } from "./common.js";
 
-const CATCH_UP_MS = 5000;  // an out-of-view chart is never more than this behind (screenshots, printing)
+const CATCH_UP_MS = 5000; // an out-of-view chart is never more than this behind (screenshots, printing)
 
 // The y axis for some series: log when asked, or (asked nothing) when the values span more than
 // 3 decades, so a diverging loss does not flatten everything else; a readable log axis (a label
@@ -12,11 +12,21 @@ export function yAxis(seriesList, logChoice, bytes) {
   const decades = ext && ext[0] > 0 ? Math.log10(ext[1] / ext[0]) : 0;
   const auto = logChoice === null || logChoice === undefined;
   const log = auto ? decades > 3 : Boolean(logChoice);
-  const axis = { type: log ? "log" : "linear", autorange: true, tickformat: bytes ? "~s" : undefined, ticksuffix: bytes ? "B" : undefined };
+  const axis = {
+    type: log ? "log" : "linear",
+    autorange: true,
+    tickformat: bytes ? "~s" : undefined,
+    ticksuffix: bytes ? "B" : undefined,
+  };
   if (log) {
-    Object.assign(axis, { dtick: decades > 1.5 ? Math.max(1, Math.ceil(decades / 6)) : "D2", exponentformat: "power", minor: { ticks: "" } });
+    Object.assign(axis, {
+      dtick: decades > 1.5 ? Math.max(1, Math.ceil(decades / 6)) : "D2",
+      exponentformat: "power",
+      minor: { ticks: "" },
+    });
   } else if (ext && ext[1] - ext[0] <= 1e-9 * Math.max(Math.abs(ext[0]), Math.abs(ext[1]))) {
-    const v = ext[0], pad = v === 0 ? 1 : Math.abs(v) * 0.5;
+    const v = ext[0],
+      pad = v === 0 ? 1 : Math.abs(v) * 0.5;
     Object.assign(axis, { autorange: false, range: [v - pad, v + pad] });
   }
   return { axis, log, auto: auto && log, decades };
@@ -27,8 +37,15 @@ export function yAxis(seriesList, logChoice, bytes) {
 // there, and browsers allow only a few WebGL contexts per page (compare can have many charts).
 export class LiveChart {
   constructor(div, opts) {
-    this.div = div; this.opts = opts; this.traceOf = {}; this.drawn = false;
-    this.shapes = []; this.visible = true; this.stale = false; this.catchUp = null; this.draws = 0;
+    this.div = div;
+    this.opts = opts;
+    this.traceOf = {};
+    this.drawn = false;
+    this.shapes = [];
+    this.visible = true;
+    this.stale = false;
+    this.catchUp = null;
+    this.draws = 0;
     // A live redraw costs tens of ms per chart: charts scrolled out of view skip them, catch up
     // every few seconds, and redraw at once when they come back (opts.redraw supplies the data).
     if (opts.redraw) {
@@ -39,40 +56,87 @@ export class LiveChart {
     }
   }
 
-  refresh() { this.stale = false; clearTimeout(this.catchUp); this.catchUp = null; this.opts.redraw(); }
-  count() { this.div.dataset.draws = ++this.draws; }
+  refresh() {
+    this.stale = false;
+    clearTimeout(this.catchUp);
+    this.catchUp = null;
+    this.opts.redraw();
+  }
+  count() {
+    this.div.dataset.draws = ++this.draws;
+  }
 
   xOf(s, i, mode, t0) {
     if (mode === "wall") return new Date(s.walls[i] * 1000);
     if (mode === "relative") return s.walls[i] - t0;
     return s.steps[i];
   }
-  t0Of(entry) { return entry.t0 !== undefined ? entry.t0 : this.opts.t0 ? this.opts.t0() : 0; }
+  t0Of(entry) {
+    return entry.t0 !== undefined ? entry.t0 : this.opts.t0 ? this.opts.t0() : 0;
+  }
 
   // Full draw (first draw, axis/smoothing changes, new keys, compaction, catch-up).
   render(entries, mode) {
     if (!entries.length && this.opts.empty) return this.showEmpty();
-    if (this.empty) { this.div.replaceChildren(); this.empty = false; }
-    const traces = []; this.traceOf = {};
-    const nan = { x: [], y: [], text: [], type: "scatter", mode: "markers", yaxis: "y2", name: "NaN / inf",
-      marker: { symbol: "x", size: 11, color: "#d92d20", line: { width: 2 } }, hoverinfo: "text", showlegend: false };
+    if (this.empty) {
+      this.div.replaceChildren();
+      this.empty = false;
+    }
+    const traces = [];
+    this.traceOf = {};
+    const nan = {
+      x: [],
+      y: [],
+      text: [],
+      type: "scatter",
+      mode: "markers",
+      yaxis: "y2",
+      name: "NaN / inf",
+      marker: { symbol: "x", size: 11, color: "#d92d20", line: { width: 2 } },
+      hoverinfo: "text",
+      showlegend: false,
+    };
     const smoothing = this.opts.smoothing ? this.opts.smoothing() : 0;
     for (const entry of entries) {
-      const { label, series: s, color } = entry, t0 = this.t0Of(entry);
+      const { label, series: s, color } = entry,
+        t0 = this.t0Of(entry);
       const x = s.steps.map((_, i) => this.xOf(s, i, mode, t0));
       const y = s.values.map((v) => (isFinite(v) ? v : null));
       const idx = { raw: traces.length };
-      traces.push({ x, y, type: "scatter", mode: "lines", name: esc(label), connectgaps: false,
-        line: { width: smoothing ? 1 : 1.6, color }, opacity: smoothing ? 0.35 : 1, showlegend: !smoothing });
+      traces.push({
+        x,
+        y,
+        type: "scatter",
+        mode: "lines",
+        name: esc(label),
+        connectgaps: false,
+        line: { width: smoothing ? 1 : 1.6, color },
+        opacity: smoothing ? 0.35 : 1,
+        showlegend: !smoothing,
+      });
       if (smoothing) {
         idx.smooth = traces.length;
-        traces.push({ x, y: ema(s.values, smoothing), type: "scatter", mode: "lines", name: esc(label), line: { width: 2, color } });
+        traces.push({
+          x,
+          y: ema(s.values, smoothing),
+          type: "scatter",
+          mode: "lines",
+          name: esc(label),
+          line: { width: 2, color },
+        });
       }
       this.traceOf[label] = idx;
-      s.values.forEach((v, i) => { if (!isFinite(v)) this.addNan(nan, label, s.steps[i], v, this.xOf(s, i, mode, t0)); });
+      s.values.forEach((v, i) => {
+        if (!isFinite(v)) this.addNan(nan, label, s.steps[i], v, this.xOf(s, i, mode, t0));
+      });
     }
-    this.nanIndex = traces.length; traces.push(nan);
-    this.y = yAxis(entries.map((e) => e.series), this.opts.log ? this.opts.log() : false, this.opts.bytes);
+    this.nanIndex = traces.length;
+    traces.push(nan);
+    this.y = yAxis(
+      entries.map((e) => e.series),
+      this.opts.log ? this.opts.log() : false,
+      this.opts.bytes,
+    );
     const base = plotLayout();
     const layout = plotLayout({
       yaxis: Object.assign(base.yaxis, this.y.axis),
@@ -81,7 +145,9 @@ export class LiveChart {
       shapes: this.shapes,
     });
     Plotly.react(this.div, traces, layout, { responsive: true, displaylogo: false });
-    this.drawn = true; this.mode = mode; this.labels = entries.map((e) => e.label).join("|");
+    this.drawn = true;
+    this.mode = mode;
+    this.labels = entries.map((e) => e.label).join("|");
     this.count();
     if (this.opts.onAxis) this.opts.onAxis(this.y);
   }
@@ -89,12 +155,16 @@ export class LiveChart {
   // No data for this chart (yet): say why and what records it, instead of drawing empty axes.
   showEmpty() {
     if (this.drawn) Plotly.purge(this.div);
-    this.div.replaceChildren(Object.assign(document.createElement("p"), { className: "empty muted", textContent: this.opts.empty }));
-    this.drawn = false; this.empty = true;
+    this.div.replaceChildren(
+      Object.assign(document.createElement("p"), { className: "empty muted", textContent: this.opts.empty }),
+    );
+    this.drawn = false;
+    this.empty = true;
   }
 
   addNan(nan, label, step, v, x) {
-    nan.x.push(x); nan.y.push(v === -Infinity ? 0.03 : 0.97);
+    nan.x.push(x);
+    nan.y.push(v === -Infinity ? 0.03 : 0.97);
     nan.text.push(esc(label) + " = " + fmtNum(v) + " at step " + step);
   }
 
@@ -102,43 +172,84 @@ export class LiveChart {
   extend(entries, fresh, mode) {
     if (!this.visible && this.drawn) {
       this.stale = true;
-      if (!this.catchUp) this.catchUp = setTimeout(() => { this.catchUp = null; if (this.stale) this.refresh(); }, CATCH_UP_MS);
+      if (!this.catchUp)
+        this.catchUp = setTimeout(() => {
+          this.catchUp = null;
+          if (this.stale) this.refresh();
+        }, CATCH_UP_MS);
       return;
     }
-    if (!this.drawn || mode !== this.mode || entries.map((e) => e.label).join("|") !== this.labels) return this.render(entries, mode);
+    if (!this.drawn || mode !== this.mode || entries.map((e) => e.label).join("|") !== this.labels)
+      return this.render(entries, mode);
     // A new value can change the axis (a constant LR starts to decay, a loss starts to diverge).
-    const y = yAxis(entries.map((e) => e.series), this.opts.log ? this.opts.log() : false, this.opts.bytes);
-    if (y.log !== this.y.log || (this.y.axis.range && JSON.stringify(y.axis.range) !== JSON.stringify(this.y.axis.range)) ||
-        (y.log && y.axis.dtick !== this.y.axis.dtick)) return this.render(entries, mode);
-    const update = { x: [], y: [] }, indices = [];
+    const y = yAxis(
+      entries.map((e) => e.series),
+      this.opts.log ? this.opts.log() : false,
+      this.opts.bytes,
+    );
+    if (
+      y.log !== this.y.log ||
+      (this.y.axis.range && JSON.stringify(y.axis.range) !== JSON.stringify(this.y.axis.range)) ||
+      (y.log && y.axis.dtick !== this.y.axis.dtick)
+    )
+      return this.render(entries, mode);
+    const update = { x: [], y: [] },
+      indices = [];
     const nan = { x: [], y: [], text: [] };
     for (const entry of entries) {
-      const { label, series: s } = entry, t0 = this.t0Of(entry);
-      const from = fresh[label]; if (from === undefined || from >= s.steps.length) continue;
-      const x = [], yv = [];
+      const { label, series: s } = entry,
+        t0 = this.t0Of(entry);
+      const from = fresh[label];
+      if (from === undefined || from >= s.steps.length) continue;
+      const x = [],
+        yv = [];
       for (let i = from; i < s.steps.length; i++) {
-        x.push(this.xOf(s, i, mode, t0)); yv.push(isFinite(s.values[i]) ? s.values[i] : null);
+        x.push(this.xOf(s, i, mode, t0));
+        yv.push(isFinite(s.values[i]) ? s.values[i] : null);
         if (!isFinite(s.values[i])) this.addNan(nan, label, s.steps[i], s.values[i], this.xOf(s, i, mode, t0));
       }
       const idx = this.traceOf[label];
-      update.x.push(x); update.y.push(yv); indices.push(idx.raw);
+      update.x.push(x);
+      update.y.push(yv);
+      indices.push(idx.raw);
       if (idx.smooth !== undefined) {
-        update.x.push(x); update.y.push(ema(s.values, this.opts.smoothing()).slice(from)); indices.push(idx.smooth);
+        update.x.push(x);
+        update.y.push(ema(s.values, this.opts.smoothing()).slice(from));
+        indices.push(idx.smooth);
       }
     }
-    if (nan.x.length) { update.x.push(nan.x); update.y.push(nan.y); indices.push(this.nanIndex); }
-    if (indices.length) { Plotly.extendTraces(this.div, update, indices); this.count(); }
+    if (nan.x.length) {
+      update.x.push(nan.x);
+      update.y.push(nan.y);
+      indices.push(this.nanIndex);
+    }
+    if (indices.length) {
+      Plotly.extendTraces(this.div, update, indices);
+      this.count();
+    }
     if (nan.text.length) {
       const t = this.div.data[this.nanIndex];
-      Plotly.restyle(this.div, { text: [(t.text || []).slice(0, t.x.length - nan.x.length).concat(nan.text)] }, [this.nanIndex]);
+      Plotly.restyle(this.div, { text: [(t.text || []).slice(0, t.x.length - nan.x.length).concat(nan.text)] }, [
+        this.nanIndex,
+      ]);
     }
   }
 
   // Vertical dotted lines at alerts: xs is a list of x values or of {x, color} (one colour per run).
   setAlertLines(xs, redraw = true) {
     this.shapes = xs.map((a) => {
-      const x = a !== null && typeof a === "object" && "x" in a ? a.x : a, color = (a && a.color) || "#d92d20";
-      return { type: "line", xref: "x", yref: "paper", x0: x, x1: x, y0: 0, y1: 1, line: { color, width: 1, dash: "dot" } };
+      const x = a !== null && typeof a === "object" && "x" in a ? a.x : a,
+        color = a?.color || "#d92d20";
+      return {
+        type: "line",
+        xref: "x",
+        yref: "paper",
+        x0: x,
+        x1: x,
+        y0: 0,
+        y1: 1,
+        line: { color, width: 1, dash: "dot" },
+      };
     });
     if (redraw && this.drawn && !this.empty) Plotly.relayout(this.div, { shapes: this.shapes });
   }

@@ -8,15 +8,15 @@ import contextlib
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gradwatch_server.storage import retention
-from gradwatch_server.web import routes
-from gradwatch_server.web.security import Auth, Guard
 from gradwatch_server.services import Services
 from gradwatch_server.settings import Settings, from_env
+from gradwatch_server.storage import retention
 from gradwatch_server.storage.store import NotFound
+from gradwatch_server.web import routes
+from gradwatch_server.web.security import Auth, Guard
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -55,12 +55,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException):
-        return JSONResponse({"error": str(exc.detail), "detail": exc.detail}, status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return JSONResponse(
+            {"error": str(exc.detail), "detail": exc.detail},
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(OverflowError)
     async def out_of_range(_request: Request, exc: OverflowError):
-        return JSONResponse({"error": "a number in the request is out of range (64-bit integers only)"}, status_code=400)
+        return JSONResponse(
+            {"error": "a number in the request is out of range (64-bit integers only)"}, status_code=400
+        )
 
     for module in routes.ALL:  # /metrics answers 501 without prometheus_client
         app.include_router(module.router)

@@ -28,8 +28,14 @@ def _server(settings: Settings):
     from gradwatch_server.web.security import guard_logs
 
     guard_logs()
-    config = uvicorn.Config(create_app(settings), log_level=settings.log_level, ws_max_size=settings.max_frame_bytes,
-                            ws_ping_interval=20, ws_ping_timeout=60, timeout_graceful_shutdown=3)
+    config = uvicorn.Config(
+        create_app(settings),
+        log_level=settings.log_level,
+        ws_max_size=settings.max_frame_bytes,
+        ws_ping_interval=20,
+        ws_ping_timeout=60,
+        timeout_graceful_shutdown=3,
+    )
     return uvicorn.Server(config)
 
 
@@ -91,21 +97,31 @@ def serve_workers(settings: Settings) -> None:
     import uvicorn
     from uvicorn.supervisors import Multiprocess
 
-    from gradwatch_server.web.security import guard_logs
     from gradwatch_server.settings import to_env
+    from gradwatch_server.web.security import guard_logs
 
     if not settings.db_url.startswith(("postgresql", "postgres")):
-        raise ValueError("--workers > 1 needs a PostgreSQL database (--db postgresql://...): SQLite takes one "
-                         "writer process")
+        raise ValueError(
+            "--workers > 1 needs a PostgreSQL database (--db postgresql://...): SQLite takes one writer process"
+        )
     os.environ.update(to_env(settings))  # each worker builds its app from the same GRADWATCH_* settings
     sock = bind(settings.host, settings.port)
     guard_logs()
-    config = uvicorn.Config("gradwatch_server.app:create_app", factory=True, workers=settings.workers,
-                            log_level=settings.log_level, ws_max_size=settings.max_frame_bytes, ws_ping_interval=20,
-                            ws_ping_timeout=60, timeout_graceful_shutdown=3)
+    config = uvicorn.Config(
+        "gradwatch_server.app:create_app",
+        factory=True,
+        workers=settings.workers,
+        log_level=settings.log_level,
+        ws_max_size=settings.max_frame_bytes,
+        ws_ping_interval=20,
+        ws_ping_timeout=60,
+        timeout_graceful_shutdown=3,
+    )
     url = url_for(sock)
-    print(f"gradwatch: dashboard at {url}  ({settings.workers} processes; database: {_safe_db(settings.db_url)})",
-          flush=True)
+    print(
+        f"gradwatch: dashboard at {url}  ({settings.workers} processes; database: {_safe_db(settings.db_url)})",
+        flush=True,
+    )
     if settings.token:
         print(f"gradwatch: token required; log in at {url}/login", flush=True)
     elif not settings.on_loopback:
@@ -123,7 +139,7 @@ class BackgroundServer:
         self.server = _server(settings)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
-    def start(self, timeout: float = 20.0) -> "BackgroundServer":
+    def start(self, timeout: float = 20.0) -> BackgroundServer:
         self.thread.start()
         deadline = time.monotonic() + timeout
         while not self.server.started:

@@ -7,22 +7,19 @@ import logging
 import time
 from collections import Counter
 
-
-from gradwatch_server.storage import db
-from gradwatch_server.ingest import hello
 from gradwatch_server.ingest import apply as ingest
-from gradwatch_server.live import hub as live
-from gradwatch_server.ingest import run_states
-from gradwatch_server.storage import store
+from gradwatch_server.ingest import hello, run_states
 from gradwatch_server.ingest.activity import Activity
 from gradwatch_server.ingest.batch import Batch
+from gradwatch_server.ingest.stats import IngestStats, batch_points
+from gradwatch_server.ingest.writer import Writer
+from gradwatch_server.live import hub as live
 from gradwatch_server.live.fanout import PgFanout
 from gradwatch_server.live.fanout import stored_reference as fanout_reference
 from gradwatch_server.live.hub import RUNS_CHANNEL, Hub
-from gradwatch_server.ingest.stats import IngestStats, batch_points
-from gradwatch_server.settings import Settings
 from gradwatch_server.live.webhook import WebhookSender, payload
-from gradwatch_server.ingest.writer import Writer
+from gradwatch_server.settings import Settings
+from gradwatch_server.storage import db, store
 
 log = logging.getLogger("gradwatch.server")
 
@@ -43,8 +40,9 @@ class Services:
         self.ingest_stats = IngestStats()
         self.base_url = ""
         # Several server processes over one PostgreSQL: pages see what any of them ingests.
-        self.fanout = PgFanout(self.engine, self._from_other_process) if self.engine.dialect.name == "postgresql" \
-            else None
+        self.fanout = (
+            PgFanout(self.engine, self._from_other_process) if self.engine.dialect.name == "postgresql" else None
+        )
 
     def start(self, loop) -> None:
         """Begin the background parts that need the event loop (cross-process fan-out)."""
@@ -59,7 +57,7 @@ class Services:
         try:
             with self.engine.begin() as conn:
                 self.fanout.send(conn, channel, message, ref)
-        except Exception as exc:  # noqa: BLE001 - a lost push; pages resync on reconnect
+        except Exception as exc:  # a lost push; pages resync on reconnect
             log.warning("gradwatch: could not notify the other server processes: %r", exc)
 
     def _from_other_process(self, channel, message: dict | None, ref: dict | None) -> None:
@@ -118,7 +116,9 @@ class Services:
 
     def _open(self, conn, info: dict, resume_from: int | None, layouts: dict | None) -> dict:
         result = hello.open_run(conn, info, self.settings.alert_overrides, resume_from=resume_from)
-        added = hello.ensure_layouts(conn, result["run_id"], layouts or {}, self.limits.max_keys, self.limits.max_layers)
+        added = hello.ensure_layouts(
+            conn, result["run_id"], layouts or {}, self.limits.max_keys, self.limits.max_layers
+        )
         if result.get("skipped") or added or not result["created"]:
             self.states.pop(result["run_id"], None)  # its cached seq / keys may be behind the database now
         return result
@@ -145,8 +145,9 @@ class Services:
             self.activity.saw(run_id)
         if self.hub.has(run_id):
             points = live.points_message(result["stored"])
-            self.hub.publish(run_id, {"type": "resync"} if points.get("resync") else
-                             {"type": "points", "run_id": run_id, **points})
+            self.hub.publish(
+                run_id, {"type": "resync"} if points.get("resync") else {"type": "points", "run_id": run_id, **points}
+            )
         elif self.fanout is not None and result["stored"]:  # no page here: other processes may have one
             ref = fanout_reference(run_id, result["stored"])
             asyncio.ensure_future(asyncio.to_thread(self._notify, run_id, None, ref))
@@ -215,14 +216,16 @@ class Services:
             await asyncio.sleep(every)
             try:
                 await self._check_runs()
-            except Exception as exc:  # noqa: BLE001 - the watcher must outlive a bad moment of the database
+            except Exception as exc:  # the watcher must outlive a bad moment of the database
                 log.warning("crash/stall check failed (will retry): %r", exc)
 
     async def _check_runs(self) -> None:
         now = time.time()
         mine = list(self.connected)
         await asyncio.wrap_future(self.writer.submit(run_states.heartbeat, mine, now))
-        crashed = await asyncio.wrap_future(self.writer.submit(run_states.mark_crashed, now - self.settings.crash_timeout))
+        crashed = await asyncio.wrap_future(
+            self.writer.submit(run_states.mark_crashed, now - self.settings.crash_timeout)
+        )
         floor = self.settings.crash_timeout
         stalled = [r for r in mine if r not in self.activity.stalled and self.activity.is_stalled(r, now, floor)]
         if stalled:

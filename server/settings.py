@@ -47,33 +47,67 @@ class Setting:
 SETTINGS: list[Setting] = [
     Setting("host", "127.0.0.1", "Interface to listen on (0.0.0.0 to accept other machines)."),
     Setting("port", 8765, "TCP port for the dashboard, the API and the ingest websocket (0 picks a free one).", int),
-    Setting("db", "", "SQLAlchemy database URL: sqlite:///path/file.db or postgresql://user:pw@host/db. "
-                      "Empty means a SQLite file in ~/.local/share/gradwatch/."),
+    Setting(
+        "db",
+        "",
+        "SQLAlchemy database URL: sqlite:///path/file.db or postgresql://user:pw@host/db. "
+        "Empty means a SQLite file in ~/.local/share/gradwatch/.",
+    ),
     Setting("webhook", "", "URL that receives every alert as a JSON POST (Slack-compatible 'text' field)."),
-    Setting("crash_timeout", 120.0, "Seconds a running run may stay disconnected before it is marked crashed.",
-            float),
-    Setting("alerts", "", "Server-wide health-rule thresholds as JSON, e.g. "
-                          "'{\"exploding_gradients.ceiling\": 1000}'; a run's own init(alerts=...) wins."),
+    Setting("crash_timeout", 120.0, "Seconds a running run may stay disconnected before it is marked crashed.", float),
+    Setting(
+        "alerts",
+        "",
+        "Server-wide health-rule thresholds as JSON, e.g. "
+        "'{\"exploding_gradients.ceiling\": 1000}'; a run's own init(alerts=...) wins.",
+    ),
     Setting("log_level", "warning", "Server log level (debug, info, warning, error)."),
-    Setting("workers", 1, "Server processes sharing the port (PostgreSQL only): ingest, pages and alerts work "
-                          "across them (see docs/deploy.md).", int),
-    Setting("sqlite_synchronous", "full", "SQLite durability of an ack: full (on disk before the ack; survives a "
-                                          "power loss) or normal (faster; survives a server crash, not a power loss)."),
-    Setting("token", "", "Shared secret every route, websocket and page requires (Authorization: Bearer <token>, "
-                         "or the login page's cookie); /healthz stays open. Empty: no token."),
-    Setting("allowed_hosts", "", "Comma-separated extra Host names the server answers to ('*': any). While bound "
-                                 "to loopback only localhost, 127.0.0.1 and [::1] are accepted (DNS-rebinding "
-                                 "protection)."),
+    Setting(
+        "workers",
+        1,
+        "Server processes sharing the port (PostgreSQL only): ingest, pages and alerts work "
+        "across them (see docs/deploy.md).",
+        int,
+    ),
+    Setting(
+        "sqlite_synchronous",
+        "full",
+        "SQLite durability of an ack: full (on disk before the ack; survives a "
+        "power loss) or normal (faster; survives a server crash, not a power loss).",
+    ),
+    Setting(
+        "token",
+        "",
+        "Shared secret every route, websocket and page requires (Authorization: Bearer <token>, "
+        "or the login page's cookie); /healthz stays open. Empty: no token.",
+    ),
+    Setting(
+        "allowed_hosts",
+        "",
+        "Comma-separated extra Host names the server answers to ('*': any). While bound "
+        "to loopback only localhost, 127.0.0.1 and [::1] are accepted (DNS-rebinding "
+        "protection).",
+    ),
     Setting("max_connections", 1000, "Most concurrent requests and open websockets; more are refused (503).", int),
     Setting("max_frame_bytes", 16 << 20, "Largest websocket message or request body accepted, in bytes.", int),
     Setting("max_keys_per_run", 10000, "Most distinct metric keys one run may create.", int),
     Setting("max_layers", 100000, "Most slots (layers) in one per-layer vector key.", int),
-    Setting("max_buffered_bytes", 64 << 20, "Most bytes of not-yet-committed batches held for one ingest "
-                                            "connection.", int),
-    Setting("retention_days", 0.0, "Delete runs not updated for this many days, checked at start and hourly "
-                                   "(never running or stalled ones; see docs/deploy.md). 0: keep everything.", float),
-    Setting("retention_keep_tagged", True, "With retention_days: keep runs that have a tag (true) or delete "
-                                           "them too (false).", boolean),
+    Setting(
+        "max_buffered_bytes", 64 << 20, "Most bytes of not-yet-committed batches held for one ingest connection.", int
+    ),
+    Setting(
+        "retention_days",
+        0.0,
+        "Delete runs not updated for this many days, checked at start and hourly "
+        "(never running or stalled ones; see docs/deploy.md). 0: keep everything.",
+        float,
+    ),
+    Setting(
+        "retention_keep_tagged",
+        True,
+        "With retention_days: keep runs that have a tag (true) or delete them too (false).",
+        boolean,
+    ),
 ]
 
 LIMITS = ("max_connections", "max_frame_bytes", "max_keys_per_run", "max_layers", "max_buffered_bytes")
@@ -120,7 +154,7 @@ class Settings:
         """True while bound to a loopback interface (only this machine can connect)."""
         return is_loopback(self.host)
 
-    def validate(self) -> "Settings":
+    def validate(self) -> Settings:
         """Raise ValueError with a readable message for a bad value."""
         if not (0 <= self.port <= 65535):
             raise ValueError(f"port must be 0-65535, got {self.port}")
@@ -152,7 +186,7 @@ class Settings:
 def strip_port(host: str) -> str:
     """'name:8765' -> 'name', '[::1]:8765' -> '::1', a bare IPv6 address unchanged."""
     if host.startswith("["):
-        return host[1:host.find("]")] if "]" in host else host
+        return host[1 : host.find("]")] if "]" in host else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
@@ -190,8 +224,9 @@ def from_env(environ=None, **overrides) -> Settings:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per setting; defaults stay None so env vars can fill in."""
     for s in SETTINGS:
-        parser.add_argument(s.flag, dest=s.name, type=s.type, default=None,
-                            help=f"{s.help} [env {s.env}; default {s.default!r}]")
+        parser.add_argument(
+            s.flag, dest=s.name, type=s.type, default=None, help=f"{s.help} [env {s.env}; default {s.default!r}]"
+        )
 
 
 def markdown_table() -> str:

@@ -45,8 +45,9 @@ class Api:
 
     def request(self, method: str, path: str, body=None):
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"} if data else {})
+        req = urllib.request.Request(
+            self.base + path, data=data, method=method, headers={"Content-Type": "application/json"} if data else {}
+        )
         try:
             with urllib.request.urlopen(req, timeout=30) as resp:
                 return resp.status, json.loads(resp.read() or b"null")
@@ -90,9 +91,20 @@ def browser():
     if not os.path.exists(CHROMIUM):
         pytest.fail(f"Chromium not found at {CHROMIUM}; run .ci/setup (apt-get install chromium)")
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"])
+        b = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--disable-dev-shm-usage",
+            ],
+        )
         yield b
         b.close()
 
@@ -118,7 +130,7 @@ def in_thread(fn, *args):
     def target():
         try:
             out["value"] = fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread (SystemExit too)
+        except BaseException as exc:  # re-raised in the test's thread (SystemExit too)
             out["error"] = exc
 
     thread = threading.Thread(target=target)

@@ -30,11 +30,26 @@ def cluster():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     data = base / "data"
-    subprocess.run(as_user([initdb, "-D", str(data), "-U", "gw", "--auth=trust", "-E", "UTF8"]), check=True,
-                   capture_output=True)
-    subprocess.run(as_user([pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "-o",
-                            f"-p {port} -k {base} -c listen_addresses=127.0.0.1", "start"]), check=True,
-                   capture_output=True)
+    subprocess.run(
+        as_user([initdb, "-D", str(data), "-U", "gw", "--auth=trust", "-E", "UTF8"]), check=True, capture_output=True
+    )
+    subprocess.run(
+        as_user(
+            [
+                pg_ctl,
+                "-D",
+                str(data),
+                "-l",
+                str(base / "log"),
+                "-w",
+                "-o",
+                f"-p {port} -k {base} -c listen_addresses=127.0.0.1",
+                "start",
+            ]
+        ),
+        check=True,
+        capture_output=True,
+    )
     try:
         yield f"postgresql://gw@127.0.0.1:{port}/postgres"
     finally:

@@ -23,9 +23,11 @@ class ServerProcess:
     def __init__(self, db: str, *extra: str, port: int | None = None, timeout: float = 60.0):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "gradwatch_server.cli", "serve", "--port",
-                                      str(self.port), "--db", db, *extra],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gradwatch_server.cli", "serve", "--port", str(self.port), "--db", db, *extra],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + timeout
         while True:  # the port is bound before uvicorn listens on it
             try:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import urllib.parse
 import urllib.request
 
-import gradwatch
 from conftest import Api
+
+import gradwatch
 
 
 def _run(url: str, name: str, values: dict) -> int:

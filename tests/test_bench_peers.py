@@ -15,8 +15,14 @@ PEERS = ["trackio", "tensorboard", "mlflow", "wandb", "aim"]
 def test_quick_mode_measures_gradwatch_and_reports_absent_peers(tmp_path):
     env = {**os.environ, "GRADWATCH_PEERS_VENV": str(tmp_path / "no-venvs"), "GRADWATCH_SPOOL_DIR": str(tmp_path)}
     out = tmp_path / "table.md"
-    done = subprocess.run([sys.executable, "benchmarks/bench_peers.py", "--quick", "--peers", "all", "--no-install",
-                           "--out", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "benchmarks/bench_peers.py", "--quick", "--peers", "all", "--no-install", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     report = out.read_text()
     assert report.strip() == done.stdout.strip()  # --out writes what it prints

@@ -33,8 +33,13 @@ def wait_http(url: str, timeout: float = 30.0) -> bytes:
 def test_serve_uses_flags_and_env(tmp_path):
     port = free_port()
     env = {**os.environ, "GRADWATCH_DB": f"sqlite:///{tmp_path / 'env.db'}"}
-    proc = subprocess.Popen([sys.executable, "-m", "gradwatch_server.cli", "serve", "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gradwatch_server.cli", "serve", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert json.loads(wait_http(f"http://127.0.0.1:{port}/healthz")) == {"status": "ok"}
         assert b"gradwatch" in wait_http(f"http://127.0.0.1:{port}/")
@@ -46,14 +51,16 @@ def test_serve_uses_flags_and_env(tmp_path):
 
 
 def test_bad_setting_is_a_one_line_error():
-    out = subprocess.run([sys.executable, "-m", "gradwatch_server.cli", "serve", "--alerts", "not json"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "gradwatch_server.cli", "serve", "--alerts", "not json"], capture_output=True, text=True
+    )
     assert out.returncode != 0 and "alerts must be a JSON object" in out.stderr
 
 
 def _cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "gradwatch_server.cli", *args], capture_output=True, text=True,
-                          timeout=60, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "gradwatch_server.cli", *args], capture_output=True, text=True, timeout=60, **kw
+    )
 
 
 def test_version_and_demo_help():
@@ -100,9 +107,22 @@ def test_unwritable_database_directory_is_one_line_naming_it(tmp_path):
 
 def test_ctrl_c_on_serve_exits_quietly(tmp_path):
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gradwatch_server.cli", "serve", "--port", str(port), "--db",
-                             f"sqlite:///{tmp_path / 'c.db'}"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gradwatch_server.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--db",
+            f"sqlite:///{tmp_path / 'c.db'}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz")
         proc.send_signal(signal.SIGINT)

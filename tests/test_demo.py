@@ -26,8 +26,25 @@ def free_port() -> int:
 def test_demo_streams_real_training_into_its_own_database(tmp_path):
     port = free_port()
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path / "data")}  # where the user's default database lives
-    proc = subprocess.run([sys.executable, "-m", "gradwatch_server.cli", "demo", "--port", str(port), "--steps", "120",
-                           "--delay", "0", "--exit"], capture_output=True, text=True, timeout=240, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gradwatch_server.cli",
+            "demo",
+            "--port",
+            str(port),
+            "--steps",
+            "120",
+            "--delay",
+            "0",
+            "--exit",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     db = tmp_path / "data" / "gradwatch" / "demo.db"
     assert f"http://127.0.0.1:{port}" in proc.stdout and str(db) in proc.stdout  # says where

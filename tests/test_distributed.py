@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 import gradwatch
 from gradwatch import distributed
 
@@ -30,11 +29,26 @@ def launch(tmp_path, server, script: str, world: int = 2) -> None:
     port = free_port()
     procs = []
     for rank in range(world):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-               "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "GRADWATCH_SERVER": server.url,
-               "CUDA_VISIBLE_DEVICES": ""}
-        procs.append(subprocess.Popen([sys.executable, str(path)], env=env, cwd=tmp_path,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "GRADWATCH_SERVER": server.url,
+            "CUDA_VISIBLE_DEVICES": "",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(path)],
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     for p in procs:
         out, _ = p.communicate(timeout=120)
         assert p.returncode == 0, out
@@ -56,7 +70,10 @@ def test_all_ranks_stream_grouped_runs(server, api, tmp_path, page):
     metas = [api.get(f"/api/runs/{r['id']}")["meta"] for r in runs]
     assert metas[0]["group"] == metas[1]["group"] and [m["rank"] for m in metas] == [0, 1]
     ranks = api.get(f"/api/runs/{runs[1]['id']}/ranks")
-    assert ranks["world_size"] == 2 and [(r["rank"], r["id"]) for r in ranks["ranks"]] == [(0, runs[0]["id"]), (1, runs[1]["id"])]
+    assert ranks["world_size"] == 2 and [(r["rank"], r["id"]) for r in ranks["ranks"]] == [
+        (0, runs[0]["id"]),
+        (1, runs[1]["id"]),
+    ]
     for r in runs:  # each rank's own loss, 20 steps each (different seeds: different data)
         assert api.get(f"/api/runs/{r['id']}/series?key=loss")["steps"] == list(range(20))
     # The run page: a rank selector and one loss chart with a line per rank.
@@ -86,7 +103,9 @@ def test_ranks_from_the_environment_and_noop_run(monkeypatch):
 
 
 def test_init_does_not_import_torch_or_touch_cuda():
-    code = ("import os, sys; os.environ.update(RANK='1', WORLD_SIZE='2'); import gradwatch; "
-            "r = gradwatch.init(project='p'); print(type(r).__name__, 'torch' in sys.modules)")
+    code = (
+        "import os, sys; os.environ.update(RANK='1', WORLD_SIZE='2'); import gradwatch; "
+        "r = gradwatch.init(project='p'); print(type(r).__name__, 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["NoopRun", "False"]

@@ -26,7 +26,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
@@ -81,8 +80,11 @@ def test_compose_holds_no_secret_and_refuses_to_start_without_one():
         if "@" in url:
             password = url.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
             assert re.fullmatch(r"\$\{\w+:\?[^}]+\}", password), password
-    example = dict(line.split("=", 1) for line in (ROOT / ".env.example").read_text().splitlines()
-                   if line and not line.startswith("#"))
+    example = dict(
+        line.split("=", 1)
+        for line in (ROOT / ".env.example").read_text().splitlines()
+        if line and not line.startswith("#")
+    )
     assert set(example) >= {"GRADWATCH_TOKEN", "POSTGRES_PASSWORD"}
     assert all(v.startswith("change-me") for k, v in example.items() if SECRET_NAME.search(k))
     ignored = (ROOT / ".gitignore").read_text().splitlines()
@@ -100,8 +102,9 @@ def _compose_cli() -> list[str] | None:
 def test_docker_compose_config_accepts_the_file(tmp_path):
     shutil.copy(ROOT / "docker-compose.yml", tmp_path)
     shutil.copy(ROOT / ".env.example", tmp_path / ".env")
-    out = subprocess.run(_compose_cli() + ["config", "--format", "json"], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        _compose_cli() + ["config", "--format", "json"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     server = json.loads(out.stdout)["services"]["gradwatch"]
     assert server["environment"]["GRADWATCH_TOKEN"] == "change-me-to-a-long-random-token"
@@ -118,8 +121,11 @@ def test_dockerfile_builds_a_slim_non_root_server_image():
     assert "torch" not in DOCKERFILE.replace("no torch", "")
     user = last("USER")
     assert user not in ("root", "0") and STEPS.index(("USER", user)) > max(
-        i for i, (kw, _) in enumerate(STEPS) if kw == "RUN")  # nothing runs as root after it
-    assert "/healthz" in last("HEALTHCHECK") and json.loads(last("ENTRYPOINT")) == ["/usr/local/bin/gradwatch-entrypoint"]
+        i for i, (kw, _) in enumerate(STEPS) if kw == "RUN"
+    )  # nothing runs as root after it
+    assert "/healthz" in last("HEALTHCHECK") and json.loads(last("ENTRYPOINT")) == [
+        "/usr/local/bin/gradwatch-entrypoint"
+    ]
     assert ("COPY", "docker/entrypoint.sh /usr/local/bin/gradwatch-entrypoint") in STEPS
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
     for kw, rest in STEPS:  # everything copied exists and is not excluded from the build context
@@ -140,15 +146,20 @@ def image_env(tmp_path, **extra) -> dict:
     for kw, rest in STEPS:
         if kw == "ENV":
             env.update(dict(pair.split("=", 1) for pair in shlex.split(rest)))
-    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", HOME=str(tmp_path),
-               GRADWATCH_PORT="0", GRADWATCH_TOKEN=TOKEN)
+    env.update(
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
+        HOME=str(tmp_path),
+        GRADWATCH_PORT="0",
+        GRADWATCH_TOKEN=TOKEN,
+    )
     env.update(extra)
     return env
 
 
 def start_entrypoint(env: dict) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(["sh", str(ENTRYPOINT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    proc = subprocess.Popen(
+        ["sh", str(ENTRYPOINT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -186,14 +197,16 @@ def check_serving_then_stop(proc: subprocess.Popen, url: str, env: dict) -> None
         assert status_of(url + "/api/runs") == 401  # the token is on
         assert status_of(url + "/api/runs", {"Authorization": f"Bearer {TOKEN}"}) == 200
         port = url.rsplit(":", 1)[1]
-        probe = subprocess.run(healthcheck_command(), env={**env, "GRADWATCH_PORT": port}, capture_output=True,
-                               text=True, timeout=30)
+        probe = subprocess.run(
+            healthcheck_command(), env={**env, "GRADWATCH_PORT": port}, capture_output=True, text=True, timeout=30
+        )
         assert probe.returncode == 0, probe.stderr  # the image's own HEALTHCHECK passes
     finally:
         proc.terminate()  # what `docker stop` sends: it reaches the server itself (exec), which stops
     assert proc.wait(timeout=30) in (0, -15)  # uvicorn shuts down, then re-raises the signal it caught
-    probe = subprocess.run(healthcheck_command(), env={**env, "GRADWATCH_PORT": url.rsplit(":", 1)[1]},
-                           capture_output=True, timeout=30)
+    probe = subprocess.run(
+        healthcheck_command(), env={**env, "GRADWATCH_PORT": url.rsplit(":", 1)[1]}, capture_output=True, timeout=30
+    )
     assert probe.returncode != 0  # and the HEALTHCHECK notices a dead server
 
 
@@ -214,8 +227,9 @@ def test_entrypoint_serves_postgres(tmp_path, postgres_url):
 
 
 def test_entrypoint_gives_up_on_a_database_that_never_answers(tmp_path):
-    env = image_env(tmp_path, GRADWATCH_DB="postgresql://gradwatch:pw-in-url@127.0.0.1:9/gradwatch",
-                    GRADWATCH_DB_WAIT="2")
+    env = image_env(
+        tmp_path, GRADWATCH_DB="postgresql://gradwatch:pw-in-url@127.0.0.1:9/gradwatch", GRADWATCH_DB_WAIT="2"
+    )
     out = subprocess.run(["sh", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "dashboard at" not in out.stdout
     assert "waiting up to 2 s for the database" in out.stderr and "did not answer within 2 s" in out.stderr
@@ -223,8 +237,9 @@ def test_entrypoint_gives_up_on_a_database_that_never_answers(tmp_path):
 
 
 def test_entrypoint_refuses_the_example_token(tmp_path):
-    env = image_env(tmp_path, GRADWATCH_TOKEN="change-me-to-a-long-random-token",
-                    GRADWATCH_DB=f"sqlite:///{tmp_path / 'x.db'}")
+    env = image_env(
+        tmp_path, GRADWATCH_TOKEN="change-me-to-a-long-random-token", GRADWATCH_DB=f"sqlite:///{tmp_path / 'x.db'}"
+    )
     out = subprocess.run(["sh", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "placeholder from .env.example" in out.stderr
     assert not (tmp_path / "x.db").exists()

@@ -6,14 +6,13 @@ import math
 
 import pytest
 import torch
+from training import mlp, regression_data, train
 
 import gradwatch
-from training import mlp, regression_data, train
 
 
 def test_training_run_round_trips_through_http_api(server, api):
-    run = gradwatch.init(project="e2e", name="baseline", config={"lr": 0.05, "nested": {"depth": 2}},
-                         server=server.url)
+    run = gradwatch.init(project="e2e", name="baseline", config={"lr": 0.05, "nested": {"depth": 2}}, server=server.url)
     model = train(run, steps=40)
     run.log({"loss": float("nan")})
     run.log({"loss": torch.tensor(float("inf"))})
@@ -83,7 +82,11 @@ def test_missing_gradients_are_null_not_nan(server, api):
     run_id = api.get("/api/runs")[0]["id"]
     assert api.get(f"/api/runs/{run_id}/series?key=grad/0.weight")["values"] == [None, None, None]
     assert all(isinstance(v, float) for v in api.get(f"/api/runs/{run_id}/series?key=grad/2.weight")["values"])
-    assert api.get(f"/api/runs/{run_id}/series?key=grad/missing_count")["values"] == [4.0, 4.0, 4.0]  # layers 0 and 4 (unused)
+    assert api.get(f"/api/runs/{run_id}/series?key=grad/missing_count")["values"] == [
+        4.0,
+        4.0,
+        4.0,
+    ]  # layers 0 and 4 (unused)
 
 
 def test_watch_without_optimizer_records_after_each_backward(server, api):
@@ -133,8 +136,12 @@ def test_unknown_run_and_key_are_json_404(server, api):
     run.finish()
     status, body = api.request("GET", "/api/runs/1/series?key=nope")
     assert status == 404 and "nope" in body["error"]
-    for path in ("/api/runs/999/keys", "/api/runs/999/alerts", "/api/runs/999/series?key=loss",
-                 "/api/runs/999/heatmap"):
+    for path in (
+        "/api/runs/999/keys",
+        "/api/runs/999/alerts",
+        "/api/runs/999/series?key=loss",
+        "/api/runs/999/heatmap",
+    ):
         assert api.request("GET", path)[0] == 404, path
 
 
@@ -143,13 +150,15 @@ def test_bad_parameters_get_a_one_line_error_and_change_nothing(server, api):
     for i in range(20):
         run.log({"loss": 1.0 / (i + 1)})
     run.finish()
-    cases = {"/api/runs/1/series?key=loss&max_points=2": (422, "max_points"),
-             "/api/runs/1/series?key=loss&max_points=abc": (422, "max_points"),
-             "/api/runs/1/series": (422, "key"),
-             "/api/runs/abc": (422, "run_id"),
-             "/api/runs/99999999999999999999999": (400, "out of range"),
-             "/api/runs/1/series?key=loss&start=99999999999999999999999": (400, "out of range"),
-             "/api/compare?ids=1,x": (400, "comma-separated")}
+    cases = {
+        "/api/runs/1/series?key=loss&max_points=2": (422, "max_points"),
+        "/api/runs/1/series?key=loss&max_points=abc": (422, "max_points"),
+        "/api/runs/1/series": (422, "key"),
+        "/api/runs/abc": (422, "run_id"),
+        "/api/runs/99999999999999999999999": (400, "out of range"),
+        "/api/runs/1/series?key=loss&start=99999999999999999999999": (400, "out of range"),
+        "/api/compare?ids=1,x": (400, "comma-separated"),
+    }
     for path, (code, words) in cases.items():
         status, body = api.request("GET", path)
         assert status == code and words in body["error"], (path, status, body)

@@ -25,7 +25,9 @@ def seed(server, name="exp", project="p", steps=30):
     run.watch(model, opt)
     for step in range(steps):
         loss = model(torch.randn(4, 3)).pow(2).mean()
-        opt.zero_grad(); loss.backward(); opt.step()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
         run.log({"loss": loss, "acc": step / steps}, step=step)
     for i, v in enumerate(SPECIAL):
         run.log({"odd": v}, step=steps + i)
@@ -81,7 +83,9 @@ def test_export_reads_the_database_directly(server, settings, tmp_path, capsys):
 def test_export_parquet(server, tmp_path, capsys):
     run_id = seed(server)
     out = tmp_path / "run.parquet"
-    code, _, err = cli_run(["export", str(run_id), "--format", "parquet", "--server", server.url, "-o", str(out)], capsys)
+    code, _, err = cli_run(
+        ["export", str(run_id), "--format", "parquet", "--server", server.url, "-o", str(out)], capsys
+    )
     try:
         import pyarrow.parquet as pq
     except ImportError:

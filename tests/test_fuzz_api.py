@@ -9,16 +9,16 @@ from urllib.parse import quote
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings as hsettings
+from conftest import Api, wait_runs
+from fastapi import FastAPI
+from hypothesis import HealthCheck
+from hypothesis import settings as hsettings
+from training import train
 
 import gradwatch
-from fastapi import FastAPI
-from gradwatch_server.web import routes
 from gradwatch_server.serve import BackgroundServer
 from gradwatch_server.settings import Settings
-
-from conftest import Api, wait_runs
-from training import train
+from gradwatch_server.web import routes
 
 EXAMPLES = 30  # per operation: ~11 operations, well under a minute on a shared 2-core machine
 ODD_KEY = "odd/ключ ✓"  # a real key outside Latin-1
@@ -28,8 +28,12 @@ SEEDED_KEYS = ("loss", "grad", "grad/global_norm", ODD_KEY)
 def seed_runs(url: str) -> None:
     """Runs 1-4 with real points, per-layer gradients, a NaN and an odd config, for the fuzzer to hit."""
     for i in range(4):
-        with gradwatch.init(project="fuzz", name=f"run {i}", server=url,
-                            config={"lr": 0.05, "nested": {"a": [1, 2]}, "odd key é/✓": None}) as run:
+        with gradwatch.init(
+            project="fuzz",
+            name=f"run {i}",
+            server=url,
+            config={"lr": 0.05, "nested": {"a": [1, 2]}, "odd key é/✓": None},
+        ) as run:
             train(run, steps=30)
             run.log({ODD_KEY: float("nan"), "loss": float("inf")})
     wait_runs(Api(url), 4)
@@ -88,24 +92,29 @@ def aim_at_seeded_data(case) -> None:
 
 # --- nasty inputs, kept as explicit regressions ------------------------------------------------
 
-@pytest.mark.parametrize("method, path, body, status", [
-    ("GET", "/api/runs/99999999999999999999", None, 400),  # beyond 64-bit
-    ("GET", "/api/runs/1/series?key=loss&start=-99999999999999999999", None, 400),
-    ("GET", "/api/compare?ids=1,99999999999999999999", None, 400),
-    ("GET", "/api/compare?ids=1,x", None, 400),
-    ("GET", "/api/runs/1/series?key=%00", None, 404),
-    ("GET", "/api/runs?q=%00%25_", None, 200),
-    ("GET", "/api/runs?q=%ED%B3%BF", None, 200),  # a lone surrogate, UTF-8-encoded
-    ("GET", "/api/runs/1/series?key=loss&start=5&end=1", None, 200),
-    ("GET", "/api/runs/1/series?key=loss&max_points=3", None, 422),
-    ("PATCH", "/api/runs/1", b'{"notes": NaN}', 400),  # bare NaN is not JSON
-    ("PATCH", "/api/runs/1", b'{"tags": [1e999]}', 400),
-    ("PATCH", "/api/runs/1", b"[" * 100000, 400),  # deeply nested
-    ("PATCH", "/api/runs/1", b'"just a string"', 422),
-])
+
+@pytest.mark.parametrize(
+    "method, path, body, status",
+    [
+        ("GET", "/api/runs/99999999999999999999", None, 400),  # beyond 64-bit
+        ("GET", "/api/runs/1/series?key=loss&start=-99999999999999999999", None, 400),
+        ("GET", "/api/compare?ids=1,99999999999999999999", None, 400),
+        ("GET", "/api/compare?ids=1,x", None, 400),
+        ("GET", "/api/runs/1/series?key=%00", None, 404),
+        ("GET", "/api/runs?q=%00%25_", None, 200),
+        ("GET", "/api/runs?q=%ED%B3%BF", None, 200),  # a lone surrogate, UTF-8-encoded
+        ("GET", "/api/runs/1/series?key=loss&start=5&end=1", None, 200),
+        ("GET", "/api/runs/1/series?key=loss&max_points=3", None, 422),
+        ("PATCH", "/api/runs/1", b'{"notes": NaN}', 400),  # bare NaN is not JSON
+        ("PATCH", "/api/runs/1", b'{"tags": [1e999]}', 400),
+        ("PATCH", "/api/runs/1", b"[" * 100000, 400),  # deeply nested
+        ("PATCH", "/api/runs/1", b'"just a string"', 422),
+    ],
+)
 def test_nasty_input_gets_a_clear_refusal(fuzz_server, method, path, body, status):
-    got, answer = Api(fuzz_server.url).request(method, path, None) if body is None else _send(fuzz_server, method,
-                                                                                               path, body)
+    got, answer = (
+        Api(fuzz_server.url).request(method, path, None) if body is None else _send(fuzz_server, method, path, body)
+    )
     assert got == status, answer
     if status >= 400:
         assert answer["error"]
@@ -123,8 +132,12 @@ def test_lone_surrogate_in_a_new_name(fuzz_server):
 
 def _send(srv, method: str, path: str, body: bytes | None):
     """A request with this exact body; (status, parsed JSON or text)."""
-    req = urllib.request.Request(srv.url + path, data=body, method=method,
-                                 headers={"Content-Type": "application/json"} if body is not None else {})
+    req = urllib.request.Request(
+        srv.url + path,
+        data=body,
+        method=method,
+        headers={"Content-Type": "application/json"} if body is not None else {},
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             data, status = resp.read(), resp.status

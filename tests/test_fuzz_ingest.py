@@ -9,29 +9,46 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gradwatch import protocol
-from gradwatch_server.storage import chunks
-from gradwatch_server.storage import db
+from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.ingest.apply import apply_batch, load_state
+from gradwatch_server.storage import chunks, db
 
-json_leaf = st.one_of(st.none(), st.booleans(), st.integers(min_value=-10 ** 400, max_value=10 ** 400),
-                      st.floats(allow_nan=True), st.text(max_size=8), st.sampled_from(["NaN", "Infinity", ""]))
-json_value = st.recursive(json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                             st.dictionaries(st.text(max_size=6), inner, max_size=4)),
-                          max_leaves=20)
-record = st.fixed_dictionaries({}, optional={
-    "step": st.one_of(st.integers(min_value=-2, max_value=2 ** 64), json_value),
-    "t": st.one_of(st.floats(), json_value),
-    "scalars": st.one_of(st.dictionaries(st.text(max_size=5), json_leaf, max_size=3), json_value),
-    "vectors": st.one_of(st.dictionaries(st.sampled_from(["grad", "x"]), st.lists(json_leaf, max_size=4), max_size=2),
-                         json_value)})
-batch_message = st.fixed_dictionaries({"type": st.just("batch"), "seq": st.just(1)}, optional={
-    "records": st.one_of(st.lists(record, max_size=6), json_value),
-    "layouts": st.one_of(st.dictionaries(st.sampled_from(["grad", "x"]), st.lists(st.text(max_size=4), max_size=4)),
-                         json_value),
-    "events": st.one_of(st.lists(json_value, max_size=3), json_value),
-    "columns": json_value})
+json_leaf = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**400), max_value=10**400),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.sampled_from(["NaN", "Infinity", ""]),
+)
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=6), inner, max_size=4)),
+    max_leaves=20,
+)
+record = st.fixed_dictionaries(
+    {},
+    optional={
+        "step": st.one_of(st.integers(min_value=-2, max_value=2**64), json_value),
+        "t": st.one_of(st.floats(), json_value),
+        "scalars": st.one_of(st.dictionaries(st.text(max_size=5), json_leaf, max_size=3), json_value),
+        "vectors": st.one_of(
+            st.dictionaries(st.sampled_from(["grad", "x"]), st.lists(json_leaf, max_size=4), max_size=2), json_value
+        ),
+    },
+)
+batch_message = st.fixed_dictionaries(
+    {"type": st.just("batch"), "seq": st.just(1)},
+    optional={
+        "records": st.one_of(st.lists(record, max_size=6), json_value),
+        "layouts": st.one_of(
+            st.dictionaries(st.sampled_from(["grad", "x"]), st.lists(st.text(max_size=4), max_size=4)), json_value
+        ),
+        "events": st.one_of(st.lists(json_value, max_size=3), json_value),
+        "columns": json_value,
+    },
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -62,12 +79,18 @@ values = st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.n
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 2 ** 62), st.floats(allow_nan=False, allow_infinity=False), values),
-                min_size=1, max_size=30))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2**62), st.floats(allow_nan=False, allow_infinity=False), values),
+        min_size=1,
+        max_size=30,
+    )
+)
 def test_columns_round_trip_bit_exact(rows):
     width = len(rows[0][2])
-    records = [(s, t, {"v": v[0] if v[0] is not None else 0.0}, {"g": (v + [None] * width)[:width]})
-               for s, t, v in rows]
+    records = [
+        (s, t, {"v": v[0] if v[0] is not None else 0.0}, {"g": (v + [None] * width)[:width]}) for s, t, v in rows
+    ]
     steps, walls, scalars, vectors = protocol.decode_columns(protocol.encode_columns(records))
     assert list(steps) == [r[0] for r in records] and list(walls) == [r[1] for r in records]
     got = np.frombuffer(scalars["v"][1], dtype="<f8")
@@ -80,8 +103,7 @@ def test_columns_round_trip_bit_exact(rows):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.integers(0, 50), st.floats(allow_nan=True)), min_size=1, max_size=200),
-       st.integers(1, 40))
+@given(st.lists(st.tuples(st.integers(0, 50), st.floats(allow_nan=True)), min_size=1, max_size=200), st.integers(1, 40))
 def test_chunks_keep_every_point_in_step_order_across_batches(tmp_path, points, split):
     """Out-of-order and repeated steps, any batch sizes: reads give every point, stable by step."""
     engine = db.make_engine(f"sqlite:///{tmp_path / 'c.db'}")
@@ -89,10 +111,18 @@ def test_chunks_keep_every_point_in_step_order_across_batches(tmp_path, points, 
         tail = chunks.Tail()
         with engine.begin() as conn:
             for i in range(0, len(points), split):
-                part = points[i:i + split]
-                chunks.append_now(conn, tail, 1, chunks.Points(np.array([p[0] for p in part], dtype=np.int64),
-                                                           np.arange(len(part), dtype=np.float64),
-                                                           np.array([[p[1]] for p in part]), None))
+                part = points[i : i + split]
+                chunks.append_now(
+                    conn,
+                    tail,
+                    1,
+                    chunks.Points(
+                        np.array([p[0] for p in part], dtype=np.int64),
+                        np.arange(len(part), dtype=np.float64),
+                        np.array([[p[1]] for p in part]),
+                        None,
+                    ),
+                )
         with engine.connect() as conn:
             got = chunks.read(conn, 1)
         order = sorted(range(len(points)), key=lambda i: points[i][0])

@@ -77,7 +77,7 @@ def test_healthy_loss_shapes_are_not_divergence():
     shapes = {
         "drop": [2.3 * math.exp(-i / 10) + 0.01 for i in range(200)],
         "warmup bump": [2.3 + 0.5 * math.sin(i / 5) for i in range(100)],
-        "kl creeping up": [1e-3 * 1.08 ** i for i in range(120)],  # 0.001 -> 10 over 120 steps
+        "kl creeping up": [1e-3 * 1.08**i for i in range(120)],  # 0.001 -> 10 over 120 steps
         "starts at zero": [0.0] * 5 + [0.3 * (1 + 0.2 * math.sin(i)) for i in range(50)],
         "noisy batches of 8": [sum(rng.lognormvariate(0, 1.0) for _ in range(8)) / 8 for _ in range(2000)],
         "converges to tiny": [1e-7 * rng.lognormvariate(0, 2.0) if i > 20 else 1.0 / (i + 1) for i in range(400)],
@@ -95,13 +95,18 @@ def test_tiny_gradients_of_a_converged_run_are_not_vanishing():
 def test_vanishing_reports_where_it_started_and_where_it_was_confirmed():
     norms = [1e-8, 1e-8, 1e-5, 1e-5, 1e-1, 1e-1]
     alerts = feed(Monitor(), [(i, {"grad/global_norm": 0.14}, norms) for i in range(25)])
-    assert [(a.kind, a.step, a.confirmed_step, a.layer) for a in alerts] == [("vanishing_gradients", 0, 19, "in.weight")]
+    assert [(a.kind, a.step, a.confirmed_step, a.layer) for a in alerts] == [
+        ("vanishing_gradients", 0, 19, "in.weight")
+    ]
 
 
 def test_zero_and_missing_gradients_name_the_parameters_and_their_first_bad_step():
     norms = [0.0, 0.0, None, None, 1.0, 1.0]
-    alerts = feed(Monitor(), [(i, {"grad/global_norm": 1.4}, [1.0] * 6) for i in range(3)]
-                  + [(3 + i, {"grad/global_norm": 1.4}, norms) for i in range(25)])
+    alerts = feed(
+        Monitor(),
+        [(i, {"grad/global_norm": 1.4}, [1.0] * 6) for i in range(3)]
+        + [(3 + i, {"grad/global_norm": 1.4}, norms) for i in range(25)],
+    )
     kinds = {a.kind: a for a in alerts}
     assert set(kinds) == {"zero_gradients", "missing_gradients"}
     missing = kinds["missing_gradients"]
@@ -115,8 +120,9 @@ def test_a_layer_dropped_from_the_layout_is_forgotten():
     stream = [(i, {"grad/global_norm": 1.0}, [1.0, 1.0, None, None, 1.0, 1.0]) for i in range(4)]
     kept = ["in.weight", "in.bias", "out.weight", "out.bias"]
     monitor = Monitor()
-    alerts = feed(monitor, stream) + feed(monitor, [(4 + i, {"grad/global_norm": 1.0}, [1.0] * 4) for i in range(30)],
-                                          layers=kept)
+    alerts = feed(monitor, stream) + feed(
+        monitor, [(4 + i, {"grad/global_norm": 1.0}, [1.0] * 4) for i in range(30)], layers=kept
+    )
     assert alerts == []
 
 
@@ -134,15 +140,21 @@ def test_loss_spike_against_robust_spread_but_not_on_noise():
 
 
 def test_memory_pressure_against_the_capacity_the_watcher_sends():
-    alerts = feed(Monitor(), [(0, {"memory/cuda_reserved": 50.0, "memory/cuda_total": 80.0}, None),
-                              (1, {"memory/cuda_reserved": 79.0}, None)])
+    alerts = feed(
+        Monitor(),
+        [
+            (0, {"memory/cuda_reserved": 50.0, "memory/cuda_total": 80.0}, None),
+            (1, {"memory/cuda_reserved": 79.0}, None),
+        ],
+    )
     assert [(a.kind, a.step) for a in alerts] == [("memory_pressure", 1)]
 
 
 def test_memory_pressure_uses_device_capacity():
     monitor = Monitor(meta={"cuda_total_memory": 80 * 2**30})
-    alerts = feed(monitor, [(0, {"memory/cuda_reserved": 50.0 * 2**30}, None),
-                            (1, {"memory/cuda_reserved": 79.0 * 2**30}, None)])
+    alerts = feed(
+        monitor, [(0, {"memory/cuda_reserved": 50.0 * 2**30}, None), (1, {"memory/cuda_reserved": 79.0 * 2**30}, None)]
+    )
     assert [(a.kind, a.step) for a in alerts] == [("memory_pressure", 1)]
 
 
@@ -163,8 +175,12 @@ def test_nonfinite_gradients_name_first_layer_once_the_loss_of_the_step_is_known
 
 def test_nonfinite_gradients_from_a_nonfinite_loss_say_the_loss_went_first():
     monitor = Monitor()
-    stream = [(0, {"grad/global_norm": 1.0}, [1.0] * 6), (0, {"loss": 1.0}, None),
-              (1, {"grad/global_norm": math.nan}, [math.nan] * 6), (1, {"loss": math.nan}, None)]
+    stream = [
+        (0, {"grad/global_norm": 1.0}, [1.0] * 6),
+        (0, {"loss": 1.0}, None),
+        (1, {"grad/global_norm": math.nan}, [math.nan] * 6),
+        (1, {"loss": math.nan}, None),
+    ]
     alerts = feed(monitor, stream)
     assert [a.kind for a in alerts] == ["nan_loss", "nonfinite_gradients"]
     assert "loss itself went non-finite first" in alerts[1].message and alerts[1].layer is None
@@ -185,8 +201,9 @@ def test_a_held_alert_comes_out_at_the_next_step_or_on_flush():
 
 
 def test_thresholds_can_be_overridden_and_bad_ones_fall_back_to_defaults():
-    th = thresholds({"exploding_gradients.ceiling": 10, "nonsense": 3, "loss_spike.window": "abc",
-                     "zero_gradients.patience": -4})
+    th = thresholds(
+        {"exploding_gradients.ceiling": 10, "nonsense": 3, "loss_spike.window": "abc", "zero_gradients.patience": -4}
+    )
     assert th["exploding_gradients.ceiling"] == 10.0 and "nonsense" not in th
     assert th["loss_spike.window"] == 100 and th["zero_gradients.patience"] == 20
     assert health.check_exploding_gradients({}, Observation(0, {"grad/global_norm": 11.0}), th)
@@ -196,8 +213,10 @@ def test_thresholds_can_be_overridden_and_bad_ones_fall_back_to_defaults():
 
 
 def test_relevant_keys_are_the_ones_the_rules_read():
-    assert all(health.relevant(k) for k in ("loss", "val/loss", "train/loss_kl", "grad/global_norm",
-                                            "memory/cuda_reserved", "amp/scale"))
+    assert all(
+        health.relevant(k)
+        for k in ("loss", "val/loss", "train/loss_kl", "grad/global_norm", "memory/cuda_reserved", "amp/scale")
+    )
     assert not any(Monitor.relevant(k) for k in ("lr", "accuracy", "memory/rss", "grad/missing_count"))
 
 
@@ -228,8 +247,15 @@ def streams(draw):
     for _ in range(n):
         step += draw(st.sampled_from([0, 1, 1, 1, 2]))
         scalars = {}
-        for key, p in (("loss", 0.7), ("val/loss", 0.15), ("grad/global_norm", 0.5), ("memory/cuda_reserved", 0.1),
-                       ("memory/cuda_total", 0.03), ("amp/scale", 0.1), ("lr", 0.2)):
+        for key, p in (
+            ("loss", 0.7),
+            ("val/loss", 0.15),
+            ("grad/global_norm", 0.5),
+            ("memory/cuda_reserved", 0.1),
+            ("memory/cuda_total", 0.03),
+            ("amp/scale", 0.1),
+            ("lr", 0.2),
+        ):
             if draw(st.floats(0, 1)) < p:
                 scalars[key] = draw(value)
         norms = draw(st.lists(slot, min_size=6, max_size=6)) if draw(st.booleans()) else None
@@ -237,7 +263,10 @@ def streams(draw):
     return records
 
 
-def _batched(records, keys=("loss", "val/loss", "grad/global_norm", "memory/cuda_reserved", "memory/cuda_total", "amp/scale", "lr")):
+def _batched(
+    records,
+    keys=("loss", "val/loss", "grad/global_norm", "memory/cuda_reserved", "memory/cuda_total", "amp/scale", "lr"),
+):
     steps = np.array([r[0] for r in records], dtype=np.int64)
     scalars = {}
     for key in keys:
@@ -253,25 +282,50 @@ def _batched(records, keys=("loss", "val/loss", "grad/global_norm", "memory/cuda
     return steps, scalars, vectors
 
 
-def _ordered(record, keys=("loss", "val/loss", "grad/global_norm", "memory/cuda_reserved", "memory/cuda_total", "amp/scale", "lr")):
+def _ordered(
+    record,
+    keys=("loss", "val/loss", "grad/global_norm", "memory/cuda_reserved", "memory/cuda_total", "amp/scale", "lr"),
+):
     step, scalars, norms = record
     return step, {k: scalars[k] for k in keys if k in scalars}, norms
 
 
 def _same(a, b):
-    return [(x.kind, x.step, x.confirmed_step, x.key, x.layer, x.message, repr(x.value)) for x in a] == \
-           [(x.kind, x.step, x.confirmed_step, x.key, x.layer, x.message, repr(x.value)) for x in b]
+    return [(x.kind, x.step, x.confirmed_step, x.key, x.layer, x.message, repr(x.value)) for x in a] == [
+        (x.kind, x.step, x.confirmed_step, x.key, x.layer, x.message, repr(x.value)) for x in b
+    ]
 
 
 @settings(max_examples=80, deadline=None)
-@given(warmup=streams(), records=streams(), cut=st.integers(0, 120), th=st.sampled_from([
-    {}, {"loss_spike.min_history": 3, "loss_spike.window": 7, "exploding_gradients.min_history": 2,
-         "exploding_gradients.window": 4, "missing_gradients.patience": 2, "zero_gradients.patience": 2,
-         "vanishing_gradients.patience": 2, "nan_loss.cooldown": 2, "loss_divergence.cooldown": 3}]))
+@given(
+    warmup=streams(),
+    records=streams(),
+    cut=st.integers(0, 120),
+    th=st.sampled_from(
+        [
+            {},
+            {
+                "loss_spike.min_history": 3,
+                "loss_spike.window": 7,
+                "exploding_gradients.min_history": 2,
+                "exploding_gradients.window": 4,
+                "missing_gradients.patience": 2,
+                "zero_gradients.patience": 2,
+                "vanishing_gradients.patience": 2,
+                "nan_loss.cooldown": 2,
+                "loss_divergence.cooldown": 3,
+            },
+        ]
+    ),
+)
 def test_observe_batch_equals_observe_record_by_record(warmup, records, cut, th):
     meta = {"cuda_total_memory": 8.0}
     one, many = Monitor(th, meta), Monitor(th, meta)
-    expected = [a for r in warmup + records for a in one.observe(*_ordered(r)[:2], {"grad": (LAYERS, r[2])} if r[2] is not None else {})]
+    expected = [
+        a
+        for r in warmup + records
+        for a in one.observe(*_ordered(r)[:2], {"grad": (LAYERS, r[2])} if r[2] is not None else {})
+    ]
     got = many.observe_batch(*_batched(warmup))
     cut = min(cut, len(records))
     for part in (records[:cut], records[cut:]):
@@ -283,14 +337,20 @@ def test_observe_batch_equals_observe_record_by_record(warmup, records, cut, th)
 
 def test_observe_batch_fast_path_on_long_healthy_streams():
     rng = random.Random(1)
-    records = [(i, {"loss": 2.0 * math.exp(-i / 300) + 0.05 * rng.random(), "grad/global_norm": 1 + rng.random()},
-                [0.1 + rng.random() for _ in range(6)]) for i in range(1500)]
+    records = [
+        (
+            i,
+            {"loss": 2.0 * math.exp(-i / 300) + 0.05 * rng.random(), "grad/global_norm": 1 + rng.random()},
+            [0.1 + rng.random() for _ in range(6)],
+        )
+        for i in range(1500)
+    ]
     records[900] = (900, {"loss": 15.0, "grad/global_norm": 1.5}, [1.0] * 6)  # one bad batch in the middle
     one, many = Monitor(), Monitor()
     expected = [a for r in records for a in one.observe(*_ordered(r)[:2], {"grad": (LAYERS, r[2])})]
     got = []
     for start in range(0, len(records), 256):
-        got += many.observe_batch(*_batched(records[start:start + 256]))
+        got += many.observe_batch(*_batched(records[start : start + 256]))
     assert [(a.kind, a.step) for a in expected] == [("loss_spike", 900)] and _same(got, expected)
 
 

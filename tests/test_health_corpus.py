@@ -17,15 +17,21 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from training import Recorder, SeqClassifier, TinyTransformerLM, cnn, fit, loop, mlp, regression_data, train
 
 import gradwatch
-from training import (Recorder, SeqClassifier, TinyTransformerLM, cnn, fit, loop, mlp, regression_data, train)
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "alerts.md"
 F = nn.functional
 # What a divergence brings along (NaN later, dead ReLUs after the blow-up) is not a false alarm.
-CONSEQUENCES = {"loss_divergence", "exploding_gradients", "nan_loss", "nonfinite_gradients", "loss_spike",
-                "zero_gradients"}
+CONSEQUENCES = {
+    "loss_divergence",
+    "exploding_gradients",
+    "nan_loss",
+    "nonfinite_gradients",
+    "loss_spike",
+    "zero_gradients",
+}
 
 
 # -- data and training recipes ---------------------------------------------------------------------------
@@ -33,16 +39,35 @@ def _gen(seed):
     return torch.Generator().manual_seed(seed)
 
 
-def regression(seed=0, opt=torch.optim.SGD, lr=0.05, steps=60, bs=32, sched=None, bf16=False, before=None,
-               model=None, loss_fn=None, params=None):
+def regression(
+    seed=0,
+    opt=torch.optim.SGD,
+    lr=0.05,
+    steps=60,
+    bs=32,
+    sched=None,
+    bf16=False,
+    before=None,
+    model=None,
+    loss_fn=None,
+    params=None,
+):
     torch.manual_seed(seed)
     model = model or mlp()
     x, y = regression_data(seed=seed)
     g = _gen(seed)
     o = opt(params(model) if params else model.parameters(), lr=lr)
-    return loop(Recorder(), model, o, lambda s: (lambda i: (x[i], y[i]))(torch.randint(0, len(x), (bs,), generator=g)),
-                steps, loss_fn or F.mse_loss, sched=sched(o) if sched else None, bf16=bf16,
-                before=(lambda s: before(s, model, o)) if before else None)
+    return loop(
+        Recorder(),
+        model,
+        o,
+        lambda s: (lambda i: (x[i], y[i]))(torch.randint(0, len(x), (bs,), generator=g)),
+        steps,
+        loss_fn or F.mse_loss,
+        sched=sched(o) if sched else None,
+        bf16=bf16,
+        before=(lambda s: before(s, model, o)) if before else None,
+    )
 
 
 def images(seed=0, steps=50):
@@ -50,8 +75,14 @@ def images(seed=0, steps=50):
     x = torch.randn(128, 1, 12, 12, generator=_gen(seed))
     y = (x.mean((1, 2, 3)) > 0).long()
     g, model = _gen(seed + 1), cnn()
-    return loop(Recorder(), model, torch.optim.Adam(model.parameters(), lr=1e-3),
-                lambda s: (lambda i: (x[i], y[i]))(torch.randint(0, 128, (32,), generator=g)), steps, F.cross_entropy)
+    return loop(
+        Recorder(),
+        model,
+        torch.optim.Adam(model.parameters(), lr=1e-3),
+        lambda s: (lambda i: (x[i], y[i]))(torch.randint(0, 128, (32,), generator=g)),
+        steps,
+        F.cross_entropy,
+    )
 
 
 def sequences(seed=0, opt=torch.optim.SGD, lr=0.5, clip=1.0, sched=None, cell=nn.LSTM, steps=50):
@@ -60,8 +91,16 @@ def sequences(seed=0, opt=torch.optim.SGD, lr=0.5, clip=1.0, sched=None, cell=nn
     labels = (tokens[:, 0] >= 15).long()
     g, model = _gen(seed + 1), SeqClassifier(cell=cell)
     o = opt(model.parameters(), lr=lr)
-    return loop(Recorder(), model, o, lambda s: (lambda i: (tokens[i], labels[i]))(torch.randint(0, 256, (32,), generator=g)),
-                steps, F.cross_entropy, sched=sched(o) if sched else None, clip=clip)
+    return loop(
+        Recorder(),
+        model,
+        o,
+        lambda s: (lambda i: (tokens[i], labels[i]))(torch.randint(0, 256, (32,), generator=g)),
+        steps,
+        F.cross_entropy,
+        sched=sched(o) if sched else None,
+        clip=clip,
+    )
 
 
 def language(seed=0, lr=3e-3, clip=1.0, warmup=20, steps=50, model=None, opt=torch.optim.AdamW):
@@ -76,8 +115,16 @@ def language(seed=0, lr=3e-3, clip=1.0, warmup=20, steps=50, model=None, opt=tor
         t = torch.randint(0, vocab, (16, 12), generator=g)
         return t, t.roll(1, 1)
 
-    return loop(Recorder(), model, o, batch, steps, lambda out, y: F.cross_entropy(out.reshape(-1, vocab), y.reshape(-1)),
-                sched=sched, clip=clip)
+    return loop(
+        Recorder(),
+        model,
+        o,
+        batch,
+        steps,
+        lambda out, y: F.cross_entropy(out.reshape(-1, vocab), y.reshape(-1)),
+        sched=sched,
+        clip=clip,
+    )
 
 
 def _freeze(at, module_index, frozen):
@@ -86,6 +133,7 @@ def _freeze(at, module_index, frozen):
             for p in model[module_index].parameters():
                 p.requires_grad_(not frozen)
                 p.grad = None
+
     return before
 
 
@@ -94,6 +142,7 @@ def _set_lr(at, lr):
         if step == at:
             for group in opt.param_groups:
                 group["lr"] = lr
+
     return before
 
 
@@ -101,6 +150,7 @@ def _nan_inputs(at):
     def loss_fn(out, y, calls=[0]):  # noqa: B006 - counts the calls of this one loss function
         calls[0] += 1
         return F.mse_loss(out * (math.nan if calls[0] == at + 1 else 1.0), y)
+
     return loss_fn
 
 
@@ -128,6 +178,7 @@ def bad_batch():
     def loss_fn(out, y):
         calls[0] += 1
         return F.mse_loss(out, y * (100.0 if calls[0] == 101 else 1.0))  # one corrupted batch, at step 100
+
     return regression(opt=torch.optim.Adam, lr=1e-2, steps=120, loss_fn=loss_fn)
 
 
@@ -135,8 +186,15 @@ def amp_overflow():
     model = mlp()
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
     x, y = regression_data()
-    return loop(Recorder(), model, torch.optim.SGD(model.parameters(), lr=0.01), lambda s: (x, y), 12,
-                lambda out, t: F.mse_loss(out, t) * 1e36, scaler=scaler)  # overflows once scaled: every step skipped
+    return loop(
+        Recorder(),
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        lambda s: (x, y),
+        12,
+        lambda out, t: F.mse_loss(out, t) * 1e36,
+        scaler=scaler,
+    )  # overflows once scaled: every step skipped
 
 
 def spirals(lr, steps=60):
@@ -145,8 +203,15 @@ def spirals(lr, steps=60):
 
     model, (x, y), g = demo.make_model(), demo.make_data(), _gen(1)
     o = torch.optim.Adam(model.parameters(), lr=lr)
-    return loop(Recorder(), model, o, lambda s: (lambda i: (x[i], y[i]))(torch.randint(0, len(x), (128,), generator=g)),
-                steps, F.cross_entropy, sched=torch.optim.lr_scheduler.CosineAnnealingLR(o, steps))
+    return loop(
+        Recorder(),
+        model,
+        o,
+        lambda s: (lambda i: (x[i], y[i]))(torch.randint(0, len(x), (128,), generator=g)),
+        steps,
+        F.cross_entropy,
+        sched=torch.optim.lr_scheduler.CosineAnnealingLR(o, steps),
+    )
 
 
 def converge():
@@ -186,23 +251,46 @@ CASES = {
     "transformer sgd no warmup": (lambda: language(1, lr=0.1, clip=None, warmup=0, opt=torch.optim.SGD), {}, set()),
     "fine-tune, layer frozen from the start": (_frozen_from_start, {}, set()),
     "layer frozen at step 30": (lambda: regression(5, before=_freeze(30, 0, True)), {}, set()),
-    "gradual unfreezing at step 20": (lambda: regression(6, before=lambda s, m, o: (_freeze(0, 0, True)(s, m, o),
-                                                                                  _freeze(20, 0, False)(s, m, o))),
-                                      {}, set()),
-    "demo spirals adam lr 3 (README demo)": (lambda: spirals(3.0), {"loss_divergence": 1, "exploding_gradients": 1},
-                                             CONSEQUENCES),
-    "mlp sgd lr 2.0": (lambda: regression(0, lr=2.0, steps=40),
-                       {"loss_divergence": 3, "exploding_gradients": 3}, CONSEQUENCES),
-    "tanh rnn lr 100, no clipping": (lambda: sequences(0, lr=100.0, clip=None, cell=nn.RNN, steps=30),
-                                     {"loss_divergence": 1}, CONSEQUENCES),
-    "lr jumps to 50 at step 40": (lambda: regression(7, lr=0.01, steps=60, before=_set_lr(40, 50.0)),
-                                  {"loss_divergence": 41, "exploding_gradients": 41}, CONSEQUENCES),
-    "NaN input at step 30": (lambda: regression(8, steps=40, loss_fn=_nan_inputs(30)),
-                             {"nan_loss": 30, "nonfinite_gradients": 30}, set()),
-    "sqrt(0) in the loss": (lambda: regression(0, steps=5, loss_fn=lambda o, y: torch.sqrt(((o - y) * 0).pow(2).sum())),
-                            {"nonfinite_gradients": 0}, {"nan_loss"}),
-    "deep sigmoid mlp": (lambda: regression(0, lr=0.1, steps=40, model=mlp((4,) + (32,) * 14 + (1,), nn.Sigmoid)),
-                         {"vanishing_gradients": 0}, set()),
+    "gradual unfreezing at step 20": (
+        lambda: regression(6, before=lambda s, m, o: (_freeze(0, 0, True)(s, m, o), _freeze(20, 0, False)(s, m, o))),
+        {},
+        set(),
+    ),
+    "demo spirals adam lr 3 (README demo)": (
+        lambda: spirals(3.0),
+        {"loss_divergence": 1, "exploding_gradients": 1},
+        CONSEQUENCES,
+    ),
+    "mlp sgd lr 2.0": (
+        lambda: regression(0, lr=2.0, steps=40),
+        {"loss_divergence": 3, "exploding_gradients": 3},
+        CONSEQUENCES,
+    ),
+    "tanh rnn lr 100, no clipping": (
+        lambda: sequences(0, lr=100.0, clip=None, cell=nn.RNN, steps=30),
+        {"loss_divergence": 1},
+        CONSEQUENCES,
+    ),
+    "lr jumps to 50 at step 40": (
+        lambda: regression(7, lr=0.01, steps=60, before=_set_lr(40, 50.0)),
+        {"loss_divergence": 41, "exploding_gradients": 41},
+        CONSEQUENCES,
+    ),
+    "NaN input at step 30": (
+        lambda: regression(8, steps=40, loss_fn=_nan_inputs(30)),
+        {"nan_loss": 30, "nonfinite_gradients": 30},
+        set(),
+    ),
+    "sqrt(0) in the loss": (
+        lambda: regression(0, steps=5, loss_fn=lambda o, y: torch.sqrt(((o - y) * 0).pow(2).sum())),
+        {"nonfinite_gradients": 0},
+        {"nan_loss"},
+    ),
+    "deep sigmoid mlp": (
+        lambda: regression(0, lr=0.1, steps=40, model=mlp((4,) + (32,) * 14 + (1,), nn.Sigmoid)),
+        {"vanishing_gradients": 0},
+        set(),
+    ),
     "dead relu layer": (dead_relu, {"zero_gradients": 0}, set()),
     "detach in forward": (lambda: regression(0, steps=10, model=Cut()), {"missing_gradients": 0}, set()),
     "corrupted batch at step 100": (bad_batch, {"loss_spike": 100}, {"exploding_gradients", "loss_divergence"}),
@@ -251,22 +339,30 @@ def score(res: dict) -> dict:
 
 def render(table: dict) -> str:
     healthy = sum(1 for _, e, _ in CASES.values() if not e)
-    lines = [f"From `tests/test_health_corpus.py`: {len(CASES)} real CPU training runs ({healthy} healthy: MLP, CNN, "
-             "LSTM, Transformer; SGD and Adam/AdamW; step, cosine and warmup schedules; clipping; bf16 autocast; "
-             "noisy batches of 4; layers frozen and unfrozen mid-run), the rest each with a known first bad step. "
-             "*Reported step* is the alert's `step` minus the true first bad step (0 = exact); *delay* is its "
-             "`confirmed_step` minus the first bad step (0 = raised on the first bad step).",
-             "", "| kind | runs with the problem | caught | missed | false alarms (all runs) | reported step | "
-             "delay (median / max) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"From `tests/test_health_corpus.py`: {len(CASES)} real CPU training runs ({healthy} healthy: MLP, CNN, "
+        "LSTM, Transformer; SGD and Adam/AdamW; step, cosine and warmup schedules; clipping; bf16 autocast; "
+        "noisy batches of 4; layers frozen and unfrozen mid-run), the rest each with a known first bad step. "
+        "*Reported step* is the alert's `step` minus the true first bad step (0 = exact); *delay* is its "
+        "`confirmed_step` minus the first bad step (0 = raised on the first bad step).",
+        "",
+        "| kind | runs with the problem | caught | missed | false alarms (all runs) | reported step | "
+        "delay (median / max) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for kind, row in table.items():
         if not row["runs"]:
-            lines.append(f"| `{kind}` | 0 | - | - | {row['false']} | - | - (not reproducible on CPU; see "
-                         f"`tests/test_health.py`, `tests/test_watcher.py`) |")
+            lines.append(
+                f"| `{kind}` | 0 | - | - | {row['false']} | - | - (not reproducible on CPU; see "
+                f"`tests/test_health.py`, `tests/test_watcher.py`) |"
+            )
             continue
         onset = "exact" if all(o == 0 for o in row["onset"]) else ", ".join(f"{o:+d}" for o in row["onset"])
         delay = f"{statistics.median(row['delay']):g} / {max(row['delay'])}" if row["delay"] else "-"
-        lines.append(f"| `{kind}` | {row['runs']} | {row['caught']} | {row['runs'] - row['caught']} | {row['false']} "
-                     f"| {onset} | {delay} |")
+        lines.append(
+            f"| `{kind}` | {row['runs']} | {row['caught']} | {row['runs'] - row['caught']} | {row['false']} "
+            f"| {onset} | {delay} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -275,7 +371,7 @@ START, END = "<!-- corpus-table:start -->\n", "<!-- corpus-table:end -->"
 
 def documented() -> str:
     text = DOC.read_text()
-    return text[text.index(START) + len(START):text.index(END)]
+    return text[text.index(START) + len(START) : text.index(END)]
 
 
 # -- the tests --------------------------------------------------------------------------------------------
@@ -293,8 +389,10 @@ def test_case(name):
         assert 0 <= found[kind].step - onset <= (1 if kind == "amp_overflow" else 0), (name, kind, found[kind].step)
     # One alert per problem: a divergence is not a storm of near-identical cards.
     for kind in found:
-        assert sum(a.kind == kind for a in alerts) <= (2 if kind in ("zero_gradients", "missing_gradients") else 1), \
-            (name, [(a.kind, a.step) for a in alerts])
+        assert sum(a.kind == kind for a in alerts) <= (2 if kind in ("zero_gradients", "missing_gradients") else 1), (
+            name,
+            [(a.kind, a.step) for a in alerts],
+        )
 
 
 def test_the_rules_name_what_went_wrong():
@@ -405,5 +503,5 @@ def test_out_of_memory_is_an_alert_with_memory_state(server, api):
 if __name__ == "__main__":  # regenerate the table in docs/alerts.md
     table = render(score(results()))
     text = DOC.read_text()
-    DOC.write_text(text[:text.index(START) + len(START)] + table + text[text.index(END):])
+    DOC.write_text(text[: text.index(START) + len(START)] + table + text[text.index(END) :])
     sys.stdout.write(table)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 pytest.importorskip("tensorboard")
@@ -33,7 +32,9 @@ def test_import_tb_brings_every_scalar_in(server, api, tmp_path, capsys):
     assert exit_.value.code == 0 and "import-tb 2 run(s): points" in err and "-> run" in err
     runs = sorted(api.get("/api/runs"), key=lambda r: r["name"])
     assert [(r["name"], r["project"], r["status"]) for r in runs] == [
-        ("baseline", "old", "finished"), ("big_lr/seed1", "old", "finished")]
+        ("baseline", "old", "finished"),
+        ("big_lr/seed1", "old", "finished"),
+    ]
     big = runs[1]
     assert "tensorboard" in big["tags"]
     assert api.get(f"/api/runs/{big['id']}")["config"]["imported_from"].endswith("big_lr/seed1")

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 from gradwatch import protocol
-from gradwatch_server.storage import db
+from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.ingest.apply import apply_batch, load_state
+from gradwatch_server.storage import db
 
 LAYERS = ["in.weight", "in.bias", "out.weight", "out.bias"]
 
 
 def _batch(seq, steps, norm, layer_norms, loss=1.0):
-    records = [{"step": s, "t": 1000.0 + s,
-                "scalars": {"loss": protocol.encode_float(loss), "grad/global_norm": protocol.encode_float(norm)},
-                "vectors": {"grad": [protocol.encode_float(v) for v in layer_norms]}} for s in steps]
+    records = [
+        {
+            "step": s,
+            "t": 1000.0 + s,
+            "scalars": {"loss": protocol.encode_float(loss), "grad/global_norm": protocol.encode_float(norm)},
+            "vectors": {"grad": [protocol.encode_float(v) for v in layer_norms]},
+        }
+        for s in steps
+    ]
     return decode({"type": "batch", "seq": seq, "records": records, "layouts": {"grad": LAYERS}})
 
 
@@ -80,16 +86,23 @@ def test_small_rows_left_by_a_restart_are_still_merged(tmp_path):
     for seq in range(1, 41):
         if seq % 5 == 1:
             state = _restart(engine, run_id)
-        msg = decode({"type": "batch", "seq": seq, "layouts": {"grad": layers} if seq == 1 else {},
-                      "records": [{"step": seq - 1, "t": float(seq), "scalars": {},
-                                   "vectors": {"grad": [float(seq)] * 300}}]})
+        msg = decode(
+            {
+                "type": "batch",
+                "seq": seq,
+                "layouts": {"grad": layers} if seq == 1 else {},
+                "records": [{"step": seq - 1, "t": float(seq), "scalars": {}, "vectors": {"grad": [float(seq)] * 300}}],
+            }
+        )
         with engine.begin() as conn:
             apply_batch(conn, state, msg)
     with engine.connect() as conn:
         key_id = conn.execute(select(db.metric_keys.c.id).where(db.metric_keys.c.key == "grad")).scalar()
         rows = conn.execute(select(func.count()).select_from(db.chunks).where(db.chunks.c.key_id == key_id)).scalar()
-        full = conn.execute(select(func.count()).select_from(db.chunks).where(db.chunks.c.key_id == key_id,
-                                                                             db.chunks.c.n == 16)).scalar()
+        full = conn.execute(
+            select(func.count()).select_from(db.chunks).where(db.chunks.c.key_id == key_id, db.chunks.c.n == 16)
+        ).scalar()
         from gradwatch_server.storage import store
+
         assert store.get_series(conn, run_id, "grad/l7")["steps"] == list(range(40))
     assert full == 2 and rows == 2 + 8  # two full chunks and the 8 newest steps still small

@@ -6,15 +6,15 @@ import json
 import math
 
 import pytest
+from conftest import Api, run_async, wait_runs
 from websockets.exceptions import ConnectionClosedError
 from websockets.sync.client import connect
 
 from gradwatch import protocol
-from conftest import Api, run_async, wait_runs
 
 
 def ingest_url(server_url: str) -> str:
-    return "ws" + server_url[len("http"):] + protocol.INGEST_PATH
+    return "ws" + server_url[len("http") :] + protocol.INGEST_PATH
 
 
 class Link:
@@ -41,8 +41,10 @@ def _columns_batch(seq, records, **extra):
 def test_columns_round_trip_nan_and_inf_exactly(server, api):
     link = Link(server.url)
     assert protocol.COLUMNS in link.welcome["features"]
-    records = [(s, 1000.0 + s, {"loss": [1.5, math.nan, math.inf, -math.inf][s % 4]}, {"grad": [0.1 * s, None]})
-               for s in range(40)]
+    records = [
+        (s, 1000.0 + s, {"loss": [1.5, math.nan, math.inf, -math.inf][s % 4]}, {"grad": [0.1 * s, None]})
+        for s in range(40)
+    ]
     reply = link.send(_columns_batch(1, records, layouts={"grad": ["a.weight", "b.weight"]}))
     assert reply == {"type": "ack", "seq": 1}
     run_id = link.welcome["run_id"]
@@ -57,11 +59,13 @@ def test_columns_round_trip_nan_and_inf_exactly(server, api):
 
 def test_a_bad_record_is_refused_and_the_rest_is_stored(server, api):
     link = Link(server.url)
-    records = [{"step": 0, "t": 1.0, "scalars": {"loss": 1.0}},
-               {"step": 1, "t": 2.0, "scalars": {"loss": 10 ** 400}},  # beyond float range
-               {"step": 2, "t": 3.0, "scalars": ["not", "an", "object"]},
-               {"step": 3, "t": 4.0, "scalars": {"loss": 0.5, "\ud800bad": 1.0}},  # a lone surrogate key
-               {"step": 4, "t": 5.0, "scalars": {"loss": 0.25}}]
+    records = [
+        {"step": 0, "t": 1.0, "scalars": {"loss": 1.0}},
+        {"step": 1, "t": 2.0, "scalars": {"loss": 10**400}},  # beyond float range
+        {"step": 2, "t": 3.0, "scalars": ["not", "an", "object"]},
+        {"step": 3, "t": 4.0, "scalars": {"loss": 0.5, "\ud800bad": 1.0}},  # a lone surrogate key
+        {"step": 4, "t": 5.0, "scalars": {"loss": 0.25}},
+    ]
     reply = link.send({"type": "batch", "seq": 1, "records": records})
     assert reply["type"] == "ack" and reply["seq"] == 1 and "record 1" in reply["refused"]
     run_id = link.welcome["run_id"]
@@ -69,8 +73,10 @@ def test_a_bad_record_is_refused_and_the_rest_is_stored(server, api):
     alerts = api.get(f"/api/runs/{run_id}/alerts")
     assert [a["kind"] for a in alerts] == ["data_refused"] and "record 2" in alerts[0]["message"]
     # ... and the next batch goes on as usual: nothing is stuck behind the refused part.
-    assert link.send({"type": "batch", "seq": 2, "records": [{"step": 5, "t": 6.0, "scalars": {"loss": 0.1}}]}) == \
-        {"type": "ack", "seq": 2}
+    assert link.send({"type": "batch", "seq": 2, "records": [{"step": 5, "t": 6.0, "scalars": {"loss": 0.1}}]}) == {
+        "type": "ack",
+        "seq": 2,
+    }
     link.close()
 
 
@@ -78,8 +84,9 @@ def test_a_layout_change_inside_a_batch_stores_everything(server, api):
     """Old-width vectors beside a wider new layout (a layer appended mid-run) no longer block the run."""
     link = Link(server.url)
     records = [{"step": 0, "t": 1.0, "scalars": {"loss": 1.0}, "vectors": {"grad": [1.0, 2.0]}}]
-    records += [{"step": s, "t": 1.0 + s, "scalars": {"loss": 1.0}, "vectors": {"grad": [1.0, 2.0, 3.0]}}
-                for s in range(1, 300)]
+    records += [
+        {"step": s, "t": 1.0 + s, "scalars": {"loss": 1.0}, "vectors": {"grad": [1.0, 2.0, 3.0]}} for s in range(1, 300)
+    ]
     reply = link.send({"type": "batch", "seq": 1, "records": records, "layouts": {"grad": ["a", "b", "c"]}})
     assert reply == {"type": "ack", "seq": 1}
     run_id = link.welcome["run_id"]
@@ -116,8 +123,9 @@ def test_another_client_cannot_resume_or_move_a_run_forward(server, api):
     assert owner.send(_columns_batch(1, [(0, 1.0, {"loss": 1.0}, {})]))["type"] == "ack"
     owner.close()
     thief = connect(ingest_url(server.url))
-    thief.send(json.dumps({"type": "hello", "protocol": 1, "run": {"uid": "victim", "secret": "guess"},
-                           "resume_from": 10 ** 9}))
+    thief.send(
+        json.dumps({"type": "hello", "protocol": 1, "run": {"uid": "victim", "secret": "guess"}, "resume_from": 10**9})
+    )
     reply = json.loads(thief.recv(timeout=10))
     assert reply["type"] == "error" and "secret" in reply["message"]
     thief.close()
@@ -177,9 +185,10 @@ def test_a_frame_over_the_limit_is_refused_with_the_reason(server, api):
 def test_keys_over_the_run_limit_are_refused_and_reported(tmp_path):
     import dataclasses
 
+    from conftest import Api
+
     from gradwatch_server.serve import BackgroundServer
     from gradwatch_server.settings import Settings
-    from conftest import Api
 
     settings = Settings(host="127.0.0.1", port=0, db=f"sqlite:///{tmp_path / 'k.db'}")
     srv = BackgroundServer(dataclasses.replace(settings, max_keys_per_run=3)).start()

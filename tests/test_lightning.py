@@ -55,8 +55,15 @@ def loaders():
 
 
 def trainer(callback, **kwargs):
-    return L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False, callbacks=[callback], **kwargs)
+    return L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+        **kwargs,
+    )
 
 
 def series(api, run_id, key):
@@ -105,8 +112,9 @@ def test_every_optimizer_is_captured(server, api):
         def configure_optimizers(self):
             return torch.optim.SGD(self.net.parameters(), lr=0.1), torch.optim.Adam(self.head.parameters(), lr=0.003)
 
-    trainer(GradwatchCallback(project="pl", name="two", server=server.url), max_steps=4,
-            limit_val_batches=0).fit(Two(), loaders()[0])
+    trainer(GradwatchCallback(project="pl", name="two", server=server.url), max_steps=4, limit_val_batches=0).fit(
+        Two(), loaders()[0]
+    )
     rid = api.get("/api/runs")[0]["id"]
     assert set(series(api, rid, "lr/0")["values"]) == {0.1}
     assert set(series(api, rid, "lr/1")["values"]) == {0.003}
@@ -117,8 +125,9 @@ def test_every_optimizer_is_captured(server, api):
 
 def test_exception_marks_the_run_failed(server, api):
     with pytest.raises(ValueError, match="bad batch"):
-        trainer(GradwatchCallback(project="pl", name="boom", server=server.url),
-                max_epochs=1).fit(Tiny(fail_at=2), *loaders())
+        trainer(GradwatchCallback(project="pl", name="boom", server=server.url), max_epochs=1).fit(
+            Tiny(fail_at=2), *loaders()
+        )
     run = api.get("/api/runs")[0]
     assert run["status"] == "failed"
     detail = api.get(f"/api/runs/{run['id']}")

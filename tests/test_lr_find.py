@@ -16,12 +16,14 @@ def regression(seed=0):
     torch.manual_seed(seed)
     x = torch.randn(256, 8)
     y = x @ torch.randn(8, 1) + 0.01 * torch.randn(256, 1)
-    loader = [(x[i:i + 32], y[i:i + 32]) for i in range(0, 256, 32)]
+    loader = [(x[i : i + 32], y[i : i + 32]) for i in range(0, 256, 32)]
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.functional.mse_loss
     for xb, yb in loader[:2]:  # some optimizer state (momentum buffers) that must come back untouched
-        opt.zero_grad(); loss_fn(model(xb), yb).backward(); opt.step()
+        opt.zero_grad()
+        loss_fn(model(xb), yb).backward()
+        opt.step()
     return model, opt, loader, loss_fn
 
 
@@ -31,8 +33,9 @@ def sweep(server, **kwargs):
     state = opt.state_dict()
     momentum = {k: v["momentum_buffer"].clone() for k, v in state["state"].items()}
     model.eval()
-    found = gradwatch.lr_find(model, opt, loader, loss_fn, start_lr=1e-5, end_lr=10.0, num_steps=150,
-                              server=server.url, **kwargs)
+    found = gradwatch.lr_find(
+        model, opt, loader, loss_fn, start_lr=1e-5, end_lr=10.0, num_steps=150, server=server.url, **kwargs
+    )
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
     after = opt.state_dict()
     assert all(torch.equal(after["state"][k]["momentum_buffer"], m) for k, m in momentum.items())
@@ -62,8 +65,10 @@ def test_lr_find_suggests_restores_and_streams(server, api):
 def test_suggest_picks_steepest_fall_before_the_minimum():
     lrs = [10 ** (-6 + i * 0.1) for i in range(60)]
     # Flat, then falling fastest around lr=1e-3 (i=30), lowest near 1e-1, then rising.
-    smoothed = [2.0 - 1.5 / (1 + math.exp(-(math.log10(x) + 3) * 3)) + (0.5 * (math.log10(x) + 1) ** 2 if x > 0.1 else 0)
-                for x in lrs]
+    smoothed = [
+        2.0 - 1.5 / (1 + math.exp(-(math.log10(x) + 3) * 3)) + (0.5 * (math.log10(x) + 1) ** 2 if x > 0.1 else 0)
+        for x in lrs
+    ]
     lr, reason = suggest(lrs, smoothed, diverged_at=3.0)
     assert math.isclose(math.log10(lr), -3, abs_tol=0.11), lr
     assert "lr=3.00e+00" in reason
@@ -83,8 +88,10 @@ def test_run_page_shows_loss_against_lr_with_the_suggestion(server, api, page):
     found = sweep(server)
     run_id = api.get("/api/runs")[0]["id"]
     page.goto(f"{server.url}/runs/{run_id}")
-    page.wait_for_function("() => { const d = document.getElementById('lr-find-chart');"
-                           " return d && d.data && d.data.length === 3; }", timeout=15000)
+    page.wait_for_function(
+        "() => { const d = document.getElementById('lr-find-chart'); return d && d.data && d.data.length === 3; }",
+        timeout=15000,
+    )
     chart = page.evaluate("""() => { const d = document.getElementById('lr-find-chart');
         return {type: d.layout.xaxis.type, names: d.data.map((t) => t.name), x: d.data[1].x, mark: d.data[2].x}; }""")
     assert chart["type"] == "log"

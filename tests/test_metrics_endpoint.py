@@ -8,10 +8,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+from conftest import wait_runs
 from websockets.sync.client import connect
 
 import gradwatch
-from conftest import wait_runs
 
 
 def scrape(url: str) -> dict:

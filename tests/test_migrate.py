@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gradwatch_server.storage import db
-from gradwatch_server.storage import migrate
-from gradwatch_server.storage import store
+from gradwatch_server.storage import db, migrate, store
 
 SCHEMA = (Path(__file__).parent / "data" / "schema_0_1.sql").read_text()
 PG_SCHEMA = (Path(__file__).parent / "data" / "schema_0_1_postgres.sql").read_text()
@@ -22,19 +20,25 @@ def _old_database(path: Path) -> None:
     """A 0.1 database with one run: a scalar with NaN/inf and a repeated step, and a 2-slot vector."""
     con = sqlite3.connect(path)
     con.executescript(SCHEMA)
-    con.execute("INSERT INTO runs (id, uid, project, name, status, created_at, updated_at, last_step, last_seq, "
-                "config, meta, alert_config, tags, notes) VALUES (1, 'u', 'p', 'old', 'finished', 1, 2, 2999, 7, "
-                "'{}', '{}', '{}', '[]', '')")
+    con.execute(
+        "INSERT INTO runs (id, uid, project, name, status, created_at, updated_at, last_step, last_seq, "
+        "config, meta, alert_config, tags, notes) VALUES (1, 'u', 'p', 'old', 'finished', 1, 2, 2999, 7, "
+        "'{}', '{}', '{}', '[]', '')"
+    )
     con.execute("INSERT INTO metric_keys (id, run_id, key, layers) VALUES (1, 1, 'loss', NULL)")
     con.execute("INSERT INTO metric_keys (id, run_id, key, layers) VALUES (2, 1, 'grad', ?)", (json.dumps(["a", "b"]),))
     rows = [(1, s, 100.0 + s, None if s == 7 else (math.inf if s == 8 else 1.0 / (s + 1))) for s in range(3000)]
     rows.append((1, 5, 99.0, 42.0))  # the same step logged twice
     con.executemany("INSERT INTO points VALUES (?, ?, ?, ?)", rows)
-    con.executemany("INSERT INTO vectors VALUES (?, ?, ?, ?, ?)",
-                    [(2, s, 100.0 + s, struct.pack("<2d", s, 2.0 * s), "[1]" if s == 3 else None) for s in range(3000)])
+    con.executemany(
+        "INSERT INTO vectors VALUES (?, ?, ?, ?, ?)",
+        [(2, s, 100.0 + s, struct.pack("<2d", s, 2.0 * s), "[1]" if s == 3 else None) for s in range(3000)],
+    )
     con.execute("INSERT INTO rollups VALUES (1, 16, 0, 16, ?)", (b"\0" * 7 * 8,))  # old 7-row format
-    con.execute("INSERT INTO alerts (run_id, kind, step, severity, message, created_at) "
-                "VALUES (1, 'nan_loss', 7, 'critical', 'NaN', 1)")
+    con.execute(
+        "INSERT INTO alerts (run_id, kind, step, severity, message, created_at) "
+        "VALUES (1, 'nan_loss', 7, 'critical', 'NaN', 1)"
+    )
     con.commit()
     con.close()
 
@@ -72,25 +76,35 @@ def test_a_0_1_postgres_database_is_upgraded_in_place(postgres_url):
         for statement in ddl.split(";"):
             if statement.strip():
                 conn.execute(text(statement))
-        conn.execute(text("INSERT INTO runs (uid, project, name, status, created_at, updated_at, last_step, last_seq, "
-                          "config, meta, alert_config, tags, notes) VALUES ('pg-old', 'p', 'old', 'running', 1, 2, 9, "
-                          "3, '{}', '{}', '{}', '[]', '')"))
+        conn.execute(
+            text(
+                "INSERT INTO runs (uid, project, name, status, created_at, updated_at, last_step, last_seq, "
+                "config, meta, alert_config, tags, notes) VALUES ('pg-old', 'p', 'old', 'running', 1, 2, 9, "
+                "3, '{}', '{}', '{}', '[]', '')"
+            )
+        )
         run_id = conn.execute(text("SELECT id FROM runs")).scalar()
         conn.execute(text("INSERT INTO metric_keys (run_id, key) VALUES (:r, 'loss')"), {"r": run_id})
         key_id = conn.execute(text("SELECT id FROM metric_keys")).scalar()
-        conn.execute(text("INSERT INTO points VALUES (:k, :s, :s, :v)"),
-                     [{"k": key_id, "s": s, "v": None if s == 4 else float(s)} for s in range(10)])
+        conn.execute(
+            text("INSERT INTO points VALUES (:k, :s, :s, :v)"),
+            [{"k": key_id, "s": s, "v": None if s == 4 else float(s)} for s in range(10)],
+        )
     old.dispose()
     engine = db.make_engine(postgres_url)
     try:
         with engine.connect() as conn:
             loss = store.get_series(conn, run_id, "loss")
             assert loss["steps"] == list(range(10)) and loss["values"][4] == "NaN"
-            kind = conn.execute(text("SELECT data_type FROM information_schema.columns WHERE table_name = 'runs' "
-                                     "AND column_name = 'last_step'")).scalar()
+            kind = conn.execute(
+                text(
+                    "SELECT data_type FROM information_schema.columns WHERE table_name = 'runs' "
+                    "AND column_name = 'last_step'"
+                )
+            ).scalar()
         assert kind == "bigint"  # steps counted in tokens pass 2**31
         with engine.begin() as conn:
-            conn.execute(text("UPDATE runs SET last_step = :s"), {"s": 2 ** 40})
+            conn.execute(text("UPDATE runs SET last_step = :s"), {"s": 2**40})
     finally:
         engine.dispose()
 

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_cli import free_port, wait_http
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,8 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_wheel_install_serves_pages(tmp_path):
     dist = tmp_path / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)], check=True,
-                   timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(ROOT)], check=True, timeout=300
+    )
     wheel = next(dist.glob("gradwatch-*.whl"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -28,8 +28,10 @@ def test_wheel_install_serves_pages(tmp_path):
     check = "import gradwatch, sys; assert 'fastapi' not in sys.modules"
     subprocess.run([str(venv / "bin" / "python"), "-c", check], check=True, cwd=tmp_path)
     port = free_port()
-    proc = subprocess.Popen([str(venv / "bin" / "gradwatch"), "serve", "--port", str(port), "--db",
-                             f"sqlite:///{tmp_path / 'w.db'}"], cwd=tmp_path)
+    proc = subprocess.Popen(
+        [str(venv / "bin" / "gradwatch"), "serve", "--port", str(port), "--db", f"sqlite:///{tmp_path / 'w.db'}"],
+        cwd=tmp_path,
+    )
     try:
         for page in ("/", "/runs/1", "/compare"):
             html = wait_http(f"http://127.0.0.1:{port}{page}").decode()

@@ -6,10 +6,10 @@ import threading
 import time
 
 import pytest
-
-import gradwatch
 from conftest import Api, wait_runs
 from training import train_slowly
+
+import gradwatch
 
 pytestmark = pytest.mark.browser
 
@@ -24,11 +24,14 @@ def test_run_page_chart_grows_while_logging(server, page):
     try:
         wait_runs(Api(server.url))
         page.goto(server.url + "/runs/1")
-        page.wait_for_function("() => { const d = document.getElementById('chart-loss').data;"
-                               " return d && d[0] && d[0].x.length > 0; }", timeout=15000)
+        page.wait_for_function(
+            "() => { const d = document.getElementById('chart-loss').data; return d && d[0] && d[0].x.length > 0; }",
+            timeout=15000,
+        )
         first = page.evaluate(POINTS_JS)
-        page.wait_for_function(f"() => document.getElementById('chart-loss').data[0].x.length > {first + 20}",
-                               timeout=15000)
+        page.wait_for_function(
+            f"() => document.getElementById('chart-loss').data[0].x.length > {first + 20}", timeout=15000
+        )
         assert page.evaluate(POINTS_JS) > first + 20
         assert page.locator("#run-status").inner_text() == "running"
     finally:
@@ -56,15 +59,19 @@ def test_nan_alert_appears_live_with_marker(server, page):
     text = page.locator(".alert[data-kind='nan_loss']").inner_text()
     assert "step 30" in text and "NaN" in text
     # The NaN point is drawn as a visible marker trace, not a silent gap.
-    page.wait_for_function("""() => { const d = document.getElementById('chart-loss').data;
-        return d && d[d.length - 1].x.includes(30); }""", timeout=10000)
+    page.wait_for_function(
+        """() => { const d = document.getElementById('chart-loss').data;
+        return d && d[d.length - 1].x.includes(30); }""",
+        timeout=10000,
+    )
     assert not page.js_errors
 
 
 def test_runs_list_renders_user_data_as_text(server, page, api):
     evil = "<img src=x onerror=window.pwned=1>"
-    run = gradwatch.init(project="<b>proj</b>", name=evil, config={"<script>": "<i>x</i>"}, server=server.url,
-                         tags=["<u>t</u>"])
+    run = gradwatch.init(
+        project="<b>proj</b>", name=evil, config={"<script>": "<i>x</i>"}, server=server.url, tags=["<u>t</u>"]
+    )
     run.log({"loss": 1.0})
     run.finish()
     page.goto(server.url + "/")
@@ -101,8 +108,10 @@ def test_charts_out_of_view_skip_live_redraws_and_catch_up(server, page):
     try:
         wait_runs(Api(server.url))
         page.goto(server.url + "/runs/1")
-        page.wait_for_function("() => { const e = document.getElementById('metric-acc'); return e && e.data && e.data[0].x.length; }",
-                               timeout=15000)
+        page.wait_for_function(
+            "() => { const e = document.getElementById('metric-acc'); return e && e.data && e.data[0].x.length; }",
+            timeout=15000,
+        )
         assert page.evaluate("() => window.scrollY") == 0  # the metric chart is below the fold
         page.wait_for_function(f"() => ({DRAWS})('chart-loss') > 3", timeout=15000)
         loss, acc = page.evaluate(DRAWS, "chart-loss"), page.evaluate(DRAWS, "metric-acc")
@@ -140,7 +149,9 @@ def test_background_tab_gets_a_browser_notification_for_an_alert(server, browser
         t.start()
         wait_runs(Api(server.url))
         page.goto(server.url + "/runs/1")
-        page.wait_for_function("() => { const d = document.getElementById('chart-loss').data; return d && d[0].x.length; }")
+        page.wait_for_function(
+            "() => { const d = document.getElementById('chart-loss').data; return d && d[0].x.length; }"
+        )
         assert page.evaluate("() => window.__notes.length") == 0
         page.wait_for_function("() => window.__notes.length > 0", timeout=20000)
         t.join()
@@ -170,9 +181,15 @@ def test_run_page_shows_memory_lr_and_every_metric_on_load(server, page, monkeyp
     page.wait_for_function("() => document.getElementById('memory-breakdown').textContent.includes('parameters')")
     lo, hi = page.evaluate("() => document.getElementById('chart-lr').layout.yaxis.range")
     assert 0 < lo < 0.05 < hi < 0.1  # centred on the value, not -0.999..1.001
-    assert page.evaluate("() => [...document.querySelectorAll('.metric-section')].map(s => s.dataset.prefix)") == ["", "train", "val"]
-    page.wait_for_function("() => ['acc', 'val/acc', 'train/samples_per_s'].every(k => (document.getElementById('metric-' + k).data || [])"
-                           ".some(t => t.x.length === 5))")
+    assert page.evaluate("() => [...document.querySelectorAll('.metric-section')].map(s => s.dataset.prefix)") == [
+        "",
+        "train",
+        "val",
+    ]
+    page.wait_for_function(
+        "() => ['acc', 'val/acc', 'train/samples_per_s'].every(k => (document.getElementById('metric-' + k).data || [])"
+        ".some(t => t.x.length === 5))"
+    )
     assert page.locator("#metric-loss").count() == 0  # loss has its own chart at the top
     assert "git" not in page.locator("#meta dt").all_inner_texts() and "null" not in page.locator("#meta").inner_text()
     assert page.evaluate("() => fetch('/favicon.ico').then(r => r.status)") == 200
@@ -182,7 +199,7 @@ def test_run_page_shows_memory_lr_and_every_metric_on_load(server, page, monkeyp
 def test_diverging_loss_gets_log_y_with_readable_ticks(server, page):
     run = gradwatch.init(project="browser", name="diverges", server=server.url)
     for step in range(200):
-        run.log({"loss": 0.5 * 1.1 ** step}, step=step)  # 0.5 -> ~1e8
+        run.log({"loss": 0.5 * 1.1**step}, step=step)  # 0.5 -> ~1e8
     run.finish(timeout=30)
     page.goto(server.url + "/runs/1")
     page.wait_for_function("() => (document.getElementById('chart-loss').layout || {}).yaxis")
@@ -228,8 +245,10 @@ def test_alerts_group_by_kind_and_updates_replace(server, page):
         return { isNew, n: alerts.length, cards: [...div.children].map(c => [c.dataset.kind, c.dataset.count, c.querySelector('.alert-steps').textContent, c.querySelector('.alert-first').textContent]) };
     }""")
     assert out["isNew"] is False and out["n"] == 3
-    assert out["cards"] == [["exploding_gradients", "2", "steps 10–40 · ", "first cause"],
-                            ["nan_loss", "5", "steps 30–80 · ", "nan"]]
+    assert out["cards"] == [
+        ["exploding_gradients", "2", "steps 10–40 · ", "first cause"],
+        ["nan_loss", "5", "steps 30–80 · ", "nan"],
+    ]
 
 
 def test_heatmap_says_when_its_request_failed(server, page):
@@ -238,7 +257,10 @@ def test_heatmap_says_when_its_request_failed(server, page):
     run = gradwatch.init(project="browser", name="watched", server=server.url)
     train(run, steps=10)
     run.finish(timeout=30)
-    page.route("**/heatmap?*", lambda route: route.fulfill(status=500, content_type="application/json", body='{"error": "boom"}'))
+    page.route(
+        "**/heatmap?*",
+        lambda route: route.fulfill(status=500, content_type="application/json", body='{"error": "boom"}'),
+    )
     page.goto(server.url + "/runs/1")
     page.wait_for_selector("#heatmap p.failed")
     assert "Could not load" in page.locator("#heatmap").inner_text() and "boom" in page.locator("#heatmap").inner_text()

@@ -9,10 +9,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-import gradwatch
 from conftest import wait_runs
 from training import train_slowly
+
+import gradwatch
 
 pytestmark = pytest.mark.browser
 SHOTS = Path(os.environ.get("GRADWATCH_SCREENSHOTS", Path(__file__).resolve().parent.parent / "build" / "screenshots"))
@@ -63,7 +63,9 @@ def test_runs_list_rename_tag_note_filter_and_delete(server, page, api):
 def test_compare_overlays_runs_diffs_configs_shares_and_appends_live(server, page, api):
     _logged_run(server.url, "lr-1e-3", 50, config={"lr": 1e-3, "batch": 32})
     stop = threading.Event()
-    live = threading.Thread(target=train_slowly, args=(server.url, 600, stop, "lr-1e-2", None, {"lr": 1e-2, "batch": 32}, "dash"))
+    live = threading.Thread(
+        target=train_slowly, args=(server.url, 600, stop, "lr-1e-2", None, {"lr": 1e-2, "batch": 32}, "dash")
+    )
     live.start()
     try:
         wait_runs(api, 2)
@@ -73,10 +75,16 @@ def test_compare_overlays_runs_diffs_configs_shares_and_appends_live(server, pag
         page.locator("tr[data-run='2'] input[type=checkbox]").check()
         page.click("#compare")
         page.wait_for_url("**/compare?ids=*")
-        page.wait_for_function("() => { const e = document.getElementById('chart-0'); return e && e.data && e.data.length >= 3; }")
-        lines = page.evaluate("() => document.getElementById('chart-0').data.filter(t => t.mode === 'lines')"
-                              ".map(t => [t.name, t.line.color])")
-        colors = page.evaluate("async () => { const m = await import('/static/common.js'); return [m.colorFor(1), m.colorFor(2)]; }")
+        page.wait_for_function(
+            "() => { const e = document.getElementById('chart-0'); return e && e.data && e.data.length >= 3; }"
+        )
+        lines = page.evaluate(
+            "() => document.getElementById('chart-0').data.filter(t => t.mode === 'lines')"
+            ".map(t => [t.name, t.line.color])"
+        )
+        colors = page.evaluate(
+            "async () => { const m = await import('/static/common.js'); return [m.colorFor(1), m.colorFor(2)]; }"
+        )
         assert {tuple(x) for x in lines} == {("lr-1e-3 #1", colors[0]), ("lr-1e-2 #2", colors[1])}
         differs = page.locator("#diff tr.differs td:first-child").all_inner_texts()
         assert "lr" in differs and "batch" not in differs
@@ -88,19 +96,27 @@ def test_compare_overlays_runs_diffs_configs_shares_and_appends_live(server, pag
         page.click("#add-chart")
         page.locator("#chart-1").wait_for()
         page.locator(".panel-key").nth(1).select_option("acc")
-        page.wait_for_function("() => { const d = document.getElementById('chart-1').data;"
-                               " return d && d.some(t => t.name === 'lr-1e-3 #1'); }")
-        acc = page.evaluate("() => document.getElementById('chart-1').data.filter(t => t.mode === 'lines')"
-                            ".map(t => [t.name, t.line.color])")
+        page.wait_for_function(
+            "() => { const d = document.getElementById('chart-1').data;"
+            " return d && d.some(t => t.name === 'lr-1e-3 #1'); }"
+        )
+        acc = page.evaluate(
+            "() => document.getElementById('chart-1').data.filter(t => t.mode === 'lines')"
+            ".map(t => [t.name, t.line.color])"
+        )
         assert ["lr-1e-3 #1", colors[0]] in acc
         page.check("#log")
         page.wait_for_function("() => location.search.includes('keys=loss%2Cacc') && location.search.includes('log=1')")
         page.goto(page.url)
-        page.wait_for_function("() => [...document.querySelectorAll('.panel-key')].map(s => s.value).join() === 'loss,acc'")
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.panel-key')].map(s => s.value).join() === 'loss,acc'"
+        )
         assert page.locator("#log").is_checked()
         # The older single-metric link form still opens.
         page.goto(server.url + "/compare?ids=1,2&key=acc")
-        page.wait_for_function("() => document.querySelector('.panel-key') && document.querySelector('.panel-key').value === 'acc'")
+        page.wait_for_function(
+            "() => document.querySelector('.panel-key') && document.querySelector('.panel-key').value === 'acc'"
+        )
     finally:
         stop.set()
         live.join()
@@ -123,8 +139,10 @@ def test_spike_survives_overview_and_zoom_fetches_full_detail(server, page):
     page.wait_for_function("() => document.getElementById('chart-loss').layout.yaxis.type === 'log'")
     page.uncheck("#loss-log")
     page.select_option("#x-mode", "relative")
-    page.wait_for_function("() => { const x = document.getElementById('chart-loss').data[0].x;"
-                           " return x[0] >= 0 && x[x.length - 1] < 3600; }")
+    page.wait_for_function(
+        "() => { const x = document.getElementById('chart-loss').data[0].x;"
+        " return x[0] >= 0 && x[x.length - 1] < 3600; }"
+    )
     page.select_option("#x-mode", "step")
     page.wait_for_function("() => document.getElementById('chart-loss').data[0].x.includes(12345)")
     page.evaluate("() => Plotly.relayout('chart-loss', {'xaxis.range': [12000, 12600]})")
@@ -179,7 +197,7 @@ def test_run_page_screenshots_follow_colour_scheme(server, browser, scheme, widt
         page.wait_for_selector(".alert[data-kind='nan_loss']")
         page.wait_for_function("() => document.getElementById('chart-loss').data")
         bg = page.evaluate("() => getComputedStyle(document.body).backgroundColor")
-        r, g, b = (int(x) for x in bg[bg.index("(") + 1:bg.index(")")].split(",")[:3])
+        r, g, b = (int(x) for x in bg[bg.index("(") + 1 : bg.index(")")].split(",")[:3])
         luminance = (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
         assert (luminance < 0.25) if scheme == "dark" else (luminance > 0.75), bg
         # Nothing may overflow the page sideways at either width.
@@ -204,8 +222,10 @@ def test_long_live_session_stays_bounded_and_keeps_the_spike(server, page, api):
         run.log({"loss": {15_000: 1e6, 17_000: math.nan}.get(step, 1.0 + (step % 7) * 0.01)}, step=step)
     run.finish(timeout=60)
     page.wait_for_function("() => document.getElementById('run-status').textContent === 'finished'", timeout=30000)
-    page.wait_for_function("() => { const x = document.getElementById('chart-loss').data[0].x;"
-                           " return x[x.length - 1] === 19999; }", timeout=30000)
+    page.wait_for_function(
+        "() => { const x = document.getElementById('chart-loss').data[0].x; return x[x.length - 1] === 19999; }",
+        timeout=30000,
+    )
     xs, ys = page.evaluate("() => { const t = document.getElementById('chart-loss').data[0]; return [t.x, t.y]; }")
     assert len(xs) <= 8000  # folded back with the envelope, not 20 000 points in the browser
     assert ys[xs.index(15_000)] == 1e6
@@ -220,7 +240,9 @@ def test_long_live_session_stays_bounded_and_keeps_the_spike(server, page, api):
         return { n: c.steps.length, spike: c.values[c.steps.indexOf(123)], dip: c.values[c.steps.indexOf(40000)],
                  nan: Number.isNaN(c.values[c.steps.indexOf(777)]), first: c.steps[0], last: c.steps[c.steps.length - 1] };
     }""")
-    assert kept == {"n": kept["n"], "spike": 1e9, "dip": -5, "nan": True, "first": 0, "last": 49_999} and kept["n"] <= 420
+    assert (
+        kept == {"n": kept["n"], "spike": 1e9, "dip": -5, "nan": True, "first": 0, "last": 49_999} and kept["n"] <= 420
+    )
     assert not page.js_errors
 
 
@@ -241,7 +263,9 @@ def test_compare_page_catches_up_after_a_server_restart(settings, browser, tmp_p
     page = browser.new_page()
     try:
         page.goto(srv.url + "/compare?ids=1&keys=loss")
-        page.wait_for_function("() => { const e = document.getElementById('chart-0'); return e && e.data && e.data[0].x.length === 20; }")
+        page.wait_for_function(
+            "() => { const e = document.getElementById('chart-0'); return e && e.data && e.data[0].x.length === 20; }"
+        )
         srv.stop()
         for step in range(20, 60):
             run.log({"loss": 2.0}, step=step)
@@ -262,11 +286,15 @@ def test_show_step_on_an_alert_zooms_every_chart_to_it(server, page):
     page.goto(server.url + "/runs/1")
     page.wait_for_selector(".alert[data-kind='nan_loss'] button.zoom-to")
     page.click(".alert[data-kind='nan_loss'] button.zoom-to")
-    page.wait_for_function("() => { const x = document.getElementById('chart-loss').data[0].x;"
-                           " return x.length === 101 && x[0] === 2950; }", timeout=10000)
+    page.wait_for_function(
+        "() => { const x = document.getElementById('chart-loss').data[0].x;"
+        " return x.length === 101 && x[0] === 2950; }",
+        timeout=10000,
+    )
     # Every chart fetches its own range: wait for the other charts too, then check them.
-    page.wait_for_function("() => { const x = document.getElementById('metric-acc').data[0].x;"
-                           " return x.length === 101; }", timeout=10000)
+    page.wait_for_function(
+        "() => { const x = document.getElementById('metric-acc').data[0].x; return x.length === 101; }", timeout=10000
+    )
     acc = page.evaluate("() => document.getElementById('metric-acc').data[0].x")
     assert acc[0] >= 2950 and acc[-1] <= 3050 and len(acc) == 101  # the other charts followed
     markers = page.evaluate("() => { const d = document.getElementById('chart-loss').data; return d[d.length - 1].x; }")
@@ -278,7 +306,7 @@ def test_compare_grid_of_shared_metrics_summary_markers_and_missing_ids(server, 
     _logged_run(server.url, "steady", 40, values=lambda s: 1.0 / (s + 1))
     run = gradwatch.init(project="dash", name="blows up", server=server.url)
     for step in range(40):
-        run.log({"loss": math.nan if step == 30 else 0.5 * 2.0 ** step, "acc": 0.1, "val/only-here": 1.0}, step=step)
+        run.log({"loss": math.nan if step == 30 else 0.5 * 2.0**step, "acc": 0.1, "val/only-here": 1.0}, step=step)
     run.finish(timeout=30)
     context = browser.new_context(viewport={"width": 2200, "height": 1200})
     page = context.new_page()
@@ -289,7 +317,9 @@ def test_compare_grid_of_shared_metrics_summary_markers_and_missing_ids(server, 
         keys = page.evaluate("() => [...document.querySelectorAll('.panel-key')].map(s => s.value)")
         assert keys == ["loss", "acc"]  # every shared metric, loss first; val/only-here is not shared
         page.wait_for_function("() => (document.getElementById('chart-0').layout || {}).shapes?.length > 0")
-        colors = page.evaluate("async () => { const m = await import('/static/common.js'); return [m.colorFor(1), m.colorFor(2)]; }")
+        colors = page.evaluate(
+            "async () => { const m = await import('/static/common.js'); return [m.colorFor(1), m.colorFor(2)]; }"
+        )
         shapes = page.evaluate("() => document.getElementById('chart-0').layout.shapes.map(s => [s.x0, s.line.color])")
         assert [30, colors[1]] in shapes  # the NaN alert, in the diverging run's colour
         assert page.evaluate("() => document.getElementById('chart-0').layout.yaxis.type") == "log"  # spans 12 decades
@@ -330,6 +360,7 @@ def test_runs_list_neutral_colours_disabled_compare_and_loss_sparklines(server, 
 def test_a_real_recurring_nan_shows_as_one_card_with_its_count(server, page, api):
     """A loss that goes NaN, recovers for a long stretch, and goes NaN again: the server folds the second
     episode into the first alert (count 2, last step moved on) and the page shows one card for it."""
+
     def value(step):
         return math.nan if step in (100, 400) else 1.0 + (step % 10) * 0.01
 

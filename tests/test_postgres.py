@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import Api
+from training import train
 
 import gradwatch
-from conftest import Api
 from gradwatch_server.serve import BackgroundServer
-from training import train
 
 pytestmark = pytest.mark.slow
 

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import Api
-from gradwatch_server.serve import BackgroundServer
+
 from gradwatch_server.cli.sync import sync
+from gradwatch_server.serve import BackgroundServer
 
 HERE = Path(__file__).resolve().parent
 
@@ -28,8 +28,13 @@ def free_port() -> int:
 
 def _worker(url, name, steps, *extra):
     env = dict(os.environ, PYTHONPATH=str(HERE) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, str(HERE / "worker_train.py"), url, name, str(steps), *extra],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "worker_train.py"), url, name, str(steps), *extra],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.slow

@@ -10,7 +10,10 @@ from gradwatch import protocol
 
 @pytest.mark.parametrize("value", [0.0, -1.5, 1e308, 5e-324, math.inf, -math.inf])
 def test_floats_round_trip_exactly(value):
-    assert protocol.decode_float(protocol.loads(protocol.dumps({"type": "x", "v": protocol.encode_float(value)}))["v"]) == value
+    assert (
+        protocol.decode_float(protocol.loads(protocol.dumps({"type": "x", "v": protocol.encode_float(value)}))["v"])
+        == value
+    )
 
 
 def test_nan_round_trips_and_frames_are_strict_json():
@@ -26,11 +29,18 @@ def test_version_mismatch_is_a_clear_error():
     assert protocol.check_hello(protocol.hello({"uid": "a"}))["uid"] == "a"
 
 
-@pytest.mark.parametrize("record, message", [
-    ({"step": -1, "t": 0}, "step"), ({"step": 1.5, "t": 0}, "step"), ({"step": 0, "t": "x"}, "record.t"),
-    ({"step": 0, "t": 0, "scalars": {"": 1}}, "metric key"), ({"step": 0, "t": 0, "scalars": {"a": "nan"}}, "expected"),
-    ({"step": 0, "t": 0, "scalars": {"a": None}}, "no value"), ({"step": 0, "t": 0, "vectors": {"g": 3}}, "list"),
-])
+@pytest.mark.parametrize(
+    "record, message",
+    [
+        ({"step": -1, "t": 0}, "step"),
+        ({"step": 1.5, "t": 0}, "step"),
+        ({"step": 0, "t": "x"}, "record.t"),
+        ({"step": 0, "t": 0, "scalars": {"": 1}}, "metric key"),
+        ({"step": 0, "t": 0, "scalars": {"a": "nan"}}, "expected"),
+        ({"step": 0, "t": 0, "scalars": {"a": None}}, "no value"),
+        ({"step": 0, "t": 0, "vectors": {"g": 3}}, "list"),
+    ],
+)
 def test_bad_records_are_rejected_with_reason(record, message):
     with pytest.raises(protocol.ProtocolError, match=message):
         protocol.decode_record(record)
@@ -48,8 +58,10 @@ def test_loads_rejects_non_objects():
 
 
 def test_batch_text_equals_dumping_the_whole_batch():
-    records = [{"step": i, "t": 1.5, "scalars": {"loss": protocol.encode_float(v)}}
-               for i, v in enumerate([1.0, float("nan"), float("inf")])]
+    records = [
+        {"step": i, "t": 1.5, "scalars": {"loss": protocol.encode_float(v)}}
+        for i, v in enumerate([1.0, float("nan"), float("inf")])
+    ]
     layouts = {"grad": ['odd "records":[] name']}
     events = [{"type": "status", "status": "running"}]
     text = protocol.batch_text(7, [protocol.dumps(r) for r in records], layouts, events)
@@ -69,8 +81,17 @@ def test_binary_vectors_round_trip_exactly_with_missing_slots():
     assert protocol.decode_record(record)[3]["grad"][4] is None
 
 
-@pytest.mark.parametrize("bad", [{"f64": "not base64!"}, {"f64": "AAAA"}, {"f64": "", "missing": [0]},
-                                 {"f64": protocol.encode_vector_f64([1.0])["f64"], "missing": ["0"]}, {"b64": ""}, 3])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"f64": "not base64!"},
+        {"f64": "AAAA"},
+        {"f64": "", "missing": [0]},
+        {"f64": protocol.encode_vector_f64([1.0])["f64"], "missing": ["0"]},
+        {"b64": ""},
+        3,
+    ],
+)
 def test_bad_binary_vectors_are_refused_clearly(bad):
     with pytest.raises(protocol.ProtocolError, match="vector 'grad'"):
         protocol.decode_record({"step": 0, "t": 1.0, "vectors": {"grad": bad}})

@@ -6,10 +6,11 @@ import dataclasses
 import socket
 import time
 
-import gradwatch
 from conftest import Api
-from gradwatch_server.serve import BackgroundServer
+
+import gradwatch
 from gradwatch_server.cli.sync import sync
+from gradwatch_server.serve import BackgroundServer
 
 
 def free_port() -> int:
@@ -61,8 +62,14 @@ def test_server_restart_mid_run_loses_and_duplicates_nothing(settings):
 def test_spills_to_disk_under_memory_cap_and_delivers(settings, tmp_path):
     port = free_port()
     spool = tmp_path / "spill"
-    run = gradwatch.init(project="rel", name="spill", server=f"http://127.0.0.1:{port}", flush_interval=0.02,
-                         spool_dir=str(spool), max_memory_bytes=4096)
+    run = gradwatch.init(
+        project="rel",
+        name="spill",
+        server=f"http://127.0.0.1:{port}",
+        flush_interval=0.02,
+        spool_dir=str(spool),
+        max_memory_bytes=4096,
+    )
     for i in range(3000):
         run.log({"loss": float(i), "other": 2.0 * i})
         if i % 300 == 0:
@@ -141,7 +148,6 @@ def _two_connections(old, new, hello):
 def test_server_with_a_fresh_database_takes_the_rest_of_the_run(settings, tmp_path):
     """Batches acked by a server whose database is gone can't come back; everything after them must."""
     import torch
-
     from training import mlp
 
     port = free_port()

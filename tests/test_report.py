@@ -37,7 +37,7 @@ def test_report_is_self_contained_with_charts_alerts_and_config_diff(server, api
     charts = page.evaluate("""() => Object.fromEntries([...document.querySelectorAll('.chart')].map(
         (d) => [d.dataset.key, d.data.map((t) => [t.name, t.x.length])]))""")
     assert list(charts)[0] == "loss"
-    assert charts["loss"][:2] == [["calm (#%d)" % a, 40], ["&lt;b&gt;nan&lt;/b&gt; (#%d)" % b, 40]]
+    assert charts["loss"][:2] == [[f"calm (#{a})", 40], [f"&lt;b&gt;nan&lt;/b&gt; (#{b})", 40]]
     assert charts["loss"][2] == ["NaN / inf", 1]  # the NaN is a marker, not a gap
     assert "val/acc" in charts
     differs = page.locator("tr.differs td").all_inner_texts()

@@ -8,41 +8,60 @@ import math
 import time
 
 import pytest
+from conftest import in_thread, run_async
 from sqlalchemy import func, select, text, update
 
-from conftest import in_thread, run_async
 from gradwatch import protocol
 from gradwatch_server import cli
-from gradwatch_server.storage import db
-from gradwatch_server.storage import migrate
-from gradwatch_server.storage import retention
+from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.services import Services
 from gradwatch_server.settings import Settings, from_env
+from gradwatch_server.storage import db, migrate, retention
 
 DAY = 86400.0
 LAYERS = 8
 
 
-def seed(engine, name: str, steps: int = 300, status: str = "finished", age_days: float = 100.0,
-         tags: list | None = None, vector_steps: int = 0) -> int:
+def seed(
+    engine,
+    name: str,
+    steps: int = 300,
+    status: str = "finished",
+    age_days: float = 100.0,
+    tags: list | None = None,
+    vector_steps: int = 0,
+) -> int:
     """A run ingested through the real path (loss with a NaN: one alert), then aged and given a status."""
     with engine.begin() as conn:
         run_id = open_run(conn, {"uid": f"uid-{name}", "project": "p", "name": name}, {})["run_id"]
         state = load_state(conn, run_id)
     for seq, lo in enumerate(range(0, steps, 5000), start=1):
         hi = min(lo + 5000, steps)
-        records = [(i, float(i), {"loss": math.nan if i == 7 else 1.0 / (1 + i)},
-                    {"grad": [0.1] * LAYERS} if i < vector_steps else {}) for i in range(lo, hi)]
-        msg = {"type": "batch", "seq": seq, "columns": protocol.encode_columns(records),
-               "layouts": {"grad": [f"l{j}" for j in range(LAYERS)]}}
+        records = [
+            (
+                i,
+                float(i),
+                {"loss": math.nan if i == 7 else 1.0 / (1 + i)},
+                {"grad": [0.1] * LAYERS} if i < vector_steps else {},
+            )
+            for i in range(lo, hi)
+        ]
+        msg = {
+            "type": "batch",
+            "seq": seq,
+            "columns": protocol.encode_columns(records),
+            "layouts": {"grad": [f"l{j}" for j in range(LAYERS)]},
+        }
         with engine.begin() as conn:
             apply_batch(conn, state, decode(msg))
     with engine.begin() as conn:
-        conn.execute(update(db.runs).where(db.runs.c.id == run_id).values(
-            status=status, updated_at=time.time() - age_days * DAY, tags=json.dumps(tags or [])))
+        conn.execute(
+            update(db.runs)
+            .where(db.runs.c.id == run_id)
+            .values(status=status, updated_at=time.time() - age_days * DAY, tags=json.dumps(tags or []))
+        )
     return run_id
 
 
@@ -51,11 +70,13 @@ def owned(engine, run_id: int) -> dict:
     keys = select(db.metric_keys.c.id).where(db.metric_keys.c.run_id == run_id).scalar_subquery()
     with engine.connect() as conn:
         count = lambda t, cond: conn.execute(select(func.count()).select_from(t).where(cond)).scalar()  # noqa: E731
-        return {"runs": count(db.runs, db.runs.c.id == run_id),
-                "keys": count(db.metric_keys, db.metric_keys.c.run_id == run_id),
-                "chunks": count(db.chunks, db.chunks.c.key_id.in_(keys)),
-                "rollups": count(db.rollups, db.rollups.c.key_id.in_(keys)),
-                "alerts": count(db.alerts, db.alerts.c.run_id == run_id)}
+        return {
+            "runs": count(db.runs, db.runs.c.id == run_id),
+            "keys": count(db.metric_keys, db.metric_keys.c.run_id == run_id),
+            "chunks": count(db.chunks, db.chunks.c.key_id.in_(keys)),
+            "rollups": count(db.rollups, db.rollups.c.key_id.in_(keys)),
+            "alerts": count(db.alerts, db.alerts.c.run_id == run_id),
+        }
 
 
 @pytest.fixture
@@ -65,8 +86,18 @@ def offline(tmp_path):
     services.close()
 
 
-@pytest.mark.parametrize("text_, seconds", [("90d", 90 * DAY), ("12h", 43200), ("30m", 1800), ("45s", 45),
-                                            ("2w", 14 * DAY), ("1.5d", 1.5 * DAY), (" 7D ", 7 * DAY)])
+@pytest.mark.parametrize(
+    "text_, seconds",
+    [
+        ("90d", 90 * DAY),
+        ("12h", 43200),
+        ("30m", 1800),
+        ("45s", 45),
+        ("2w", 14 * DAY),
+        ("1.5d", 1.5 * DAY),
+        (" 7D ", 7 * DAY),
+    ],
+)
 def test_durations(text_, seconds):
     assert retention.parse_duration(text_) == seconds
 
@@ -79,10 +110,18 @@ def test_bad_durations_name_the_forms(bad):
 
 def test_collect_deletes_only_old_inactive_runs(offline):
     e = offline.engine
-    ids = {name: seed(e, name, **kw) for name, kw in {
-        "old-finished": {}, "old-crashed": {"status": "crashed"}, "old-failed": {"status": "failed"},
-        "old-running": {"status": "running"}, "old-stalled": {"status": "stalled"},
-        "new-finished": {"age_days": 10}, "old-tagged": {"tags": ["keep"]}}.items()}
+    ids = {
+        name: seed(e, name, **kw)
+        for name, kw in {
+            "old-finished": {},
+            "old-crashed": {"status": "crashed"},
+            "old-failed": {"status": "failed"},
+            "old-running": {"status": "running"},
+            "old-stalled": {"status": "stalled"},
+            "new-finished": {"age_days": 10},
+            "old-tagged": {"tags": ["keep"]},
+        }.items()
+    }
     before = {name: owned(e, i) for name, i in ids.items()}
     assert all(b["chunks"] and b["rollups"] and b["alerts"] == 1 for b in before.values())
 
@@ -114,6 +153,7 @@ def test_a_big_run_is_deleted_in_slices_with_other_jobs_in_between(offline, monk
             if len(order) in (2, 5):  # while a slice runs, a batch arrives: it is queued behind this slice only
                 offline.writer.submit(lambda conn: order.append("ingest"))
             return _real(*args)
+
         monkeypatch.setattr(retention, name, wrapped)
 
     assert run_async(retention.delete_run_in_slices(offline, big, chunk_rows=4, rollup_values=512)) is True
@@ -177,8 +217,9 @@ def test_the_server_collects_on_schedule(tmp_path):
         task = asyncio.create_task(retention.run_on_schedule(services, every=0.05))
         try:
             for _ in range(400):
-                if not services.read(lambda conn: conn.execute(select(db.runs.c.id).where(
-                        db.runs.c.id == old)).first()):
+                if not services.read(
+                    lambda conn: conn.execute(select(db.runs.c.id).where(db.runs.c.id == old)).first()
+                ):
                     break
                 await asyncio.sleep(0.05)
             return services.read(lambda conn: sorted(conn.execute(select(db.runs.c.id)).scalars())), published

@@ -24,7 +24,7 @@ def _brute(steps, values, present):
         lo = min(fin, key=lambda t: (t[1], t[0])) if fin else (rollup.NONE, math.inf)
         hi = min(fin, key=lambda t: (-t[1], t[0])) if fin else (rollup.NONE, -math.inf)
 
-        def first(pred):
+        def first(pred, pts=pts):
             return next((s for s, v in pts if pred(v)), rollup.NONE)
 
         named = [lo[0], hi[0], first(math.isnan), first(lambda v: v == math.inf), first(lambda v: v == -math.inf)]
@@ -44,8 +44,9 @@ def test_summaries_match_brute_force_across_batch_splits(seed):
     cuts = sorted(rng.sample(range(1, k), min(k - 1, rng.randint(0, 3)))) if k > 1 else []
     for lo, hi in zip([0, *cuts], [*cuts, k]):
         groups = np.zeros(hi - lo, dtype=np.int64)
-        _, counts, data = rollup.summarise(steps[lo:hi], 1000.0 + steps[lo:hi] * 0.5, values[lo:hi],
-                                           present[lo:hi], groups)
+        _, counts, data = rollup.summarise(
+            steps[lo:hi], 1000.0 + steps[lo:hi] * 0.5, values[lo:hi], present[lo:hi], groups
+        )
         rollup.merge(block, data[0], int(counts[0]))
     assert block.n == k
     np.testing.assert_array_equal(block.data, _brute(steps, values, present))
@@ -55,8 +56,9 @@ def test_summarise_splits_points_into_their_blocks():
     steps = np.arange(40, dtype=np.float64)
     values = steps[:, None].copy()
     values[21, 0] = math.nan
-    ids, counts, data = rollup.summarise(steps, steps + 1000.0, values, np.ones_like(values, dtype=bool),
-                                         (steps // 16).astype(np.int64))
+    ids, counts, data = rollup.summarise(
+        steps, steps + 1000.0, values, np.ones_like(values, dtype=bool), (steps // 16).astype(np.int64)
+    )
     assert ids.tolist() == [0, 1, 2] and counts.tolist() == [16, 16, 8]
     assert data[:, rollup.MAX_S, 0].tolist() == [15, 31, 39] and data[1, rollup.NAN_S, 0] == 21
 

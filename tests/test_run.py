@@ -6,14 +6,20 @@ import socket
 
 import numpy as np
 import pytest
+from conftest import wait_runs
 
 import gradwatch
-from conftest import wait_runs
 
 
 def test_numpy_values_in_alerts_tags_and_config_are_converted(server, api):
-    run = gradwatch.init(project="r", name="np", server=server.url, alerts={"exploding_gradients.ceiling": np.float64(500)},
-                         tags=[np.str_("a"), "b"], config={"lr": np.float32(0.5), "layers": np.int64(3)})
+    run = gradwatch.init(
+        project="r",
+        name="np",
+        server=server.url,
+        alerts={"exploding_gradients.ceiling": np.float64(500)},
+        tags=[np.str_("a"), "b"],
+        config={"lr": np.float32(0.5), "layers": np.int64(3)},
+    )
     run.log({"loss": 1.0})
     run.finish(timeout=10)
     got = api.get("/api/runs/1")

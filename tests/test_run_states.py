@@ -11,8 +11,9 @@ import subprocess
 import sys
 import time
 
-import gradwatch
 from conftest import Api, wait_runs
+
+import gradwatch
 from gradwatch_server.serve import BackgroundServer
 
 
@@ -57,9 +58,11 @@ def test_the_crash_watcher_survives_a_database_error(settings, tmp_path):
         con.commit()
         con.close()
         # A training process that dies hard: its connection goes, nothing finishes the run.
-        code = ("import gradwatch, os, signal, time; run = gradwatch.init(project='p', name='vanishes', "
-                f"server='{srv.url}'); run.log({{'loss': 1.0}}); time.sleep(1.5); "
-                "os.kill(os.getpid(), signal.SIGKILL)")
+        code = (
+            "import gradwatch, os, signal, time; run = gradwatch.init(project='p', name='vanishes', "
+            f"server='{srv.url}'); run.log({{'loss': 1.0}}); time.sleep(1.5); "
+            "os.kill(os.getpid(), signal.SIGKILL)"
+        )
         proc = subprocess.run([sys.executable, "-c", code], env={**os.environ}, timeout=60)
         assert proc.returncode == -signal.SIGKILL
         wait_runs(api)

@@ -9,11 +9,10 @@ import threading
 import time
 
 import pytest
-from websockets.sync.client import connect
-
 from conftest import Api
 from server_process import ServerProcess
 from test_ingest_ws import Link, _columns_batch
+from websockets.sync.client import connect
 
 pytestmark = pytest.mark.slow
 
@@ -113,8 +112,23 @@ def test_serve_workers_runs_several_processes(postgres_url):
 
 
 def test_workers_refuse_sqlite(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "gradwatch_server.cli", "serve", "--port", "0", "--workers", "2",
-                          "--db", f"sqlite:///{tmp_path / 'x.db'}"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gradwatch_server.cli",
+            "serve",
+            "--port",
+            "0",
+            "--workers",
+            "2",
+            "--db",
+            f"sqlite:///{tmp_path / 'x.db'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode != 0 and "PostgreSQL" in out.stderr
 
 

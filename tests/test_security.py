@@ -18,9 +18,9 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from gradwatch import metadata
-from gradwatch_server.web.security import Refusal, check_host
 from gradwatch_server.serve import BackgroundServer
 from gradwatch_server.settings import Settings
+from gradwatch_server.web.security import Refusal, check_host
 
 TOKEN = "tok-Secret-0123456789abcdef"
 EVIL = "http://evil.example"
@@ -48,8 +48,18 @@ def raw(url: str, method: str, path: str, headers: dict | None = None, body: byt
 def upgrade(url: str, path: str, headers: dict | None = None):
     """A websocket upgrade request by hand (to control Host); 101 means it was accepted."""
     key = base64.b64encode(os.urandom(16)).decode()
-    return raw(url, "GET", path, {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Key": key,
-                                  "Sec-WebSocket-Version": "13", **(headers or {})})
+    return raw(
+        url,
+        "GET",
+        path,
+        {
+            "Connection": "Upgrade",
+            "Upgrade": "websocket",
+            "Sec-WebSocket-Key": key,
+            "Sec-WebSocket-Version": "13",
+            **(headers or {}),
+        },
+    )
 
 
 def ws_status(url: str, path: str, **kwargs) -> tuple[int, str]:
@@ -74,6 +84,7 @@ def token_server(settings):
 
 # --- cross-site websockets and writes (always on) ---------------------------------------------
 
+
 @pytest.mark.parametrize("path", WS_PATHS)
 def test_websocket_with_a_foreign_origin_is_refused(server, path):
     status, body = ws_status(server.url, path, origin=EVIL)
@@ -97,14 +108,18 @@ def test_cross_site_writes_are_refused(server, api):
 def test_foreign_page_in_chromium_cannot_open_the_websocket(server, page):
     page.route("http://evil.example/**", lambda route: route.fulfill(body="<p>evil</p>", content_type="text/html"))
     page.goto("http://evil.example/")
-    result = page.evaluate("""url => new Promise(done => {
+    result = page.evaluate(
+        """url => new Promise(done => {
         const ws = new WebSocket(url);
         ws.onmessage = e => done("read: " + e.data); ws.onerror = () => done("refused");
-    })""", server.url.replace("http://", "ws://") + "/ws/runs")
+    })""",
+        server.url.replace("http://", "ws://") + "/ws/runs",
+    )
     assert result == "refused"
 
 
 # --- DNS rebinding ---------------------------------------------------------------------------
+
 
 def test_rebinding_host_is_refused_on_loopback(server):
     port = urlsplit(server.url).port
@@ -137,6 +152,7 @@ def test_host_check_off_the_loopback_only_with_allowed_hosts():
 
 
 # --- the token: API, both websockets, pages ----------------------------------------------------
+
 
 def test_api_needs_the_token(token_server):
     url = token_server.url
@@ -226,10 +242,13 @@ def test_one_time_link_works_once(token_server, browser):
 
 def _page_websocket(pg, srv) -> str:
     """Open /ws/runs from the page (the browser sends its cookie, never a header)."""
-    return pg.evaluate("""url => new Promise(done => {
+    return pg.evaluate(
+        """url => new Promise(done => {
         const ws = new WebSocket(url);
         ws.onmessage = e => { done(JSON.parse(e.data).type); ws.close(); }; ws.onerror = () => done("refused");
-    })""", srv.url.replace("http://", "ws://") + "/ws/runs")
+    })""",
+        srv.url.replace("http://", "ws://") + "/ws/runs",
+    )
 
 
 def test_login_refuses_cross_site_posts_and_open_redirects(token_server):
@@ -243,6 +262,7 @@ def test_login_refuses_cross_site_posts_and_open_redirects(token_server):
 
 
 # --- limits ---------------------------------------------------------------------------------
+
 
 def test_connection_cap_refuses_with_a_reason(settings):
     srv = BackgroundServer(dataclasses.replace(settings, max_connections=2)).start()
@@ -265,8 +285,13 @@ def test_connection_cap_refuses_with_a_reason(settings):
 def test_oversized_body_is_refused_before_it_is_read(settings):
     srv = BackgroundServer(dataclasses.replace(settings, max_frame_bytes=1000)).start()
     try:
-        status, _, data = raw(srv.url, "PATCH", "/api/runs/1", {"Content-Type": "application/json"},
-                              json.dumps({"notes": "x" * 2000}).encode())
+        status, _, data = raw(
+            srv.url,
+            "PATCH",
+            "/api/runs/1",
+            {"Content-Type": "application/json"},
+            json.dumps({"notes": "x" * 2000}).encode(),
+        )
         assert status == 413 and "max_frame_bytes" in error_of(data)
     finally:
         srv.stop()
@@ -274,12 +299,26 @@ def test_oversized_body_is_refused_before_it_is_read(settings):
 
 # --- the command line: printed link, warning, no token anywhere ------------------------------
 
+
 def _serve(tmp_path, *args, env=None):
     """``gradwatch serve`` as a real process, answering; returns it and the lines it printed up to the URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "gradwatch_server.cli", "serve", "--port", "0",
-                             "--db", f"sqlite:///{tmp_path / 'cli.db'}", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gradwatch_server.cli",
+            "serve",
+            "--port",
+            "0",
+            "--db",
+            f"sqlite:///{tmp_path / 'cli.db'}",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
     lines = []
     while not any("dashboard at" in line for line in lines):
         line = proc.stdout.readline()
@@ -323,8 +362,13 @@ def test_token_never_printed_and_one_time_link_printed(tmp_path):
 
 
 def test_help_never_shows_the_token():
-    out = subprocess.run([sys.executable, "-m", "gradwatch_server.cli", "serve", "--help"], capture_output=True,
-                         text=True, env={**os.environ, "GRADWATCH_TOKEN": TOKEN}, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "gradwatch_server.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "GRADWATCH_TOKEN": TOKEN},
+        check=True,
+    ).stdout
     assert "--token" in out and TOKEN not in out
 
 
@@ -336,9 +380,25 @@ def test_exposed_without_a_token_warns_loudly(tmp_path):
 
 # --- what the training process records about itself -----------------------------------------
 
+
 def test_secrets_in_the_command_line_are_redacted():
-    argv = ["train.py", "--token", "s1", "--hf-token=s2", "--lr", "0.1", "db.password=s3", "--api_key", "s4",
-            "--DB_PASSWORD", "s5", "postgresql://u:s6@db/x", "--steps", "10", "--verbose"]
+    argv = [
+        "train.py",
+        "--token",
+        "s1",
+        "--hf-token=s2",
+        "--lr",
+        "0.1",
+        "db.password=s3",
+        "--api_key",
+        "s4",
+        "--DB_PASSWORD",
+        "s5",
+        "postgresql://u:s6@db/x",
+        "--steps",
+        "10",
+        "--verbose",
+    ]
     out = metadata.redact_argv(argv)
     assert not any(s in " ".join(out) for s in ("s1", "s2", "s3", "s4", "s5", "s6"))
     assert out[:3] == ["train.py", "--token", "***"] and "--hf-token=***" in out
@@ -348,8 +408,14 @@ def test_secrets_in_the_command_line_are_redacted():
 def test_recorded_run_metadata_has_no_secrets(tmp_path):
     code = "import json, gradwatch.metadata as m; print(json.dumps(m.collect()))"
     env = {**os.environ, "GRADWATCH_TOKEN": "env-secret-1", "RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"}
-    out = subprocess.run([sys.executable, "-c", code, "--password", "argv-secret-2", "--key=argv-secret-3"],
-                         capture_output=True, text=True, env=env, check=True, cwd=tmp_path).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code, "--password", "argv-secret-2", "--key=argv-secret-3"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        cwd=tmp_path,
+    ).stdout
     meta = json.loads(out)
     assert "secret" not in out
     assert meta["env"]["GRADWATCH_TOKEN"] == "***" and meta["env"]["RANK"] == "3"
@@ -365,8 +431,13 @@ class _FakeCuda:
     def __getattr__(self, name):
         def call(*args):
             self.calls.append(name)
-            return {"is_available": True, "device_count": 4, "is_initialized": self.initialized,
-                    "current_device": 2}.get(name, type("Props", (), {"name": "H200", "total_memory": 1 << 30}))
+            return {
+                "is_available": True,
+                "device_count": 4,
+                "is_initialized": self.initialized,
+                "current_device": 2,
+            }.get(name, type("Props", (), {"name": "H200", "total_memory": 1 << 30}))
+
         return call
 
 

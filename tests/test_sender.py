@@ -7,8 +7,9 @@ import json
 import socket
 import time
 
-import gradwatch
 from conftest import Api, wait_runs
+
+import gradwatch
 from gradwatch import protocol, values
 from gradwatch.sender import WINDOW
 from gradwatch_server.serve import BackgroundServer
@@ -52,7 +53,9 @@ def test_a_backlog_goes_out_with_a_bounded_window_and_arrives_whole(settings, mo
     assert len(sender.outbox) >= 100
     in_flight = []
     send = sender.link.send
-    monkeypatch.setattr(sender.link, "send", lambda data: (in_flight.append(sender._sent_upto - sender._acked), send(data))[1])
+    monkeypatch.setattr(
+        sender.link, "send", lambda data: (in_flight.append(sender._sent_upto - sender._acked), send(data))[1]
+    )
     srv = BackgroundServer(dataclasses.replace(settings, port=port)).start()
     try:
         run.finish(timeout=30)
@@ -171,8 +174,14 @@ def test_a_full_disk_never_stalls_and_the_loss_is_reported_as_a_gap(settings, tm
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)
     port = free_port()
     try:
-        run = gradwatch.init(project="s", name="full-disk", server=f"http://127.0.0.1:{port}", flush_interval=0.01,
-                             spool_dir=str(disk / "run"), max_memory_bytes=30_000)
+        run = gradwatch.init(
+            project="s",
+            name="full-disk",
+            server=f"http://127.0.0.1:{port}",
+            flush_interval=0.01,
+            spool_dir=str(disk / "run"),
+            max_memory_bytes=30_000,
+        )
         in_log = 0.0
         extra = {f"metric_{k}": 1.0 for k in range(8)}
         for i in range(20_000):
@@ -207,7 +216,7 @@ def test_a_record_that_cannot_be_encoded_is_counted_and_the_rest_delivered(serve
 
     run = gradwatch.init(project="p", name="odd", server=server.url)
     for step in range(30):
-        run._put_record(step, {"loss": 10 ** 400 if step == 7 else 1.0 / (step + 1)}, {})
+        run._put_record(step, {"loss": 10**400 if step == 7 else 1.0 / (step + 1)}, {})
     assert run._sender.flush(20)
     run.finish()
     run_id = api.get("/api/runs")[0]["id"]
@@ -222,9 +231,9 @@ def test_log_refuses_a_step_past_64_bits(server):
     import gradwatch
 
     run = gradwatch.init(project="p", name="big-step", server=server.url)
-    run.log({"loss": 1.0}, step=2 ** 63)  # refused with a warning, never raised into training
-    run.log({"loss": 1.0}, step=2 ** 63 - 1)
-    assert run.step == 2 ** 63
+    run.log({"loss": 1.0}, step=2**63)  # refused with a warning, never raised into training
+    run.log({"loss": 1.0}, step=2**63 - 1)
+    assert run.step == 2**63
     run.finish()
 
 
@@ -233,8 +242,9 @@ def test_batches_fit_a_server_with_a_small_frame_limit_and_a_record_too_big_is_a
     counted as a gap instead of being resent forever."""
     import dataclasses
 
-    import gradwatch
     from conftest import Api
+
+    import gradwatch
     from gradwatch_server.serve import BackgroundServer
     from gradwatch_server.settings import Settings
 

@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 
 from gradwatch import protocol
-from gradwatch_server.storage import db
-from gradwatch_server.storage import store
+from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.ingest.apply import apply_batch, load_state
+from gradwatch_server.storage import db, store
 
 N = 60_000
 LAYERS = 6
@@ -47,11 +46,21 @@ def _ingest(engine, steps: range, restart_at: int | None = None) -> int:
             with engine.begin() as conn:
                 state = load_state(conn, run_id)  # a fresh writer cache, as after a server restart
         seq += 1
-        records = [{"step": i, "t": 1000.0 + i, "scalars": {"loss": protocol.encode_float(_value(i, rng))},
-                    "vectors": {"grad": [protocol.encode_float(v) for v in _vector(i)]}}
-                   for i in range(lo, min(lo + 500, steps.stop))]
-        msg = {"type": "batch", "seq": seq, "records": records,
-               "layouts": {"grad": [f"l{j}" for j in range(LAYERS)]} if seq == 1 else {}}
+        records = [
+            {
+                "step": i,
+                "t": 1000.0 + i,
+                "scalars": {"loss": protocol.encode_float(_value(i, rng))},
+                "vectors": {"grad": [protocol.encode_float(v) for v in _vector(i)]},
+            }
+            for i in range(lo, min(lo + 500, steps.stop))
+        ]
+        msg = {
+            "type": "batch",
+            "seq": seq,
+            "records": records,
+            "layouts": {"grad": [f"l{j}" for j in range(LAYERS)]} if seq == 1 else {},
+        }
         with engine.begin() as conn:
             apply_batch(conn, state, decode(msg))
     return run_id
@@ -86,7 +95,7 @@ def test_envelope_from_rollups_is_real_points_and_keeps_every_outlier(big, start
     got = dict(_decoded(s))
     for st, v in inside.items():
         assert st in got and (got[st] == v or (math.isnan(v) and math.isnan(got[st]))), st
-    finite = [v for v in truth[lo:hi + 1] if math.isfinite(v)]
+    finite = [v for v in truth[lo : hi + 1] if math.isfinite(v)]
     assert min(finite) in got.values() and max(finite) in got.values()
 
 
@@ -111,10 +120,10 @@ def test_heatmap_matches_a_brute_force_bucket_max(big):
     with engine.connect() as conn:
         heat = store.get_heatmap(conn, run_id, "grad", max_steps=-(-N // 256))
     assert heat["bucket"] == 256 and heat["layers"] == [f"l{j}" for j in range(LAYERS)]
-    assert heat["steps"] == list(range(0, N, 256))[:len(heat["steps"])]
+    assert heat["steps"] == list(range(0, N, 256))[: len(heat["steps"])]
     vecs = np.array([[np.nan if v is None else v for v in _vector(i)] for i in range(N)])
     for col, start in enumerate(heat["steps"]):
-        chunk = vecs[start:start + 256]
+        chunk = vecs[start : start + 256]
         for layer in range(LAYERS):
             got = heat["values"][layer][col]
             column = chunk[:, layer]
@@ -138,11 +147,23 @@ def test_rollup_reads_fall_back_to_raw_when_the_layout_changed(tmp_path):
         run_id = open_run(conn, {"uid": "u", "project": "p", "name": "n"}, {})["run_id"]
         state = load_state(conn, run_id)
     for seq, (width, lo) in enumerate([(2, 0), (3, 5000)], start=1):
-        records = [{"step": i, "t": float(i), "scalars": {}, "vectors": {"grad": [float(i % 10)] * width}}
-                   for i in range(lo, lo + 5000)]
+        records = [
+            {"step": i, "t": float(i), "scalars": {}, "vectors": {"grad": [float(i % 10)] * width}}
+            for i in range(lo, lo + 5000)
+        ]
         with engine.begin() as conn:
-            apply_batch(conn, state, decode({"type": "batch", "seq": seq, "records": records,
-                                             "layouts": {"grad": [f"l{j}" for j in range(width)]}}))
+            apply_batch(
+                conn,
+                state,
+                decode(
+                    {
+                        "type": "batch",
+                        "seq": seq,
+                        "records": records,
+                        "layouts": {"grad": [f"l{j}" for j in range(width)]},
+                    }
+                ),
+            )
     with engine.connect() as conn:
         s = store.get_series(conn, run_id, "grad/l0", max_points=40)
         heat = store.get_heatmap(conn, run_id, "grad", max_steps=10)

@@ -18,12 +18,17 @@ def test_env_vars_and_overrides():
     assert from_env({}, port=1234).port == 1234
 
 
-@pytest.mark.parametrize("env, message", [({"GRADWATCH_PORT": "abc"}, "GRADWATCH_PORT"),
-                                          ({"GRADWATCH_ALERTS": "[1]"}, "JSON object"),
-                                          ({"GRADWATCH_WEBHOOK": "ftp://x"}, "http"),
-                                          ({"GRADWATCH_MAX_CONNECTIONS": "0"}, "max_connections"),
-                                          ({"GRADWATCH_MAX_FRAME_BYTES": "-1"}, "max_frame_bytes"),
-                                          ({"GRADWATCH_TOKEN": " padded "}, "whitespace")])
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"GRADWATCH_PORT": "abc"}, "GRADWATCH_PORT"),
+        ({"GRADWATCH_ALERTS": "[1]"}, "JSON object"),
+        ({"GRADWATCH_WEBHOOK": "ftp://x"}, "http"),
+        ({"GRADWATCH_MAX_CONNECTIONS": "0"}, "max_connections"),
+        ({"GRADWATCH_MAX_FRAME_BYTES": "-1"}, "max_frame_bytes"),
+        ({"GRADWATCH_TOKEN": " padded "}, "whitespace"),
+    ],
+)
 def test_bad_values_give_clear_errors(env, message):
     with pytest.raises(ValueError, match=message):
         from_env(env)
@@ -48,10 +53,22 @@ def test_help_lists_every_setting_with_its_env_var():
 
 
 def test_limits_have_the_names_the_ingest_code_reads():
-    s = from_env({"GRADWATCH_MAX_KEYS_PER_RUN": "7", "GRADWATCH_MAX_LAYERS": "9", "GRADWATCH_MAX_BUFFERED_BYTES": "11",
-                  "GRADWATCH_MAX_FRAME_BYTES": "13", "GRADWATCH_MAX_CONNECTIONS": "5"})
-    assert (s.max_keys_per_run, s.max_layers, s.max_buffered_bytes, s.max_frame_bytes, s.max_connections) == \
-        (7, 9, 11, 13, 5)
+    s = from_env(
+        {
+            "GRADWATCH_MAX_KEYS_PER_RUN": "7",
+            "GRADWATCH_MAX_LAYERS": "9",
+            "GRADWATCH_MAX_BUFFERED_BYTES": "11",
+            "GRADWATCH_MAX_FRAME_BYTES": "13",
+            "GRADWATCH_MAX_CONNECTIONS": "5",
+        }
+    )
+    assert (s.max_keys_per_run, s.max_layers, s.max_buffered_bytes, s.max_frame_bytes, s.max_connections) == (
+        7,
+        9,
+        11,
+        13,
+        5,
+    )
     assert Settings().max_frame_bytes == 16 << 20 and Settings().max_buffered_bytes == 64 << 20
 
 
@@ -64,9 +81,19 @@ def test_token_is_never_in_a_repr_or_the_help(monkeypatch):
     assert "GRADWATCH_TOKEN" in help_text and "tok-" not in help_text
 
 
-@pytest.mark.parametrize("host, loopback", [("127.0.0.1", True), ("127.0.0.2", True), ("::1", True),
-                                            ("localhost", True), ("0.0.0.0", False), ("::", False),
-                                            ("10.1.2.3", False), ("gpu-box", False)])
+@pytest.mark.parametrize(
+    "host, loopback",
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("10.1.2.3", False),
+        ("gpu-box", False),
+    ],
+)
 def test_loopback_binding_is_recognised(host, loopback):
     assert Settings(host=host).on_loopback is loopback
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 import socket
 
-import gradwatch
 from conftest import Api
+
+import gradwatch
 from gradwatch import spool
-from gradwatch_server.serve import BackgroundServer
 from gradwatch_server.cli.sync import sync
+from gradwatch_server.serve import BackgroundServer
 
 
 def _offline_run(port: int, name: str, steps: int) -> None:
@@ -48,8 +49,9 @@ def test_sync_of_a_missing_path_says_it_does_not_exist(tmp_path, capsys):
 
 
 def test_sync_skips_a_spool_a_live_run_holds(server, tmp_path):
-    run = gradwatch.init(project="sync", name="live", server="http://127.0.0.1:1", max_memory_bytes=100,
-                         flush_interval=0.01)
+    run = gradwatch.init(
+        project="sync", name="live", server="http://127.0.0.1:1", max_memory_bytes=100, flush_interval=0.01
+    )
     for i in range(500):
         run.log({"loss": float(i)})
         if i % 100 == 99:
@@ -111,7 +113,9 @@ def test_a_run_meant_for_another_server_is_not_delivered_in_the_background(serve
     old.finish(timeout=2)
     root = gradwatch.spool.default_root()
     [spooled] = gradwatch.spool.pending_runs(root)
-    assert oct((spooled / "run.json").stat().st_mode & 0o777) == "0o600" and oct(spooled.stat().st_mode & 0o777) == "0o700"
+    assert (
+        oct((spooled / "run.json").stat().st_mode & 0o777) == "0o600" and oct(spooled.stat().st_mode & 0o777) == "0o700"
+    )
     new = gradwatch.init(project="p", name="here", server=server.url)
     new.log({"loss": 0.5})
     new.finish()

@@ -12,33 +12,44 @@ from gradwatch import thresholds
 
 
 def test_valid_overrides_become_floats_numpy_scalars_included():
-    got = thresholds.validate({"exploding_gradients.ceiling": np.float32(500), "loss_spike.window": np.int64(50),
-                               "missing_gradients.patience": 3})
+    got = thresholds.validate(
+        {
+            "exploding_gradients.ceiling": np.float32(500),
+            "loss_spike.window": np.int64(50),
+            "missing_gradients.patience": 3,
+        }
+    )
     assert got == {"exploding_gradients.ceiling": 500.0, "loss_spike.window": 50.0, "missing_gradients.patience": 3.0}
     assert all(type(v) is float for v in got.values())
     assert thresholds.validate(None) == {} and thresholds.validate({}) == {}
 
 
 def test_unknown_name_suggests_the_close_one():
-    with pytest.raises(ValueError, match=r"unknown alert threshold 'exploding_gradient.ceiling'.*"
-                                         r"Did you mean 'exploding_gradients.ceiling'"):
+    with pytest.raises(
+        ValueError,
+        match=r"unknown alert threshold 'exploding_gradient.ceiling'.*"
+        r"Did you mean 'exploding_gradients.ceiling'",
+    ):
         thresholds.validate({"exploding_gradient.ceiling": 10})
 
 
-@pytest.mark.parametrize("name, value, words", [
-    ("loss_spike.window", "100", "must be a number"),
-    ("loss_spike.window", None, "must be a number"),
-    ("loss_spike.window", True, "must be a number"),
-    ("loss_spike.window", [1], "must be a number"),
-    ("loss_spike.factor", float("nan"), "NaN"),
-    ("loss_spike.window", 0, "must be >= 1"),
-    ("zero_gradients.patience", -3, "must be >= 1"),
-    ("loss_spike.window", 2.5, "whole number"),
-    ("vanishing_gradients.ratio", 2.0, "<= 1"),
-    ("memory_pressure.fraction", 0, "> 0"),
-    ("exploding_gradients.ceiling", -1, "> 0"),
-    ("loss_divergence.factor", 0.5, "> 1"),
-])
+@pytest.mark.parametrize(
+    "name, value, words",
+    [
+        ("loss_spike.window", "100", "must be a number"),
+        ("loss_spike.window", None, "must be a number"),
+        ("loss_spike.window", True, "must be a number"),
+        ("loss_spike.window", [1], "must be a number"),
+        ("loss_spike.factor", float("nan"), "NaN"),
+        ("loss_spike.window", 0, "must be >= 1"),
+        ("zero_gradients.patience", -3, "must be >= 1"),
+        ("loss_spike.window", 2.5, "whole number"),
+        ("vanishing_gradients.ratio", 2.0, "<= 1"),
+        ("memory_pressure.fraction", 0, "> 0"),
+        ("exploding_gradients.ceiling", -1, "> 0"),
+        ("loss_divergence.factor", 0.5, "> 1"),
+    ],
+)
 def test_bad_values_say_what_is_wrong(name, value, words):
     with pytest.raises(ValueError, match=words) as info:
         thresholds.validate({name: value})

@@ -21,8 +21,9 @@ DOC = Path(__file__).resolve().parent.parent / "docs" / "integrations" / "transf
 
 def tiny_model():
     torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=50, n_positions=16,
-                                      bos_token_id=0, eos_token_id=0))
+    return GPT2LMHeadModel(
+        GPT2Config(n_layer=2, n_head=2, n_embd=16, vocab_size=50, n_positions=16, bos_token_id=0, eos_token_id=0)
+    )
 
 
 def data(n=32):
@@ -31,8 +32,17 @@ def data(n=32):
 
 
 def args(tmp_path, **kwargs):
-    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=8, learning_rate=1e-3, logging_steps=1,
-                save_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, hub_token="hf_secret")
+    base = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=8,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        hub_token="hf_secret",
+    )
     return TrainingArguments(**{**base, **kwargs})
 
 
@@ -42,9 +52,13 @@ def series(api, run_id, key):
 
 def test_trainer_streams_config_logs_and_layer_norms(server, api, tmp_path):
     train = data()
-    trainer = Trainer(model=tiny_model(), args=args(tmp_path, max_steps=6, max_grad_norm=0, eval_strategy="steps",
-                                                    eval_steps=3), train_dataset=train, eval_dataset=train[:8],
-                      callbacks=[GradwatchCallback(project="hf", name="gpt2", server=server.url)])
+    trainer = Trainer(
+        model=tiny_model(),
+        args=args(tmp_path, max_steps=6, max_grad_norm=0, eval_strategy="steps", eval_steps=3),
+        train_dataset=train,
+        eval_dataset=train[:8],
+        callbacks=[GradwatchCallback(project="hf", name="gpt2", server=server.url)],
+    )
     trainer.train()
     run = api.get("/api/runs")[0]
     assert (run["name"], run["status"]) == ("gpt2", "finished")
@@ -55,8 +69,13 @@ def test_trainer_streams_config_logs_and_layer_norms(server, api, tmp_path):
     assert series(api, rid, "loss")["steps"] == [1, 2, 3, 4, 5, 6]
     assert series(api, rid, "eval_loss")["steps"] == [3, 6]
     keys = api.get(f"/api/runs/{rid}/keys")
-    assert {"grad/transformer.h.0.attn.c_attn.weight", "grad/transformer.h.1.mlp.c_proj.weight", "learning_rate",
-            "lr/0", "lr/1"} <= set(keys)  # the Trainer's two parameter groups (with and without weight decay)
+    assert {
+        "grad/transformer.h.0.attn.c_attn.weight",
+        "grad/transformer.h.1.mlp.c_proj.weight",
+        "learning_rate",
+        "lr/0",
+        "lr/1",
+    } <= set(keys)  # the Trainer's two parameter groups (with and without weight decay)
     # Our global norm (captured before each optimizer step) is the Trainer's own grad_norm, step for step.
     ours, theirs = series(api, rid, "grad/global_norm"), series(api, rid, "grad_norm")
     assert ours["steps"] == theirs["steps"] == [1, 2, 3, 4, 5, 6]
@@ -78,9 +97,12 @@ class PoisonAt(TrainerCallback):
 
 
 def test_on_nan_stop_ends_training_through_the_trainer(server, api, tmp_path):
-    trainer = Trainer(model=tiny_model(), args=args(tmp_path, max_steps=50), train_dataset=data(),
-                      callbacks=[PoisonAt(2), GradwatchCallback(project="hf", name="nan", server=server.url,
-                                                                on_nan="stop")])
+    trainer = Trainer(
+        model=tiny_model(),
+        args=args(tmp_path, max_steps=50),
+        train_dataset=data(),
+        callbacks=[PoisonAt(2), GradwatchCallback(project="hf", name="nan", server=server.url, on_nan="stop")],
+    )
     trainer.train()
     assert trainer.state.global_step == 3  # the first NaN step was logged, and training stopped there
     run = api.get("/api/runs")[0]
@@ -95,8 +117,10 @@ def test_docs_example_runs(server, api, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     code = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
     assert len(code) == 1
-    exec(compile(code[0].replace("/tmp/gradwatch-hf-example", str(tmp_path / "out")), str(DOC), "exec"),
-         {"__name__": "docs_example"})
+    exec(
+        compile(code[0].replace("/tmp/gradwatch-hf-example", str(tmp_path / "out")), str(DOC), "exec"),
+        {"__name__": "docs_example"},
+    )
     run = api.get("/api/runs")[0]
     assert (run["project"], run["name"], run["status"]) == ("hf", "tiny-gpt2", "finished")
     assert series(api, run["id"], "loss")["steps"] == list(range(1, 9))

@@ -6,11 +6,10 @@ import types
 
 import pytest
 import torch
+from torch import nn
+from training import mlp, regression_data
 
 import gradwatch
-from torch import nn
-
-from training import mlp, regression_data
 
 GIB = 2**30
 
@@ -21,8 +20,9 @@ def fake_gpu(monkeypatch):
     counters = {"step": 0}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda i: types.SimpleNamespace(name="Fake GPU", total_memory=80 * GIB))
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(name="Fake GPU", total_memory=80 * GIB)
+    )
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: (2 + counters["step"]) * GIB)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: (4 + 4 * counters["step"]) * GIB)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: (3 + counters["step"]) * GIB)

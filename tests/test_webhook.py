@@ -54,7 +54,7 @@ def test_alert_is_posted_with_slack_text_after_retries(settings):
             run.log({"loss": 1.0 if i != 6 else float("nan")})
         bad_step_time = time.time()
         run.finish()
-        (received_at, body), = receiver.wait(1)
+        ((received_at, body),) = receiver.wait(1)
         assert body["alert"]["kind"] == "nan_loss" and body["alert"]["step"] == 6
         assert "nan_loss" in body["text"] and "nan-run" in body["text"]
         assert received_at - bad_step_time < 10  # includes two failed attempts with backoff
@@ -65,7 +65,7 @@ def test_alert_is_posted_with_slack_text_after_retries(settings):
 
 def test_bad_step_to_alert_latency_is_sub_second(server, api):
     run = gradwatch.init(project="hooks", name="latency", server=server.url, flush_interval=0.1)
-    for i in range(20):
+    for _i in range(20):
         run.log({"loss": 1.0})
     time.sleep(0.3)
     t0 = time.time()

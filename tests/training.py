@@ -28,7 +28,7 @@ def train(run, steps=50, lr=0.05, model=None, opt_cls=torch.optim.SGD, watch=Tru
     opt = opt_cls(model.parameters(), lr=lr)
     if watch:
         run.watch(model, opt)
-    for step in range(steps):
+    for _step in range(steps):
         idx = torch.randint(0, len(x), (32,))
         out = model(x[idx])
         loss = loss_fn(out, y[idx]) if loss_fn else ((out - y[idx]) ** 2).mean()
@@ -82,7 +82,7 @@ class Recorder:
         self._step = 0
         self._watcher = None
 
-    def watch(self, model, optimizer=None, scaler=None, every: int = 1) -> "Recorder":
+    def watch(self, model, optimizer=None, scaler=None, every: int = 1) -> Recorder:
         from gradwatch.watcher import Watcher
 
         self._watcher = Watcher(self, model, optimizer, scaler, every)
@@ -90,7 +90,9 @@ class Recorder:
 
     def log(self, data: dict) -> None:
         step, self._step = self._step, self._step + 1
-        self.items.append(("rec", step, {k: float(v.detach() if hasattr(v, "detach") else v) for k, v in data.items()}, {}))
+        self.items.append(
+            ("rec", step, {k: float(v.detach() if hasattr(v, "detach") else v) for k, v in data.items()}, {})
+        )
 
     def finish(self) -> None:
         if self._watcher is not None:
@@ -135,6 +137,7 @@ class Recorder:
         """Every alert the server would raise for this run: records through Monitor.observe_batch in
         batches (cut where a layout changes), held alerts flushed at the end, client alert events."""
         import numpy as np
+
         from gradwatch_server.health import monitor as health
 
         monitor, layouts, alerts, chunk = health.Monitor(), {}, [], []
@@ -156,8 +159,12 @@ class Recorder:
             if rows:
                 vals = np.array([[np.nan if v is None else v for v in chunk[i][2]["grad"]] for i in rows])
                 present = np.array([[v is not None for v in chunk[i][2]["grad"]] for i in rows], dtype=bool)
-                vectors["grad"] = (layouts["grad"], np.array(rows), vals.reshape(len(rows), -1),
-                                   present.reshape(len(rows), -1))
+                vectors["grad"] = (
+                    layouts["grad"],
+                    np.array(rows),
+                    vals.reshape(len(rows), -1),
+                    present.reshape(len(rows), -1),
+                )
             alerts.extend(monitor.observe_batch(steps, scalars, vectors))
             chunk.clear()
 
@@ -168,8 +175,17 @@ class Recorder:
             elif item[0] == "event":
                 ev = item[1]
                 if ev.get("type") == "alert":
-                    alerts.append(health.Alert(ev["kind"], ev.get("step"), ev.get("value"), ev["severity"],
-                                               ev["message"], layer=ev.get("layer"), key=ev.get("key")))
+                    alerts.append(
+                        health.Alert(
+                            ev["kind"],
+                            ev.get("step"),
+                            ev.get("value"),
+                            ev["severity"],
+                            ev["message"],
+                            layer=ev.get("layer"),
+                            key=ev.get("key"),
+                        )
+                    )
             else:
                 chunk.append(item[1:])
                 if len(chunk) >= batch:
@@ -187,7 +203,11 @@ class SeqClassifier(nn.Module):
 
     def __init__(self, vocab=30, hidden=16, out=2, cell=nn.LSTM):
         super().__init__()
-        self.embed, self.rnn, self.head = nn.Embedding(vocab, hidden), cell(hidden, hidden, batch_first=True), nn.Linear(hidden, out)
+        self.embed, self.rnn, self.head = (
+            nn.Embedding(vocab, hidden),
+            cell(hidden, hidden, batch_first=True),
+            nn.Linear(hidden, out),
+        )
 
     def forward(self, tokens):
         return self.head(self.rnn(self.embed(tokens))[0][:, -1])
@@ -198,7 +218,9 @@ class TinyTransformerLM(nn.Module):
 
     def __init__(self, vocab=40, d=32, layers=2):
         super().__init__()
-        self.encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(d, 4, 64, dropout=0.0, batch_first=True), layers)
+        self.encoder = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(d, 4, 64, dropout=0.0, batch_first=True), layers
+        )
         self.decoder = nn.Linear(d, vocab)
         self.embed = nn.Embedding(vocab, d)
 

@@ -13,9 +13,9 @@ import sys
 import time
 
 import torch
+from training import mlp, regression_data
 
 import gradwatch
-from training import mlp, regression_data
 
 server, name, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 mode = sys.argv[4] if len(sys.argv) > 4 else ""

@@ -24,8 +24,7 @@ def _need_server_extra() -> None:
         import sqlalchemy  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as exc:
-        sys.exit(f"gradwatch: the server needs extra packages ({exc.name} is missing): "
-                 "pip install 'gradwatch[server]'")
+        sys.exit(f"gradwatch: the server needs extra packages ({exc.name} is missing): pip install 'gradwatch[server]'")
 
 
 def version() -> str:
@@ -43,23 +42,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gradwatch", description="Live training monitor for PyTorch.")
     parser.add_argument("--version", action="version", version=f"gradwatch {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="run the dashboard and ingest server",
-                           description="Run the gradwatch server. Every flag also reads a GRADWATCH_* env var.")
+    serve = sub.add_parser(
+        "serve",
+        help="run the dashboard and ingest server",
+        description="Run the gradwatch server. Every flag also reads a GRADWATCH_* env var.",
+    )
     add_arguments(serve)
     demo = sub.add_parser(
-        "demo", help="start a server and stream real demo training runs into it",
+        "demo",
+        help="start a server and stream real demo training runs into it",
         description="Start a server and stream three real PyTorch training runs into it, a few seconds apart: "
-                    "two healthy ones and one whose learning rate ramps up until the loss diverges (and is "
-                    "flagged). Uses a database of its own (printed at start), not your default one; keeps "
-                    "serving after training until Ctrl-C.")
+        "two healthy ones and one whose learning rate ramps up until the loss diverges (and is "
+        "flagged). Uses a database of its own (printed at start), not your default one; keeps "
+        "serving after training until Ctrl-C.",
+    )
     add_arguments(demo)
     demo.add_argument("--steps", type=int, default=6000, help="training steps per demo run [6000, ~5 minutes]")
     demo.add_argument("--delay", type=float, default=0.05, help="seconds to sleep per step, to watch it live [0.05]")
     demo.add_argument("--exit", action="store_true", help="exit when the demo runs end instead of serving on")
     sync = sub.add_parser("sync", help="deliver batches a run left on disk when the server was unreachable")
-    sync.add_argument("spool_dir", nargs="?", default=None,
-                      help="the directory printed by the run; without it, every pending run under the spool "
-                           "directory ($GRADWATCH_SPOOL_DIR or ~/.cache/gradwatch/spool)")
+    sync.add_argument(
+        "spool_dir",
+        nargs="?",
+        default=None,
+        help="the directory printed by the run; without it, every pending run under the spool "
+        "directory ($GRADWATCH_SPOOL_DIR or ~/.cache/gradwatch/spool)",
+    )
     sync.add_argument("--server", default=None, help="server address [$GRADWATCH_SERVER or http://127.0.0.1:8765]")
     from gradwatch_server.cli.admin import add_parsers as add_admin_parsers
 
@@ -108,12 +116,16 @@ def check_database(url: str) -> str | None:
 def _address_error(exc: OSError, settings) -> str:
     where = f"{settings.host}:{settings.port}"
     if exc.errno == errno.EADDRINUSE:
-        return (f"port {settings.port} on {settings.host} is already in use (another gradwatch serve?): stop that "
-                "process or pick another port with --port N (--port 0 picks a free one)")
+        return (
+            f"port {settings.port} on {settings.host} is already in use (another gradwatch serve?): stop that "
+            "process or pick another port with --port N (--port 0 picks a free one)"
+        )
     if exc.errno == errno.EACCES:
         return f"not allowed to listen on {where} (ports below 1024 need root): pick another port with --port N"
     if exc.errno in (errno.EADDRNOTAVAIL, errno.EAFNOSUPPORT) or isinstance(exc, socket.gaierror):
-        return f"cannot listen on host {settings.host!r}: use an address of this machine with --host (127.0.0.1, 0.0.0.0)"
+        return (
+            f"cannot listen on host {settings.host!r}: use an address of this machine with --host (127.0.0.1, 0.0.0.0)"
+        )
     return f"cannot start the server on {where}: {exc.strerror or exc}"
 
 
@@ -134,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         from gradwatch_server.cli.sync import sync
 
         sys.exit(sync(args.spool_dir, args.server))
-    from gradwatch_server.cli.runs import COMMANDS as DATA_COMMANDS, main as data_main
+    from gradwatch_server.cli.runs import COMMANDS as DATA_COMMANDS
+    from gradwatch_server.cli.runs import main as data_main
 
     if args.command in DATA_COMMANDS:
         sys.exit(data_main(args))
@@ -174,4 +187,3 @@ def _redacted(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
         return url
-

@@ -18,31 +18,41 @@ EXIT_NEEDS_UPGRADE = 3  # `gradwatch db status`: reachable, but older than this 
 def add_parsers(sub) -> None:
     """The gc and db subcommands, on the ``gradwatch`` parser's subparsers."""
     gc = sub.add_parser(
-        "gc", help="delete runs not updated for a while (retention)",
+        "gc",
+        help="delete runs not updated for a while (retention)",
         description="Delete runs whose last update is older than --older-than, with all their points and alerts. "
-                    "Running and stalled runs are never deleted. Big runs are deleted in short slices, so a "
-                    "server ingesting into the same database is not held up. The server can do this by itself "
-                    "every hour: --retention-days / GRADWATCH_RETENTION_DAYS.")
+        "Running and stalled runs are never deleted. Big runs are deleted in short slices, so a "
+        "server ingesting into the same database is not held up. The server can do this by itself "
+        "every hour: --retention-days / GRADWATCH_RETENTION_DAYS.",
+    )
     gc.add_argument("--older-than", required=True, metavar="AGE", help="e.g. 90d, 12h, 30m, 2w")
     gc.add_argument("--keep-tagged", action="store_true", help="keep runs that have at least one tag")
     gc.add_argument("--dry-run", action="store_true", help="list what would be deleted, delete nothing")
     gc.add_argument("--json", action="store_true", help="print the result as JSON")
     _db_flag(gc)
-    dbp = sub.add_parser("db", help="database schema: upgrade, status, wait",
-                         description="The database schema. `gradwatch serve` upgrades an older database by itself "
-                                     "at start; these do it (or check it) without starting a server.")
+    dbp = sub.add_parser(
+        "db",
+        help="database schema: upgrade, status, wait",
+        description="The database schema. `gradwatch serve` upgrades an older database by itself "
+        "at start; these do it (or check it) without starting a server.",
+    )
     actions = dbp.add_subparsers(dest="db_command", required=True)
     _db_flag(actions.add_parser("upgrade", help="bring the database up to this release's schema (in place)"))
-    _db_flag(actions.add_parser("status", help=f"say whether the database is current (exit {EXIT_NEEDS_UPGRADE}: "
-                                               "it needs `gradwatch db upgrade`)"))
+    _db_flag(
+        actions.add_parser(
+            "status",
+            help=f"say whether the database is current (exit {EXIT_NEEDS_UPGRADE}: it needs `gradwatch db upgrade`)",
+        )
+    )
     wait = actions.add_parser("wait", help="wait until the database answers (used by the Docker image)")
     _db_flag(wait)
     wait.add_argument("--timeout", type=float, default=60.0, help="give up after this many seconds [60]")
 
 
 def _db_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--db", default=None, help="database URL [env GRADWATCH_DB; default the SQLite file of "
-                                                   "`gradwatch serve`]")
+    parser.add_argument(
+        "--db", default=None, help="database URL [env GRADWATCH_DB; default the SQLite file of `gradwatch serve`]"
+    )
 
 
 def main(args) -> int:
@@ -76,15 +86,30 @@ def gc(args, url: str) -> int:
     services = retention.Offline(url)
     try:
         # A pause between slices lets a server sharing this (SQLite) file take the write lock in between.
-        runs = asyncio.run(retention.collect(services, older_than, args.keep_tagged, args.dry_run, now=now,
-                                             on_deleted=show, pause=0.02))
+        runs = asyncio.run(
+            retention.collect(
+                services, older_than, args.keep_tagged, args.dry_run, now=now, on_deleted=show, pause=0.02
+            )
+        )
     finally:
         services.close()
     cutoff = now - older_than
     points = sum(r["points"] for r in runs)
     if args.json:
-        print(json.dumps({"older_than": args.older_than, "cutoff": cutoff, "keep_tagged": args.keep_tagged,
-                          "dry_run": args.dry_run, "runs": runs, "count": len(runs), "points": points}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "older_than": args.older_than,
+                    "cutoff": cutoff,
+                    "keep_tagged": args.keep_tagged,
+                    "dry_run": args.dry_run,
+                    "runs": runs,
+                    "count": len(runs),
+                    "points": points,
+                },
+                indent=2,
+            )
+        )
         return 0
     if args.dry_run:
         for run in runs:
@@ -100,8 +125,10 @@ def gc(args, url: str) -> int:
 
 def describe(run: dict) -> str:
     tags = f", tags {', '.join(map(str, run['tags']))}" if run["tags"] else ""
-    return (f"run {run['id']} {run['project']}/{run['name']} ({run['status']}, last update "
-            f"{_utc(run['updated_at'])}, {run['points']:,} points{tags})")
+    return (
+        f"run {run['id']} {run['project']}/{run['name']} ({run['status']}, last update "
+        f"{_utc(run['updated_at'])}, {run['points']:,} points{tags})"
+    )
 
 
 def _utc(ts: float) -> str:
@@ -116,8 +143,11 @@ def upgrade(args, url: str) -> int:
     after = pending(url)
     if after:
         sys.exit(f"gradwatch: {redacted(url)} is still not current after the upgrade: {'; '.join(after)}")
-    print(f"gradwatch: {redacted(url)} upgraded ({'; '.join(before)})" if before else
-          f"gradwatch: {redacted(url)} was already current; nothing to do")
+    print(
+        f"gradwatch: {redacted(url)} upgraded ({'; '.join(before)})"
+        if before
+        else f"gradwatch: {redacted(url)} was already current; nothing to do"
+    )
     return 0
 
 
@@ -129,8 +159,10 @@ def status(args, url: str) -> int:
     if not changes:
         print(f"gradwatch: {redacted(url)} is current")
         return 0
-    print(f"gradwatch: {redacted(url)} needs `gradwatch db upgrade` (or a `gradwatch serve`, which upgrades at "
-          f"start): {'; '.join(changes)}")
+    print(
+        f"gradwatch: {redacted(url)} needs `gradwatch db upgrade` (or a `gradwatch serve`, which upgrades at "
+        f"start): {'; '.join(changes)}"
+    )
     return EXIT_NEEDS_UPGRADE
 
 
@@ -147,8 +179,7 @@ def pending(url: str) -> list[str]:
     """What an upgrade would change (migrate.pending), read without changing anything."""
     from sqlalchemy import create_engine
 
-    from gradwatch_server.storage import db
-    from gradwatch_server.storage import migrate
+    from gradwatch_server.storage import db, migrate
 
     engine = create_engine(db._postgres_driver(url))
     try:
@@ -176,14 +207,19 @@ def wait(args, url: str) -> int:
                 if said:
                     print(f"gradwatch: the database {redacted(url)} answers", file=sys.stderr, flush=True)
                 return 0
-            except Exception as exc:  # noqa: BLE001 - refused, unknown host, starting up: all mean wait
+            except Exception as exc:  # refused, unknown host, starting up: all mean wait
                 last = first_line(exc)
             if time.monotonic() >= deadline:
-                sys.exit(f"gradwatch: the database {redacted(url)} did not answer within {args.timeout:g} s "
-                         f"(last error: {last}); check GRADWATCH_DB and that PostgreSQL is running and reachable")
+                sys.exit(
+                    f"gradwatch: the database {redacted(url)} did not answer within {args.timeout:g} s "
+                    f"(last error: {last}); check GRADWATCH_DB and that PostgreSQL is running and reachable"
+                )
             if not said:
-                print(f"gradwatch: waiting up to {args.timeout:g} s for the database {redacted(url)} ({last})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"gradwatch: waiting up to {args.timeout:g} s for the database {redacted(url)} ({last})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 said = True
             time.sleep(1.0)
     finally:
@@ -200,5 +236,5 @@ def redacted(url: str) -> str:
 
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL: say it as given
+    except Exception:  # not a URL: say it as given
         return url

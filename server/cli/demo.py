@@ -27,7 +27,7 @@ RUNS = (  # name, optimizer, lr, schedule
 
 def demo_db_path() -> Path:
     """Beside the default database, never the default database itself."""
-    return Path(default_db_url()[len("sqlite:///"):]).parent / "demo.db"
+    return Path(default_db_url()[len("sqlite:///") :]).parent / "demo.db"
 
 
 def make_data(n: int = 1024, seed: int = 0):
@@ -71,8 +71,19 @@ def _evaluate(model, x, y) -> tuple[float, float]:
         return nn.functional.cross_entropy(out, y).item(), (out.argmax(1) == y).float().mean().item()
 
 
-def train(server: str, name: str, optimizer: str, lr: float, schedule: str, steps: int, delay: float,
-          model=None, stop: threading.Event | None = None, project: str = "demo-spirals", token: str = "") -> None:
+def train(
+    server: str,
+    name: str,
+    optimizer: str,
+    lr: float,
+    schedule: str,
+    steps: int,
+    delay: float,
+    model=None,
+    stop: threading.Event | None = None,
+    project: str = "demo-spirals",
+    token: str = "",
+) -> None:
     """One real training run on the spirals, watched by gradwatch, until ``steps`` or ``stop``."""
     import torch
     from torch import nn
@@ -83,11 +94,15 @@ def train(server: str, name: str, optimizer: str, lr: float, schedule: str, step
     g = torch.Generator().manual_seed(1)  # per run: demo threads must not share one RNG
     x, y = make_data()
     vx, vy = make_data(256, seed=1)
-    opt = (torch.optim.Adam(model.parameters(), lr=lr) if optimizer == "Adam"
-           else torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9))
+    opt = (
+        torch.optim.Adam(model.parameters(), lr=lr)
+        if optimizer == "Adam"
+        else torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    )
     config = {"lr": lr, "optimizer": optimizer, "schedule": schedule, "hidden": 64, "batch": 128, "steps": steps}
-    with gradwatch.init(project=project, name=name, config=config, server=server, tags=["demo"],
-                        token=token or None) as run:
+    with gradwatch.init(
+        project=project, name=name, config=config, server=server, tags=["demo"], token=token or None
+    ) as run:
         run.watch(model, opt)
         started = time.perf_counter()
         for step in range(steps):
@@ -130,8 +145,14 @@ def run_demo(settings, steps: int = 6000, delay: float = 0.05, keep_serving: boo
     stagger = min(4.0, steps * delay / 10)  # seconds between run starts: a newcomer sees runs appear
     # Models are built here, one after the other, because weight init draws from torch's global RNG;
     # building them inside the threads made the runs (and whether the bad one diverged) a race.
-    threads = [threading.Thread(target=train, args=(server.url, name, opt, lr, sched, steps, delay, make_model(), stop),
-                                kwargs={"token": settings.token}) for name, opt, lr, sched in RUNS]
+    threads = [
+        threading.Thread(
+            target=train,
+            args=(server.url, name, opt, lr, sched, steps, delay, make_model(), stop),
+            kwargs={"token": settings.token},
+        )
+        for name, opt, lr, sched in RUNS
+    ]
     try:
         for i, t in enumerate(threads):
             if i and stop.wait(stagger):

@@ -9,7 +9,6 @@ import math
 import sys
 
 from gradwatch import protocol
-
 from gradwatch_server.cli.source import Progress, SourceError, decode, open_source, resolve
 
 FORMATS = ("csv", "parquet", "json")
@@ -17,11 +16,14 @@ COLUMNS = ("run_id", "key", "step", "wall_time", "value")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("export", help="write every point of a run to CSV, Parquet or JSON",
-                       description="Every point of every key of a run (per-layer gradient norms as grad/<layer>). "
-                                   "CSV and Parquet are long tables (run_id, key, step, wall_time, value); NaN and "
-                                   "inf stay exact (CSV: nan, inf, -inf; an empty value is a missing gradient). JSON "
-                                   "adds the run's config, metadata and alerts.")
+    p = sub.add_parser(
+        "export",
+        help="write every point of a run to CSV, Parquet or JSON",
+        description="Every point of every key of a run (per-layer gradient norms as grad/<layer>). "
+        "CSV and Parquet are long tables (run_id, key, step, wall_time, value); NaN and "
+        "inf stay exact (CSV: nan, inf, -inf; an empty value is a missing gradient). JSON "
+        "adds the run's config, metadata and alerts.",
+    )
     p.add_argument("run", help="run id, or a run name that matches one run")
     p.add_argument("--format", choices=FORMATS, default="csv")
     p.add_argument("-o", "--output", help="file to write ['run<id>.<format>'; '-' for stdout, csv and json only]")
@@ -32,7 +34,9 @@ def add_parser(sub) -> None:
 def add_source_arguments(p) -> None:
     p.add_argument("--server", help="server address [$GRADWATCH_SERVER or http://127.0.0.1:8765]")
     p.add_argument("--token", help="the server's token [$GRADWATCH_TOKEN]")
-    p.add_argument("--db", help="read this database directly instead of asking a server (sqlite:///... or postgresql://...)")
+    p.add_argument(
+        "--db", help="read this database directly instead of asking a server (sqlite:///... or postgresql://...)"
+    )
 
 
 def collect(source, run_id: int, keys: list[str] | None = None) -> dict:
@@ -72,8 +76,10 @@ def to_csv(data: dict) -> str:
 
 
 def to_json(data: dict) -> str:
-    series = {k: {**s, "values": [protocol.encode_float(v) if v is not None else None for v in s["values"]]}
-              for k, s in data["series"].items()}
+    series = {
+        k: {**s, "values": [protocol.encode_float(v) if v is not None else None for v in s["values"]]}
+        for k, s in data["series"].items()
+    }
     return json.dumps({"run": data["run"], "alerts": data["alerts"], "series": series}, allow_nan=False, indent=1)
 
 
@@ -82,17 +88,24 @@ def _need_pyarrow():
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError:
-        raise SourceError("--format parquet needs pyarrow, which is not installed: pip install pyarrow "
-                          "(or use --format csv / json)") from None
+        raise SourceError(
+            "--format parquet needs pyarrow, which is not installed: pip install pyarrow (or use --format csv / json)"
+        ) from None
     return pa, pq
 
 
 def write_parquet(data: dict, path: str) -> None:
     pa, pq = _need_pyarrow()
     columns = list(zip(*rows(data))) or [[] for _ in COLUMNS]
-    table = pa.table({"run_id": pa.array(columns[0], pa.int64()), "key": pa.array(columns[1], pa.string()),
-                      "step": pa.array(columns[2], pa.int64()), "wall_time": pa.array(columns[3], pa.float64()),
-                      "value": pa.array(columns[4], pa.float64())})
+    table = pa.table(
+        {
+            "run_id": pa.array(columns[0], pa.int64()),
+            "key": pa.array(columns[1], pa.string()),
+            "step": pa.array(columns[2], pa.int64()),
+            "wall_time": pa.array(columns[3], pa.float64()),
+            "value": pa.array(columns[4], pa.float64()),
+        }
+    )
     pq.write_table(table, path)
 
 
@@ -117,8 +130,10 @@ def run_export(args) -> int:
                 with open(output, "w", encoding="utf-8", newline="") as f:
                     f.write(text)
         if output != "-":
-            print(f"gradwatch: exported run {run_id} ({len(data['series'])} keys, {points:,} points) to {output}",
-                  file=sys.stderr)
+            print(
+                f"gradwatch: exported run {run_id} ({len(data['series'])} keys, {points:,} points) to {output}",
+                file=sys.stderr,
+            )
         return 0
     finally:
         source.close()

@@ -16,9 +16,12 @@ EVENTS_GLOB = "events.out.tfevents.*"
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("import-tb", help="bring TensorBoard event files in as runs",
-                       description="Every directory under DIR holding TensorBoard event files becomes a run named by "
-                                   "its path, with every scalar at its original step and wall time.")
+    p = sub.add_parser(
+        "import-tb",
+        help="bring TensorBoard event files in as runs",
+        description="Every directory under DIR holding TensorBoard event files becomes a run named by "
+        "its path, with every scalar at its original step and wall time.",
+    )
     p.add_argument("dir", help="a TensorBoard log directory")
     p.add_argument("--project", default="tensorboard", help="project of the new runs [tensorboard]")
     p.add_argument("--server", help="server address [$GRADWATCH_SERVER or http://127.0.0.1:8765]")
@@ -59,8 +62,9 @@ def read_scalars(directory: Path) -> dict:
     return points
 
 
-def import_dir(directory: Path, points: dict, name: str, project: str, server: str | None, token: str | None,
-               progress) -> tuple:
+def import_dir(
+    directory: Path, points: dict, name: str, project: str, server: str | None, token: str | None, progress
+) -> tuple:
     """Send one directory's scalars (``read_scalars``) as a run; returns (run id, points sent)."""
     import gradwatch
     from gradwatch import protocol
@@ -68,8 +72,14 @@ def import_dir(directory: Path, points: dict, name: str, project: str, server: s
     if not points:
         return None, 0
     first_wall = min(wall for wall, _ in points.values())
-    run = gradwatch.Run(project, name, {"imported_from": str(directory), "tensorboard_start_time": first_wall},
-                        server=server, token=token, tags=["tensorboard"])
+    run = gradwatch.Run(
+        project,
+        name,
+        {"imported_from": str(directory), "tensorboard_start_time": first_wall},
+        server=server,
+        token=token,
+        tags=["tensorboard"],
+    )
     sent = 0
     for step in sorted(points):
         wall, values = points[step]
@@ -94,6 +104,8 @@ def run_import(args) -> int:
     for d, points in loaded:
         name = str(d.relative_to(root)) if d != root else root.resolve().name
         run_id, sent = import_dir(d, points, name, args.project, args.server, args.token, progress)
-        print(f"gradwatch: {d}: {'no scalars' if run_id is None and not sent else f'{sent:,} points -> run {run_id}'}",
-              file=sys.stderr)
+        print(
+            f"gradwatch: {d}: {'no scalars' if run_id is None and not sent else f'{sent:,} points -> run {run_id}'}",
+            file=sys.stderr,
+        )
     return 0

@@ -12,11 +12,11 @@ COMMANDS = ("runs", "export", "import-tb", "report")
 
 def add_parsers(sub) -> None:
     """Add every data command to the ``gradwatch`` parser."""
-    from gradwatch_server.cli import export
-    from gradwatch_server.cli import import_tb
-    from gradwatch_server.cli import report
+    from gradwatch_server.cli import export, import_tb, report
 
-    runs = sub.add_parser("runs", help="list or delete runs", description="List or delete runs on a server (or a database with --db).")
+    runs = sub.add_parser(
+        "runs", help="list or delete runs", description="List or delete runs on a server (or a database with --db)."
+    )
     actions = runs.add_subparsers(dest="action", required=True)
     ls = actions.add_parser("ls", help="list runs, newest first")
     ls.add_argument("--project")
@@ -35,11 +35,14 @@ def add_parsers(sub) -> None:
 
 def main(args) -> int:
     """Run one data command; a problem is one line on stderr and exit status 1."""
-    from gradwatch_server.cli import export
-    from gradwatch_server.cli import import_tb
-    from gradwatch_server.cli import report
+    from gradwatch_server.cli import export, import_tb, report
 
-    handlers = {"runs": run_runs, "export": export.run_export, "import-tb": import_tb.run_import, "report": report.run_report}
+    handlers = {
+        "runs": run_runs,
+        "export": export.run_export,
+        "import-tb": import_tb.run_import,
+        "report": report.run_report,
+    }
     try:
         return handlers[args.command](args)
     except SourceError as exc:
@@ -64,8 +67,17 @@ def _ls(source, args) -> int:
         print(json.dumps(runs, indent=1))
         return 0
     rows = [("ID", "PROJECT", "NAME", "STATUS", "STEP", "ALERTS")]
-    rows += [(str(r["id"]), r["project"], r["name"], r["status"], "" if r["last_step"] is None else str(r["last_step"]),
-              str(r["alert_count"])) for r in runs]
+    rows += [
+        (
+            str(r["id"]),
+            r["project"],
+            r["name"],
+            r["status"],
+            "" if r["last_step"] is None else str(r["last_step"]),
+            str(r["alert_count"]),
+        )
+        for r in runs
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())

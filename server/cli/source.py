@@ -28,8 +28,9 @@ class HttpSource:
     def _call(self, method: str, path: str, **query):
         query = {k: v for k, v in query.items() if v is not None}
         url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")
-        req = urllib.request.Request(url, method=method, headers={"Authorization": f"Bearer {self.token}"}
-                                     if self.token else {})
+        req = urllib.request.Request(
+            url, method=method, headers={"Authorization": f"Bearer {self.token}"} if self.token else {}
+        )
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:
                 return json.loads(resp.read() or b"null")
@@ -40,8 +41,10 @@ class HttpSource:
                 why = err.reason
             raise SourceError(f"{self.base}: {why} (HTTP {err.code})") from None
         except (urllib.error.URLError, OSError) as exc:
-            raise SourceError(f"cannot reach the gradwatch server at {self.base} ({getattr(exc, 'reason', exc)}): "
-                              "start it with `gradwatch serve`, pass --server URL, or read a database with --db") from None
+            raise SourceError(
+                f"cannot reach the gradwatch server at {self.base} ({getattr(exc, 'reason', exc)}): "
+                "start it with `gradwatch serve`, pass --server URL, or read a database with --db"
+            ) from None
 
     def runs(self, project=None, status=None):
         return self._call("GET", "/api/runs", project=project, status=status)
@@ -108,8 +111,7 @@ class DbSource:
         return self._read(store.get_alerts, run_id)
 
     def delete(self, run_id: int):
-        from gradwatch_server.storage import edits
-        from gradwatch_server.storage import store
+        from gradwatch_server.storage import edits, store
 
         self._read(store.get_run, run_id)
         with self.engine.begin() as conn:
@@ -134,8 +136,9 @@ def resolve(source, ref: str) -> int:
     matches = [r for r in source.runs() if r["name"] == ref]
     if len(matches) != 1:
         ids = ", ".join(str(r["id"]) for r in matches)
-        raise SourceError(f"no run named {ref!r}" if not matches else f"{len(matches)} runs are named {ref!r} "
-                          f"(ids {ids}): give an id")
+        raise SourceError(
+            f"no run named {ref!r}" if not matches else f"{len(matches)} runs are named {ref!r} (ids {ids}): give an id"
+        )
     return matches[0]["id"]
 
 

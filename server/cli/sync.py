@@ -49,7 +49,9 @@ def _targets(spool_dir: str | None) -> list[Path] | None:
         return [path]
     runs = spool.pending_runs(path) if path.is_dir() else []
     if not runs:
-        print(f"gradwatch sync: {path} has no run.json and no run spools in it; is it a gradwatch spool "
-              "directory?", file=sys.stderr)
+        print(
+            f"gradwatch sync: {path} has no run.json and no run spools in it; is it a gradwatch spool directory?",
+            file=sys.stderr,
+        )
         return None
     return runs

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 
-from gradwatch.protocol import decode_float
 from sqlalchemy import select, update
 
-from gradwatch_server.storage import db
+from gradwatch.protocol import decode_float
 from gradwatch_server.health import monitor as health
+from gradwatch_server.storage import db
 from gradwatch_server.storage.store import alert_dict
 
 SMALLER_IS_WORSE = ("vanishing_gradients", "zero_gradients")
@@ -30,12 +30,23 @@ def _worse(kind: str, new: float | None, old: float | None) -> bool:
     return abs(new) < abs(old) if kind in SMALLER_IS_WORSE else abs(new) > abs(old)
 
 
-def insert_alert(conn, run_id: int, alert: "health.Alert", now: float) -> dict:
+def insert_alert(conn, run_id: int, alert: health.Alert, now: float) -> dict:
     """Store one new alert row; returns it in API form."""
-    row = {"run_id": run_id, "kind": alert.kind, "step": alert.step, "key": alert.key, "layer": alert.layer,
-           "value": None if alert.value is None else db.to_db_float(alert.value), "severity": alert.severity,
-           "message": alert.message, "created_at": now, "updated_at": now, "count": 1, "last_step": alert.step,
-           "confirmed_step": getattr(alert, "confirmed_step", None)}
+    row = {
+        "run_id": run_id,
+        "kind": alert.kind,
+        "step": alert.step,
+        "key": alert.key,
+        "layer": alert.layer,
+        "value": None if alert.value is None else db.to_db_float(alert.value),
+        "severity": alert.severity,
+        "message": alert.message,
+        "created_at": now,
+        "updated_at": now,
+        "count": 1,
+        "last_step": alert.step,
+        "confirmed_step": getattr(alert, "confirmed_step", None),
+    }
     row["id"] = conn.execute(db.alerts.insert().values(**row)).inserted_primary_key[0]
     return alert_dict(row)
 
@@ -48,11 +59,11 @@ class AlertBook:
         self.rows = rows  # (kind, key, layer) -> API dict of the stored alert
 
     @classmethod
-    def load(cls, conn, run_id: int) -> "AlertBook":
+    def load(cls, conn, run_id: int) -> AlertBook:
         rows = conn.execute(select(db.alerts).where(db.alerts.c.run_id == run_id).order_by(db.alerts.c.id))
         return cls(run_id, {(r.kind, r.key, r.layer): alert_dict(r) for r in rows})
 
-    def record(self, conn, alert: "health.Alert", now: float) -> dict:
+    def record(self, conn, alert: health.Alert, now: float) -> dict:
         """Store a new alert or fold a recurrence into its row; returns the alert as pages should show it."""
         ident = (alert.kind, alert.key, alert.layer)
         old = self.rows.get(ident)

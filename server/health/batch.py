@@ -14,7 +14,6 @@ from collections import deque
 import numpy as np
 
 from gradwatch.protocol import is_loss_key
-
 from gradwatch_server.health.common import Observation, healthy_run
 from gradwatch_server.health.grads import GLOBAL
 from gradwatch_server.health.loss import SPIKE_REFRESH, divergence_state, spike_state
@@ -35,21 +34,32 @@ def observe_batch(monitor, steps, scalars, vectors) -> list:
     if grad is not None:
         layout, rows, values, present = grad
         values = np.asarray(values, dtype=np.float64)
-        grad = (list(layout or []), np.asarray(rows, dtype=np.int64).reshape(-1),
-                values.reshape(len(values), -1), np.asarray(present, dtype=bool).reshape(len(values), -1))
+        grad = (
+            list(layout or []),
+            np.asarray(rows, dtype=np.int64).reshape(-1),
+            values.reshape(len(values), -1),
+            np.asarray(present, dtype=bool).reshape(len(values), -1),
+        )
     gnorm = sc.get(GLOBAL)
     slow = set()
-    bulk = (("nan", lambda st: _nan(st, losses, th)),
-            ("spike", lambda st: _spike(st, losses, th)),
-            ("divergence", lambda st: _divergence(st, losses, th)),
-            ("nonfinite", lambda st: _nonfinite(st, steps, losses, gnorm, grad, th)),
-            ("exploding", lambda st: _exploding(st, gnorm, th)),
-            ("vanishing", lambda st: _vanishing(st, grad, th)),
-            ("zero", lambda st: _streak_free(st, grad, lambda v, p: p & (v == 0.0))),
-            ("missing", lambda st: _streak_free(st, grad, lambda v, p: ~p)),
-            ("memory", lambda st: TOTAL not in sc and _memory(st, sc.get("memory/cuda_reserved"),
-                                                              st.get("total") or monitor.total_memory, th)),
-            ("amp", lambda st: "amp/scale" not in sc))
+    bulk = (
+        ("nan", lambda st: _nan(st, losses, th)),
+        ("spike", lambda st: _spike(st, losses, th)),
+        ("divergence", lambda st: _divergence(st, losses, th)),
+        ("nonfinite", lambda st: _nonfinite(st, steps, losses, gnorm, grad, th)),
+        ("exploding", lambda st: _exploding(st, gnorm, th)),
+        ("vanishing", lambda st: _vanishing(st, grad, th)),
+        ("zero", lambda st: _streak_free(st, grad, lambda v, p: p & (v == 0.0))),
+        ("missing", lambda st: _streak_free(st, grad, lambda v, p: ~p)),
+        (
+            "memory",
+            lambda st: (
+                TOTAL not in sc
+                and _memory(st, sc.get("memory/cuda_reserved"), st.get("total") or monitor.total_memory, th)
+            ),
+        ),
+        ("amp", lambda st: "amp/scale" not in sc),
+    )
     for name, check in bulk:
         if not check(s.setdefault(name, {})):
             slow.add(name)
@@ -137,7 +147,7 @@ def _spike_plan(ks: dict | None, fin: np.ndarray, th):
         mad = np.median(np.abs(wins - med[:, None]), axis=1) * 1.4826
         meds[1:][full], scales[1:][full] = med, np.maximum(mad, 1e-12 + 1e-6 * np.abs(med))
     for j in np.flatnonzero(~full):
-        win = arr[:ends[j]]
+        win = arr[: ends[j]]
         med = float(np.median(win))
         mad = float(np.median(np.abs(win - med))) * 1.4826
         meds[1 + j], scales[1 + j] = med, max(mad, 1e-12 + 1e-6 * abs(med))
@@ -168,7 +178,7 @@ def _divergence(state: dict, losses, th) -> bool:
         if first is None:
             nonzero = np.flatnonzero(fin != 0.0)
             if len(nonzero):
-                first, checked = abs(float(fin[nonzero[0]])), fin[nonzero[0] + 1:]
+                first, checked = abs(float(fin[nonzero[0]])), fin[nonzero[0] + 1 :]
             else:
                 checked = fin[:0]
         if len(checked) and (checked > factor * first).any():
@@ -233,7 +243,11 @@ def _exploding(state: dict, gnorm, th) -> bool:
         return False
     # A lower bound of each value's baseline (the median of its window): the least value seen so far.
     seen = np.concatenate([old, g])
-    low = np.minimum.accumulate(seen)[len(old) - 1:-1] if len(old) else np.concatenate([[np.inf], np.minimum.accumulate(g)[:-1]])
+    low = (
+        np.minimum.accumulate(seen)[len(old) - 1 : -1]
+        if len(old)
+        else np.concatenate([[np.inf], np.minimum.accumulate(g)[:-1]])
+    )
     sizes = np.minimum(len(old) + np.arange(len(g)), W)
     factor = np.where(sizes < mh, th["exploding_gradients.early_factor"], th["exploding_gradients.factor"])
     has = sizes > 0

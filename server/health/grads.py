@@ -7,7 +7,6 @@ import statistics
 from collections import deque
 
 from gradwatch.protocol import is_loss_key
-
 from gradwatch_server.health.common import Alert, Observation, episode, fmt, names
 
 _INF = math.inf
@@ -24,7 +23,8 @@ def _loss_first_message(alert: Alert, loss_step: int) -> Alert:
         f"Gradients are NaN/inf at step {alert.step} because the loss itself went non-finite first (at step "
         f"{loss_step}): every gradient computed from a NaN/inf loss is NaN/inf, so no layer is the origin. "
         "Look at what makes the loss non-finite: log(0) or division by zero in the loss (add an epsilon), a "
-        "learning rate too high (the loss diverged before), or NaN in the inputs or targets.")
+        "learning rate too high (the loss diverged before), or NaN in the inputs or targets."
+    )
     return alert
 
 
@@ -44,17 +44,28 @@ def check_nonfinite_gradients(state: dict, obs: Observation, th: dict) -> list[A
         return out
     g = obs.scalars.get(GLOBAL)
     # The global norm is the L2 norm of the layer norms: when it is finite, every layer's is too.
-    bad = [] if g is not None and math.isfinite(g) else [
-        n for n, v in zip(obs.layers, obs.norms) if v is not None and not -_INF < v < _INF]
+    bad = (
+        []
+        if g is not None and math.isfinite(g)
+        else [n for n, v in zip(obs.layers, obs.norms) if v is not None and not -_INF < v < _INF]
+    )
     if not episode(state, bool(bad) or (g is not None and not math.isfinite(g)), th["nonfinite_gradients.cooldown"]):
         return out
     value = g if g is not None else math.nan
     where = f" in {names(bad)}" if bad else ""
-    alert = Alert("nonfinite_gradients", obs.step, value, "critical", layer=bad[0] if bad else None,
-                  key=GLOBAL, message=(
-                      f"Gradients contain NaN/inf{where} at step {obs.step}. The first listed parameter is "
-                      "nearest the input where it starts. Check for log(0), sqrt of negatives, division by "
-                      "zero or overflow in fp16; lower the learning rate or clip gradients."))
+    alert = Alert(
+        "nonfinite_gradients",
+        obs.step,
+        value,
+        "critical",
+        layer=bad[0] if bad else None,
+        key=GLOBAL,
+        message=(
+            f"Gradients contain NaN/inf{where} at step {obs.step}. The first listed parameter is "
+            "nearest the input where it starts. Check for log(0), sqrt of negatives, division by "
+            "zero or overflow in fp16; lower the learning rate or clip gradients."
+        ),
+    )
     if state.get("loss_bad") is not None:
         out.append(_loss_first_message(alert, state["loss_bad"]))
     elif losses:
@@ -84,10 +95,21 @@ def check_exploding_gradients(state: dict, obs: Observation, th: dict) -> list[A
         why = f"{g / baseline:,.0f}x its {'first steps' if early else 'recent'} median {fmt(baseline)}"
     else:
         why = f"above the {fmt(th['exploding_gradients.ceiling'])} warning level"
-    return [Alert("exploding_gradients", obs.step, g, "warning", layer=top, key=GLOBAL, message=(
-        f"Global gradient norm {fmt(g)} at step {obs.step} is {why}"
-        + (f"; largest in {top}" if top else "")
-        + ". Clip gradients (clip_grad_norm_), lower the learning rate or add warmup before the loss goes NaN."))]
+    return [
+        Alert(
+            "exploding_gradients",
+            obs.step,
+            g,
+            "warning",
+            layer=top,
+            key=GLOBAL,
+            message=(
+                f"Global gradient norm {fmt(g)} at step {obs.step} is {why}"
+                + (f"; largest in {top}" if top else "")
+                + ". Clip gradients (clip_grad_norm_), lower the learning rate or add warmup before the loss goes NaN."
+            ),
+        )
+    ]
 
 
 def _largest_layer(obs: Observation) -> str | None:
@@ -125,18 +147,29 @@ def check_vanishing_gradients(state: dict, obs: Observation, th: dict) -> list[A
     if not episode(state, confirmed, th["vanishing_gradients.cooldown"]):
         return []
     weakest = [n for n, _ in sorted(pairs[:quarter], key=lambda p: p[1])]
-    return [Alert("vanishing_gradients", state["start"], ratio, "warning", layer=weakest[0], key="grad",
-                  confirmed_step=obs.step, message=(
-                      f"Gradients vanish towards the input: the first layers' norms are {ratio:.1e} of the last "
-                      f"layers' for {state['count']} steps since step {state['start']} (weakest: "
-                      f"{names(weakest, 3)}). Try ReLU-family activations instead of sigmoid/tanh, residual "
-                      "connections, normalization layers, or Kaiming/Xavier initialization."))]
+    return [
+        Alert(
+            "vanishing_gradients",
+            state["start"],
+            ratio,
+            "warning",
+            layer=weakest[0],
+            key="grad",
+            confirmed_step=obs.step,
+            message=(
+                f"Gradients vanish towards the input: the first layers' norms are {ratio:.1e} of the last "
+                f"layers' for {state['count']} steps since step {state['start']} (weakest: "
+                f"{names(weakest, 3)}). Try ReLU-family activations instead of sigmoid/tanh, residual "
+                "connections, normalization layers, or Kaiming/Xavier initialization."
+            ),
+        )
+    ]
 
 
 def streaks(state: dict, obs: Observation, bad, patience: float, cooldown: float, any_bad: bool) -> list:
     """Layers whose per-step condition has just held for ``patience`` steps in a row (each reported once
     per episode; an episode ends after ``cooldown`` good steps)."""
-    counts = state.setdefault("counts", {})      # name -> (bad steps in a row, first bad step)
+    counts = state.setdefault("counts", {})  # name -> (bad steps in a row, first bad step)
     reported = state.setdefault("reported", {})  # name -> good steps in a row since reported
     if not any_bad and not counts and not reported:
         return []  # the common healthy step: nothing to count, nothing to reset
@@ -167,33 +200,69 @@ def streaks(state: dict, obs: Observation, bad, patience: float, cooldown: float
 
 def check_zero_gradients(state: dict, obs: Observation, th: dict) -> list[Alert]:
     """Parameters whose gradient is exactly zero for many consecutive steps (dead or disconnected)."""
-    newly = streaks(state, obs, lambda v: v == 0.0, th["zero_gradients.patience"], th["zero_gradients.cooldown"],
-                    0.0 in obs.norms)
+    newly = streaks(
+        state, obs, lambda v: v == 0.0, th["zero_gradients.patience"], th["zero_gradients.cooldown"], 0.0 in obs.norms
+    )
     if not newly:
         return []
     patience = int(th["zero_gradients.patience"])
     if obs.scalars.get(GLOBAL) == 0.0:
-        severity, message = "critical", (
-            f"The global gradient norm has been exactly 0 for {patience} steps: the loss is not connected to "
-            "the parameters. Is the loss computed from the model output? Look for .detach(), "
-            "torch.no_grad(), .item() or a multiplication by zero on the path.")
+        severity, message = (
+            "critical",
+            (
+                f"The global gradient norm has been exactly 0 for {patience} steps: the loss is not connected to "
+                "the parameters. Is the loss computed from the model output? Look for .detach(), "
+                "torch.no_grad(), .item() or a multiplication by zero on the path."
+            ),
+        )
     else:
-        severity, message = "warning", (
-            f"Exactly-zero gradients for {patience}+ steps in {names([n for _, n in newly])}. Likely dead ReLUs "
-            "(try LeakyReLU/lower LR), a multiplication by zero, or a constant path.")
-    return [Alert("zero_gradients", min(s for s, _ in newly), 0.0, severity, layer=newly[0][1], key="grad",
-                  confirmed_step=obs.step, message=message)]
+        severity, message = (
+            "warning",
+            (
+                f"Exactly-zero gradients for {patience}+ steps in {names([n for _, n in newly])}. Likely dead ReLUs "
+                "(try LeakyReLU/lower LR), a multiplication by zero, or a constant path."
+            ),
+        )
+    return [
+        Alert(
+            "zero_gradients",
+            min(s for s, _ in newly),
+            0.0,
+            severity,
+            layer=newly[0][1],
+            key="grad",
+            confirmed_step=obs.step,
+            message=message,
+        )
+    ]
 
 
 def check_missing_gradients(state: dict, obs: Observation, th: dict) -> list[Alert]:
     """Parameters that require grad but get no gradient at all (.grad is None) step after step."""
-    newly = streaks(state, obs, lambda v: v is None, th["missing_gradients.patience"],
-                    th["missing_gradients.cooldown"], None in obs.norms)
+    newly = streaks(
+        state,
+        obs,
+        lambda v: v is None,
+        th["missing_gradients.patience"],
+        th["missing_gradients.cooldown"],
+        None in obs.norms,
+    )
     if not newly:
         return []
     prefixes = sorted({n.rsplit(".", 1)[0] if "." in n else n for _, n in newly})
-    return [Alert("missing_gradients", min(s for s, _ in newly), float(len(newly)), "warning", layer=newly[0][1],
-                  key="grad", confirmed_step=obs.step, message=(
-                      f"{len(newly)} parameter(s) get no gradient (grad is None) in modules {names(prefixes)}. "
-                      "The graph is cut before them (.detach(), torch.no_grad(), .item(), numpy round-trip) or "
-                      "they are unused in forward. Parameters frozen with requires_grad=False are not counted."))]
+    return [
+        Alert(
+            "missing_gradients",
+            min(s for s, _ in newly),
+            float(len(newly)),
+            "warning",
+            layer=newly[0][1],
+            key="grad",
+            confirmed_step=obs.step,
+            message=(
+                f"{len(newly)} parameter(s) get no gradient (grad is None) in modules {names(prefixes)}. "
+                "The graph is cut before them (.detach(), torch.no_grad(), .item(), numpy round-trip) or "
+                "they are unused in forward. Parameters frozen with requires_grad=False are not counted."
+            ),
+        )
+    ]

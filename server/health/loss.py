@@ -7,7 +7,6 @@ import statistics
 from collections import deque
 
 from gradwatch.protocol import is_loss_key
-
 from gradwatch_server.health.common import Alert, Observation, episode, fmt
 
 SPIKE_REFRESH = 8  # steps between recomputing the spike baseline (median / MAD of the window)
@@ -21,10 +20,20 @@ def check_nan_loss(state: dict, obs: Observation, th: dict) -> list[Alert]:
             continue
         ks = state.setdefault(key, {})
         if episode(ks, not math.isfinite(value), th["nan_loss.cooldown"]):
-            out.append(Alert("nan_loss", obs.step, value, "critical", key=key, message=(
-                f"{key} is {fmt(value)} at step {obs.step}. Likely causes: learning rate too high, "
-                "exploding gradients (clip them: torch.nn.utils.clip_grad_norm_), log or division of zero "
-                "(add an epsilon), or bad input (NaN in the data).")))
+            out.append(
+                Alert(
+                    "nan_loss",
+                    obs.step,
+                    value,
+                    "critical",
+                    key=key,
+                    message=(
+                        f"{key} is {fmt(value)} at step {obs.step}. Likely causes: learning rate too high, "
+                        "exploding gradients (clip them: torch.nn.utils.clip_grad_norm_), log or division of zero "
+                        "(add an epsilon), or bad input (NaN in the data)."
+                    ),
+                )
+            )
     return out
 
 
@@ -64,10 +73,20 @@ def check_loss_spike(state: dict, obs: Observation, th: dict) -> list[Alert]:
             spike = is_spike(value, med, scale, th["loss_spike.factor"])
         # Aftershocks of one bad batch are the same episode until the loss is back in range for a while.
         if episode(ks, spike, th["loss_spike.cooldown"]):
-            out.append(Alert("loss_spike", obs.step, value, "warning", key=key, message=(
-                f"{key} jumped to {fmt(value)} at step {obs.step}, far above its recent median {fmt(med)}. "
-                "Often a bad batch, a learning-rate schedule step, or the start of divergence: watch the "
-                "gradient norm; consider clipping or a lower learning rate.")))
+            out.append(
+                Alert(
+                    "loss_spike",
+                    obs.step,
+                    value,
+                    "warning",
+                    key=key,
+                    message=(
+                        f"{key} jumped to {fmt(value)} at step {obs.step}, far above its recent median {fmt(med)}. "
+                        "Often a bad batch, a learning-rate schedule step, or the start of divergence: watch the "
+                        "gradient norm; consider clipping or a lower learning rate."
+                    ),
+                )
+            )
         if not spike:
             window.append(value)
     return out
@@ -102,10 +121,20 @@ def check_loss_divergence(state: dict, obs: Observation, th: dict) -> list[Alert
             bad = above and value > factor * statistics.median(recent)
         if episode(ks, bad, th["loss_divergence.cooldown"]):
             med = statistics.median(recent)
-            out.append(Alert("loss_divergence", obs.step, value, "critical", key=key, message=(
-                f"{key} diverged at step {obs.step}: {fmt(value)} is {value / first:,.0f}x its first value "
-                f"{fmt(first)} (recent median {fmt(med)}), without going NaN. Unless it comes straight back down (one bad "
-                "batch does), the learning rate is too high for this model: lower it (try 10x), add warmup, clip "
-                "gradients (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)).")))
+            out.append(
+                Alert(
+                    "loss_divergence",
+                    obs.step,
+                    value,
+                    "critical",
+                    key=key,
+                    message=(
+                        f"{key} diverged at step {obs.step}: {fmt(value)} is {value / first:,.0f}x its first value "
+                        f"{fmt(first)} (recent median {fmt(med)}), without going NaN. Unless it comes straight back down (one bad "
+                        "batch does), the learning rate is too high for this model: lower it (try 10x), add warmup, clip "
+                        "gradients (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))."
+                    ),
+                )
+            )
         recent.append(value)
     return out

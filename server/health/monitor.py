@@ -25,18 +25,40 @@ from collections.abc import Mapping
 
 from gradwatch import thresholds as _thresholds
 from gradwatch.protocol import is_loss_key
-
 from gradwatch_server.health import batch as health_batch
 from gradwatch_server.health.common import Alert, Observation
-from gradwatch_server.health.grads import (check_exploding_gradients, check_missing_gradients, check_nonfinite_gradients,
-                           check_vanishing_gradients, check_zero_gradients, has_grads)
+from gradwatch_server.health.grads import (
+    check_exploding_gradients,
+    check_missing_gradients,
+    check_nonfinite_gradients,
+    check_vanishing_gradients,
+    check_zero_gradients,
+    has_grads,
+)
 from gradwatch_server.health.loss import check_loss_divergence, check_loss_spike, check_nan_loss
 from gradwatch_server.health.system import check_amp_overflow, check_memory_pressure
 
-__all__ = ["Alert", "Observation", "Monitor", "DEFAULTS", "GRAD_VECTOR", "KINDS", "RULE_KEYS", "relevant",
-           "thresholds", "check_nan_loss", "check_loss_spike", "check_loss_divergence",
-           "check_nonfinite_gradients", "check_exploding_gradients", "check_vanishing_gradients",
-           "check_zero_gradients", "check_missing_gradients", "check_memory_pressure", "check_amp_overflow"]
+__all__ = [
+    "Alert",
+    "Observation",
+    "Monitor",
+    "DEFAULTS",
+    "GRAD_VECTOR",
+    "KINDS",
+    "RULE_KEYS",
+    "relevant",
+    "thresholds",
+    "check_nan_loss",
+    "check_loss_spike",
+    "check_loss_divergence",
+    "check_nonfinite_gradients",
+    "check_exploding_gradients",
+    "check_vanishing_gradients",
+    "check_zero_gradients",
+    "check_missing_gradients",
+    "check_memory_pressure",
+    "check_amp_overflow",
+]
 
 DEFAULTS = _thresholds.DEFAULTS
 GRAD_VECTOR = "grad"
@@ -44,8 +66,19 @@ RULE_KEYS = frozenset({"grad/global_norm", "memory/cuda_reserved", "memory/cuda_
 # Every kind an alert can have: the rules', the client's (missing_gradients for parameters left out of
 # the optimizer, memory_pressure for an OOM crash) and the server's own: data_gap, data_refused, stalled.
 SERVER_KINDS = ("data_gap", "data_refused", "stalled")
-KINDS = ("nan_loss", "loss_spike", "loss_divergence", "nonfinite_gradients", "exploding_gradients",
-         "vanishing_gradients", "zero_gradients", "missing_gradients", "memory_pressure", "amp_overflow", *SERVER_KINDS)
+KINDS = (
+    "nan_loss",
+    "loss_spike",
+    "loss_divergence",
+    "nonfinite_gradients",
+    "exploding_gradients",
+    "vanishing_gradients",
+    "zero_gradients",
+    "missing_gradients",
+    "memory_pressure",
+    "amp_overflow",
+    *SERVER_KINDS,
+)
 
 
 def thresholds(overrides: Mapping | None = None) -> dict:
@@ -117,15 +150,30 @@ class Monitor:
         if "out of memory" not in text.lower() and "OutOfMemoryError" not in text:
             return held
         memory = error.get("memory") or {}
-        detail = ", ".join(f"{k.split('/')[-1]}={v / 2**20:.0f} MiB" for k, v in memory.items()
-                           if isinstance(v, (int, float)))
-        return held + [Alert("memory_pressure", error.get("step"), memory.get("memory/cuda_reserved"), "critical",
-                             key="memory/cuda_reserved", message=(
-                                 "The training process ran out of memory" + (f" ({detail})" if detail else "") +
-                                 ". Try a smaller batch with gradient accumulation, mixed precision, activation "
-                                 "checkpointing, or torch.cuda.empty_cache() between phases."))]
+        detail = ", ".join(
+            f"{k.split('/')[-1]}={v / 2**20:.0f} MiB" for k, v in memory.items() if isinstance(v, (int, float))
+        )
+        return held + [
+            Alert(
+                "memory_pressure",
+                error.get("step"),
+                memory.get("memory/cuda_reserved"),
+                "critical",
+                key="memory/cuda_reserved",
+                message=(
+                    "The training process ran out of memory"
+                    + (f" ({detail})" if detail else "")
+                    + ". Try a smaller batch with gradient accumulation, mixed precision, activation "
+                    "checkpointing, or torch.cuda.empty_cache() between phases."
+                ),
+            )
+        ]
 
 
 _LOSS_RULES = (("nan", check_nan_loss), ("spike", check_loss_spike), ("divergence", check_loss_divergence))
-_GRAD_RULES = (("exploding", check_exploding_gradients), ("vanishing", check_vanishing_gradients),
-               ("zero", check_zero_gradients), ("missing", check_missing_gradients))
+_GRAD_RULES = (
+    ("exploding", check_exploding_gradients),
+    ("vanishing", check_vanishing_gradients),
+    ("zero", check_zero_gradients),
+    ("missing", check_missing_gradients),
+)

@@ -20,10 +20,20 @@ def check_memory_pressure(state: dict, obs: Observation, th: dict, total: float 
     frac = reserved / total
     if not episode(state, frac >= th["memory_pressure.fraction"], th["memory_pressure.cooldown"]):
         return []
-    return [Alert("memory_pressure", obs.step, reserved, "warning", key="memory/cuda_reserved", message=(
-        f"CUDA memory at {frac:.0%} of the device ({reserved / 2**30:.1f} of {total / 2**30:.1f} GiB) at step "
-        f"{obs.step}. To make room: smaller batch with gradient accumulation, mixed precision (torch.autocast), "
-        "activation checkpointing, or free tensors kept across steps (e.g. accumulating losses with graph)."))]
+    return [
+        Alert(
+            "memory_pressure",
+            obs.step,
+            reserved,
+            "warning",
+            key="memory/cuda_reserved",
+            message=(
+                f"CUDA memory at {frac:.0%} of the device ({reserved / 2**30:.1f} of {total / 2**30:.1f} GiB) at step "
+                f"{obs.step}. To make room: smaller batch with gradient accumulation, mixed precision (torch.autocast), "
+                "activation checkpointing, or free tensors kept across steps (e.g. accumulating losses with graph)."
+            ),
+        )
+    ]
 
 
 def amp_drops(state: dict, th: dict) -> deque:
@@ -51,7 +61,18 @@ def check_amp_overflow(state: dict, obs: Observation, th: dict) -> list[Alert]:
         return []
     state["open"] = True
     first = next(s for s in drops if s is not None)
-    return [Alert("amp_overflow", first, scale, "warning", key="amp/scale", confirmed_step=obs.step, message=(
-        f"The AMP GradScaler skipped {skipped} of the last {len(drops)} steps (loss scale now {fmt(scale)}): "
-        "gradients overflow fp16. Check for very large activations or losses, use bf16 if the GPU supports it, "
-        "or lower the learning rate."))]
+    return [
+        Alert(
+            "amp_overflow",
+            first,
+            scale,
+            "warning",
+            key="amp/scale",
+            confirmed_step=obs.step,
+            message=(
+                f"The AMP GradScaler skipped {skipped} of the last {len(drops)} steps (loss scale now {fmt(scale)}): "
+                "gradients overflow fp16. Check for very large activations or losses, use bf16 if the GPU supports it, "
+                "or lower the learning rate."
+            ),
+        )
+    ]

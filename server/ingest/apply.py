@@ -14,17 +14,15 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from gradwatch import protocol
 from sqlalchemy import select, update
 
-from gradwatch_server.storage import chunks
-from gradwatch_server.storage import db
+from gradwatch import protocol
 from gradwatch_server.health import monitor as health
-from gradwatch_server.storage import rollup
 from gradwatch_server.health.alerts import AlertBook
-from gradwatch_server.ingest.batch import Batch
 from gradwatch_server.health.diagnose import diagnose
+from gradwatch_server.ingest.batch import Batch
 from gradwatch_server.ingest.hello import clean_json
+from gradwatch_server.storage import chunks, db, rollup
 
 
 @dataclass
@@ -58,8 +56,10 @@ def load_state(conn, run_id: int) -> RunState:
         if row.layers is not None:
             state.layouts[row.key] = json.loads(row.layers)
     cfg, meta, state.last_step, state.last_seq = conn.execute(
-        select(db.runs.c.alert_config, db.runs.c.meta, db.runs.c.last_step, db.runs.c.last_seq)
-        .where(db.runs.c.id == run_id)).one()
+        select(db.runs.c.alert_config, db.runs.c.meta, db.runs.c.last_step, db.runs.c.last_seq).where(
+            db.runs.c.id == run_id
+        )
+    ).one()
     state.monitor = health.Monitor(health.thresholds(_loads(cfg)), meta=_loads(meta))
     state.alerts = AlertBook.load(conn, run_id)
     _replay_recent(conn, state)
@@ -106,9 +106,11 @@ def _key_id(conn, state: RunState, key: str, limits: Limits, layers: list | None
     if key_id is None:
         if len(state.key_ids) >= limits.max_keys:
             return None
-        key_id = conn.execute(db.metric_keys.insert().values(
-            run_id=state.run_id, key=key, layers=json.dumps(layers) if layers is not None else None
-        )).inserted_primary_key[0]
+        key_id = conn.execute(
+            db.metric_keys.insert().values(
+                run_id=state.run_id, key=key, layers=json.dumps(layers) if layers is not None else None
+            )
+        ).inserted_primary_key[0]
         state.key_ids[key] = key_id
         rollup.new_key(state.rollups, key_id)
     return key_id
@@ -120,8 +122,9 @@ def claim_seq(conn, run_id: int, seq: int) -> bool:
     The conditional update locks the run's row until commit, so of two server processes holding the
     same batch (a client that reconnected elsewhere) exactly one stores it; the other sees 0 rows.
     """
-    done = conn.execute(update(db.runs).where(db.runs.c.id == run_id, db.runs.c.last_seq == seq - 1)
-                        .values(last_seq=seq))
+    done = conn.execute(
+        update(db.runs).where(db.runs.c.id == run_id, db.runs.c.last_seq == seq - 1).values(last_seq=seq)
+    )
     return done.rowcount == 1
 
 
@@ -134,7 +137,7 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
     """Store one batch whose seq the caller claimed (``claim_seq``); returns what to push and what was refused."""
     now = now or time.time()
     limits = limits or Limits()
-    del batch.problems[batch.decoding_problems:]  # a retry (after a failed group commit) starts afresh
+    del batch.problems[batch.decoding_problems :]  # a retry (after a failed group commit) starts afresh
     _apply_layouts(conn, state, batch, limits)
     stored = _store_columns(conn, state, batch, limits)
     new_alerts = _observe(state, batch)
@@ -153,16 +156,25 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
     conn.execute(update(db.runs).where(db.runs.c.id == state.run_id).values(**run_changes))
     state.last_step = run_changes.get("last_step", state.last_step)
     state.last_seq = batch.seq
-    return {"stored": stored, "alerts": changed, "status": run_changes.get("status"),
-            "last_step": run_changes.get("last_step"), "refused": "; ".join(batch.problems)[:2000] or None}
+    return {
+        "stored": stored,
+        "alerts": changed,
+        "status": run_changes.get("status"),
+        "last_step": run_changes.get("last_step"),
+        "refused": "; ".join(batch.problems)[:2000] or None,
+    }
 
 
-def refused_alert(batch: Batch) -> "health.Alert":
+def refused_alert(batch: Batch) -> health.Alert:
     shown = "; ".join(batch.problems[:5]) + (f"; and {len(batch.problems) - 5} more" if len(batch.problems) > 5 else "")
-    return health.Alert("data_refused", int(batch.steps.min()) if len(batch.steps) else None, float(len(batch.problems)),
-                        "warning", key=None, message=(
-                            f"Part of batch {batch.seq} could not be stored: {shown[:1500]}. Everything else in it "
-                            "was stored."))
+    return health.Alert(
+        "data_refused",
+        int(batch.steps.min()) if len(batch.steps) else None,
+        float(len(batch.problems)),
+        "warning",
+        key=None,
+        message=(f"Part of batch {batch.seq} could not be stored: {shown[:1500]}. Everything else in it was stored."),
+    )
 
 
 def _apply_layouts(conn, state: RunState, batch: Batch, limits: Limits) -> None:
@@ -198,13 +210,22 @@ def _store_columns(conn, state: RunState, batch: Batch, limits: Limits) -> dict:
             if kind == "scalar" and column.rows is None:
                 shared.append((key_id, column.values[:, 0]))
             else:
-                rollup.update_rollups(conn, state.rollups, key_id, steps, walls, column.values, points.present(),
-                                      rollup_writes)
+                rollup.update_rollups(
+                    conn, state.rollups, key_id, steps, walls, column.values, points.present(), rollup_writes
+                )
             stored[key] = (kind, steps, walls, column)
     if shared:
         values = np.stack([v for _k, v in shared], axis=1)
-        rollup.update_many(conn, state.rollups, [k for k, _v in shared], batch.steps, batch.walls, values,
-                           np.ones(values.shape, dtype=bool), rollup_writes)
+        rollup.update_many(
+            conn,
+            state.rollups,
+            [k for k, _v in shared],
+            batch.steps,
+            batch.walls,
+            values,
+            np.ones(values.shape, dtype=bool),
+            rollup_writes,
+        )
     chunk_writes.flush(conn)
     rollup_writes.flush(conn)
     return stored
@@ -238,8 +259,12 @@ def _observe(state: RunState, batch: Batch) -> list:
     vecs = {}
     if grad is not None:
         present = np.ones(grad.values.shape, dtype=bool) if grad.missing is None else ~grad.missing
-        vecs[health.GRAD_VECTOR] = (state.layouts.get(health.GRAD_VECTOR) or [],
-                                    every if grad.rows is None else grad.rows, grad.values, present)
+        vecs[health.GRAD_VECTOR] = (
+            state.layouts.get(health.GRAD_VECTOR) or [],
+            every if grad.rows is None else grad.rows,
+            grad.values,
+            present,
+        )
     return state.monitor.observe_batch(batch.steps, cols, vecs)
 
 
@@ -261,16 +286,26 @@ def _apply_event(state: RunState, ev, changes: dict) -> list:
         error = {k: clean_json(ev.get(k)) for k in ("exc_type", "message", "traceback", "step", "memory")}
         error["message"] = str(error["message"])[:20000]
         error["traceback"] = str(error["traceback"])[-50000:]
-        error["diagnosis"] = diagnose(str(ev.get("exc_type"))[:200], error["message"][:4000],
-                                      ev.get("memory") if isinstance(ev.get("memory"), dict) else None)
+        error["diagnosis"] = diagnose(
+            str(ev.get("exc_type"))[:200],
+            error["message"][:4000],
+            ev.get("memory") if isinstance(ev.get("memory"), dict) else None,
+        )
         changes["error"] = json.dumps(error)
         return state.monitor.on_exception(error)
     if kind == "alert":
         step = ev.get("step")
-        return [health.Alert(kind=str(ev.get("kind"))[:40], step=step if type(step) is int else None,
-                             layer=_short(ev.get("layer")), value=protocol.decode_float(ev.get("value")),
-                             severity=str(ev.get("severity", "warning"))[:16], message=str(ev.get("message", ""))[:4000],
-                             key=_short(ev.get("key")))]
+        return [
+            health.Alert(
+                kind=str(ev.get("kind"))[:40],
+                step=step if type(step) is int else None,
+                layer=_short(ev.get("layer")),
+                value=protocol.decode_float(ev.get("value")),
+                severity=str(ev.get("severity", "warning"))[:16],
+                message=str(ev.get("message", ""))[:4000],
+                key=_short(ev.get("key")),
+            )
+        ]
     raise protocol.ProtocolError(f"unknown event type {kind!r}")
 
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from gradwatch import protocol
 
 
@@ -20,8 +21,8 @@ class Column:
     """One key's values in a batch: ``rows`` index the batch's steps (None: every step)."""
 
     rows: np.ndarray | None
-    values: np.ndarray            # (k, slots) float64
-    missing: np.ndarray | None    # (k, slots) bool, True = no value; None when none is missing
+    values: np.ndarray  # (k, slots) float64
+    missing: np.ndarray | None  # (k, slots) bool, True = no value; None when none is missing
 
 
 @dataclass
@@ -29,9 +30,9 @@ class Batch:
     seq: int
     steps: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     walls: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    scalars: dict = field(default_factory=dict)   # key -> Column (slots = 1)
-    vectors: dict = field(default_factory=dict)   # key -> Column
-    layouts: dict = field(default_factory=dict)   # key -> slot names
+    scalars: dict = field(default_factory=dict)  # key -> Column (slots = 1)
+    vectors: dict = field(default_factory=dict)  # key -> Column
+    layouts: dict = field(default_factory=dict)  # key -> slot names
     events: list = field(default_factory=list)
     problems: list = field(default_factory=list)  # what could not be stored, and why
     decoding_problems: int = 0  # how many of those decoding found (applying may add more: see ingest)
@@ -98,7 +99,9 @@ def _from_columns(batch: Batch, cols) -> None:
     for key, (rows, slots, values, missing) in vectors.items():
         k = len(batch.steps) if rows is None else len(rows)
         gone = None if missing is None else (np.frombuffer(missing, dtype=np.uint8).reshape(k, slots) != 0)
-        batch.vectors[key] = Column(_rows(rows), _f64(values).reshape(k, slots), gone if gone is not None and gone.any() else None)
+        batch.vectors[key] = Column(
+            _rows(rows), _f64(values).reshape(k, slots), gone if gone is not None and gone.any() else None
+        )
 
 
 def _f64(values) -> np.ndarray:
@@ -106,7 +109,13 @@ def _f64(values) -> np.ndarray:
 
 
 def _rows(rows) -> np.ndarray | None:
-    return None if rows is None else np.frombuffer(rows, dtype=np.int32).astype(np.intp) if len(rows) else np.zeros(0, np.intp)
+    return (
+        None
+        if rows is None
+        else np.frombuffer(rows, dtype=np.int32).astype(np.intp)
+        if len(rows)
+        else np.zeros(0, np.intp)
+    )
 
 
 def _from_records(batch: Batch, records) -> None:
@@ -137,7 +146,9 @@ def _from_records(batch: Batch, records) -> None:
         return
     batch.steps, batch.walls = np.array(steps, dtype=np.int64), np.array(walls, dtype=np.float64)
     for key, (rows, values) in scalars.items():
-        batch.scalars[key] = Column(np.array(rows, dtype=np.intp), np.array(values, dtype=np.float64).reshape(-1, 1), None)
+        batch.scalars[key] = Column(
+            np.array(rows, dtype=np.intp), np.array(values, dtype=np.float64).reshape(-1, 1), None
+        )
     for key, (rows, values) in vectors.items():
         _vector_from_lists(batch, key, rows, values)
 
@@ -152,6 +163,6 @@ def _vector_from_lists(batch: Batch, key: str, rows: list, values: list) -> None
     data = np.full((len(values), width), math.nan)
     gone = np.ones((len(values), width), dtype=bool)
     for i, v in enumerate(values):
-        data[i, :len(v)] = [math.nan if x is None else x for x in v]
-        gone[i, :len(v)] = [x is None for x in v]
+        data[i, : len(v)] = [math.nan if x is None else x for x in v]
+        gone[i, : len(v)] = [x is None for x in v]
     batch.vectors[key] = Column(np.array(rows, dtype=np.intp), data, gone)

@@ -8,20 +8,20 @@ import json
 import math
 import time
 
-from gradwatch import protocol
 from sqlalchemy import select, update
 
-from gradwatch_server.storage import db
+from gradwatch import protocol
 from gradwatch_server.health import monitor as health
 from gradwatch_server.health.alerts import insert_alert
+from gradwatch_server.storage import db
 
 
-def open_run(conn, info: dict, server_alerts: dict, now: float | None = None,
-             resume_from: int | None = None) -> dict:
+def open_run(conn, info: dict, server_alerts: dict, now: float | None = None, resume_from: int | None = None) -> dict:
     """Create the run for a hello, or resume it (reconnect); returns run_id and acked_seq."""
     now = now or time.time()
-    row = conn.execute(select(db.runs.c.id, db.runs.c.last_seq, db.runs.c.status, db.runs.c.secret)
-                       .where(db.runs.c.uid == info["uid"])).first()
+    row = conn.execute(
+        select(db.runs.c.id, db.runs.c.last_seq, db.runs.c.status, db.runs.c.secret).where(db.runs.c.uid == info["uid"])
+    ).first()
     if row is not None and row.secret is not None and not hmac.compare_digest(row.secret, _secret_hash(info) or ""):
         # A uid alone (it shows in URLs and logs) must not let anyone resume, move the run's sequence or add data.
         raise protocol.ProtocolError("this run uid belongs to another client (its run secret does not match)")
@@ -42,11 +42,22 @@ def _skip_lost_batches(conn, opened: dict, resume_from: int, now: float) -> None
     gone): say so in an alert and carry on from what it has, instead of refusing it forever."""
     first_lost, last_lost = opened["acked_seq"] + 1, resume_from - 1
     conn.execute(update(db.runs).where(db.runs.c.id == opened["run_id"]).values(last_seq=last_lost, updated_at=now))
-    insert_alert(conn, opened["run_id"], health.Alert(
-        "data_gap", None, float(last_lost - first_lost + 1), "warning", message=(
-            f"Batches {first_lost}-{last_lost} of this run were acknowledged earlier by a server that no longer has "
-            "them (was the database replaced or restored from a backup?). Everything the training process still "
-            "held is stored from here on.")), now)
+    insert_alert(
+        conn,
+        opened["run_id"],
+        health.Alert(
+            "data_gap",
+            None,
+            float(last_lost - first_lost + 1),
+            "warning",
+            message=(
+                f"Batches {first_lost}-{last_lost} of this run were acknowledged earlier by a server that no longer has "
+                "them (was the database replaced or restored from a backup?). Everything the training process still "
+                "held is stored from here on."
+            ),
+        ),
+        now,
+    )
     opened.update(acked_seq=last_lost, skipped=last_lost - first_lost + 1)
 
 
@@ -60,21 +71,35 @@ def ensure_layouts(conn, run_id: int, layouts: dict, max_keys: int = 10000, max_
             raise protocol.ProtocolError(f"layout of {key!r} must be a list of names")
         if key in known or len(names) > max_layers or len(known) + len(added) >= max_keys:
             continue  # over a limit: left to the batches, where the refusal is reported on the run
-        conn.execute(db.metric_keys.insert().values(run_id=run_id, key=key,
-                                                    layers=json.dumps([protocol.clean_text(n)[:256] for n in names])))
+        conn.execute(
+            db.metric_keys.insert().values(
+                run_id=run_id, key=key, layers=json.dumps([protocol.clean_text(n)[:256] for n in names])
+            )
+        )
         added.append(key)
     return added
 
 
 def _create_run(conn, info: dict, server_alerts: dict, now: float) -> dict:
     alerts = info.get("alerts") if isinstance(info.get("alerts"), dict) else {}
-    result = conn.execute(db.runs.insert().values(
-        uid=info["uid"], project=protocol.clean_text(info.get("project") or "default")[:200],
-        secret=_secret_hash(info), name=protocol.clean_text(info.get("name") or info["uid"][:8])[:200],
-        status="running", created_at=now, updated_at=now, seen_at=now,
-        last_seq=0, config=_json(info.get("config") or {}), meta=_json(info.get("meta") or {}),
-        alert_config=_json({**server_alerts, **alerts}),
-        tags=_json([str(t) for t in info.get("tags") or []] if isinstance(info.get("tags"), list) else []), notes=""))
+    result = conn.execute(
+        db.runs.insert().values(
+            uid=info["uid"],
+            project=protocol.clean_text(info.get("project") or "default")[:200],
+            secret=_secret_hash(info),
+            name=protocol.clean_text(info.get("name") or info["uid"][:8])[:200],
+            status="running",
+            created_at=now,
+            updated_at=now,
+            seen_at=now,
+            last_seq=0,
+            config=_json(info.get("config") or {}),
+            meta=_json(info.get("meta") or {}),
+            alert_config=_json({**server_alerts, **alerts}),
+            tags=_json([str(t) for t in info.get("tags") or []] if isinstance(info.get("tags"), list) else []),
+            notes="",
+        )
+    )
     return {"run_id": result.inserted_primary_key[0], "acked_seq": 0, "created": True}
 
 

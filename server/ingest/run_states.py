@@ -6,9 +6,9 @@ import time
 
 from sqlalchemy import func, select, update
 
-from gradwatch_server.storage import db
 from gradwatch_server.health import monitor as health
 from gradwatch_server.health.alerts import AlertBook
+from gradwatch_server.storage import db
 
 
 def heartbeat(conn, run_ids: list[int], now: float | None = None) -> None:
@@ -24,8 +24,12 @@ def mark_crashed(conn, cutoff: float, now: float | None = None) -> list[int]:
     announced) by exactly one of them.
     """
     seen = func.coalesce(db.runs.c.seen_at, db.runs.c.updated_at)
-    rows = conn.execute(update(db.runs).where(db.runs.c.status.in_(("running", "stalled")), seen < cutoff)
-                        .values(status="crashed", updated_at=now or time.time()).returning(db.runs.c.id)).all()
+    rows = conn.execute(
+        update(db.runs)
+        .where(db.runs.c.status.in_(("running", "stalled")), seen < cutoff)
+        .values(status="crashed", updated_at=now or time.time())
+        .returning(db.runs.c.id)
+    ).all()
     return [r.id for r in rows]
 
 
@@ -33,18 +37,30 @@ def mark_stalled(conn, run_ids: list[int], intervals: dict, now: float | None = 
     """Connected runs that stopped sending: status 'stalled' and a 'stalled' alert saying for how long."""
     now = now or time.time()
     for run_id in run_ids:
-        row = conn.execute(select(db.runs.c.updated_at, db.runs.c.last_step, db.runs.c.status)
-                           .where(db.runs.c.id == run_id)).first()
+        row = conn.execute(
+            select(db.runs.c.updated_at, db.runs.c.last_step, db.runs.c.status).where(db.runs.c.id == run_id)
+        ).first()
         if row is None or row.status != "running":
             continue
         conn.execute(update(db.runs).where(db.runs.c.id == run_id).values(status="stalled"))
         usual = intervals.get(run_id)
-        AlertBook.load(conn, run_id).record(conn, health.Alert(
-            "stalled", row.last_step, now - row.updated_at, "warning", message=(
-                f"The training process is still connected but has sent nothing for {now - row.updated_at:.0f} s"
-                + (f" (it usually sends every {usual:.1f} s)" if usual else "") + ". A hung collective "
-                "(NCCL/gloo waiting for a rank), a deadlocked DataLoader or a stuck I/O call are common causes; "
-                "py-spy dump --pid <pid> shows where it waits.")), now)
+        AlertBook.load(conn, run_id).record(
+            conn,
+            health.Alert(
+                "stalled",
+                row.last_step,
+                now - row.updated_at,
+                "warning",
+                message=(
+                    f"The training process is still connected but has sent nothing for {now - row.updated_at:.0f} s"
+                    + (f" (it usually sends every {usual:.1f} s)" if usual else "")
+                    + ". A hung collective "
+                    "(NCCL/gloo waiting for a rank), a deadlocked DataLoader or a stuck I/O call are common causes; "
+                    "py-spy dump --pid <pid> shows where it waits."
+                ),
+            ),
+            now,
+        )
     return run_ids
 
 

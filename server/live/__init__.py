@@ -1,1 +1,1 @@
-"""live"""
+"""What leaves the server as it happens: pushes to open pages, to other server processes, and to webhooks."""

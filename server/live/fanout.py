@@ -60,7 +60,7 @@ class PgFanout:
         while not self._stop.is_set():
             try:
                 self._listen_once()
-            except Exception as exc:  # noqa: BLE001 - a dropped connection: listen again shortly
+            except Exception as exc:  # a dropped connection: listen again shortly
                 log.warning("gradwatch: live fan-out connection lost (%r); reconnecting", exc)
                 self._stop.wait(1.0)
 
@@ -107,8 +107,13 @@ def reference(message: dict) -> dict:
         return {"type": "resync"}
     steps = [s for part in ("series", "vectors") for v in (message.get(part) or {}).values() for s in v["steps"]]
     keys = sorted({*(message.get("series") or {}), *(message.get("vectors") or {})})
-    return {"type": message.get("type"), "run_id": message.get("run_id"), "keys": keys,
-            "lo": min(steps) if steps else None, "hi": max(steps) if steps else None}
+    return {
+        "type": message.get("type"),
+        "run_id": message.get("run_id"),
+        "keys": keys,
+        "lo": min(steps) if steps else None,
+        "hi": max(steps) if steps else None,
+    }
 
 
 def stored_reference(run_id: int, stored: dict) -> dict:

@@ -6,6 +6,7 @@ import asyncio
 import base64
 
 import numpy as np
+
 from gradwatch import protocol
 
 RUNS_CHANNEL = "runs"
@@ -65,8 +66,11 @@ def points_message(stored: dict) -> dict:
         if len(steps) > LIVE_POINTS_MAX:
             return {"series": {}, "vectors": {}, "resync": True}
         if kind == "scalar":
-            series[key] = {"steps": steps.tolist(), "values": _json_floats(column.values[:, 0]),
-                           "wall_times": walls.tolist()}
+            series[key] = {
+                "steps": steps.tolist(),
+                "values": _json_floats(column.values[:, 0]),
+                "wall_times": walls.tolist(),
+            }
         else:
             vectors[key] = {"steps": steps.tolist(), "values": [_vector_row(column, i) for i in range(len(steps))]}
     return {"series": series, "vectors": vectors}

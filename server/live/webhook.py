@@ -16,8 +16,10 @@ def payload(alert: dict, run: dict | None, base_url: str = "") -> dict:
     """The JSON body: the alert's fields, the run, and a Slack-compatible ``text``."""
     name = (run or {}).get("name", f"run {alert.get('run_id')}")
     link = f" {base_url}/runs/{alert.get('run_id')}" if base_url else ""
-    text = f"[gradwatch] {alert['severity'].upper()} {alert['kind']} in {name} at step {alert.get('step')}: " \
-           f"{alert['message']}{link}"
+    text = (
+        f"[gradwatch] {alert['severity'].upper()} {alert['kind']} in {name} at step {alert.get('step')}: "
+        f"{alert['message']}{link}"
+    )
     return {"text": text, "alert": alert, "run": run}
 
 
@@ -51,6 +53,6 @@ class WebhookSender:
                             break
                 except Exception as exc:
                     log.warning("webhook post failed (attempt %d): %s", attempt + 1, exc)
-                time.sleep(min(0.5 * 2 ** attempt, 10))
+                time.sleep(min(0.5 * 2**attempt, 10))
             else:
                 self.failed += 1

@@ -48,9 +48,13 @@ class Points:
     def present(self) -> np.ndarray:
         return np.ones(self.values.shape, dtype=bool) if self.missing is None else ~self.missing
 
-    def take(self, index) -> "Points":
-        return Points(self.steps[index], self.walls[index], self.values[index],
-                      None if self.missing is None else self.missing[index])
+    def take(self, index) -> Points:
+        return Points(
+            self.steps[index],
+            self.walls[index],
+            self.values[index],
+            None if self.missing is None else self.missing[index],
+        )
 
 
 @dataclass
@@ -65,9 +69,16 @@ class Tail:
 
 def _row(key_id: int, p: Points) -> dict:
     missing = p.missing if p.missing is not None and p.missing.any() else None
-    return {"key_id": key_id, "first_step": int(p.steps.min()), "last_step": int(p.steps.max()), "n": len(p),
-            "steps": np.ascontiguousarray(p.steps, dtype="<i8").tobytes(), "walls": f64(p.walls),
-            "data": f64(p.values), "missing": None if missing is None else missing.astype(np.uint8).tobytes()}
+    return {
+        "key_id": key_id,
+        "first_step": int(p.steps.min()),
+        "last_step": int(p.steps.max()),
+        "n": len(p),
+        "steps": np.ascontiguousarray(p.steps, dtype="<i8").tobytes(),
+        "walls": f64(p.walls),
+        "data": f64(p.values),
+        "missing": None if missing is None else missing.astype(np.uint8).tobytes(),
+    }
 
 
 def concat(parts: list[Points]) -> Points:
@@ -75,19 +86,24 @@ def concat(parts: list[Points]) -> Points:
         return parts[0]
     missing = None
     if any(p.missing is not None for p in parts):
-        missing = np.concatenate([p.missing if p.missing is not None else np.zeros(p.values.shape, dtype=bool)
-                                  for p in parts])
-    return Points(np.concatenate([p.steps for p in parts]), np.concatenate([p.walls for p in parts]),
-                  np.concatenate([p.values for p in parts]), missing)
+        missing = np.concatenate(
+            [p.missing if p.missing is not None else np.zeros(p.values.shape, dtype=bool) for p in parts]
+        )
+    return Points(
+        np.concatenate([p.steps for p in parts]),
+        np.concatenate([p.walls for p in parts]),
+        np.concatenate([p.values for p in parts]),
+        missing,
+    )
 
 
 @dataclass
 class Writes:
     """The chunk rows of one batch, across keys, written with three statements in all."""
 
-    deletes: list = field(default_factory=list)   # ids of small rows merged into full chunks
-    full: list = field(default_factory=list)      # rows of full chunks
-    small: list = field(default_factory=list)     # (tail, points, row) of small rows: their ids go to the tail
+    deletes: list = field(default_factory=list)  # ids of small rows merged into full chunks
+    full: list = field(default_factory=list)  # rows of full chunks
+    small: list = field(default_factory=list)  # (tail, points, row) of small rows: their ids go to the tail
 
     def flush(self, conn) -> None:
         if self.deletes:
@@ -95,8 +111,14 @@ class Writes:
         if self.full:
             conn.execute(db.chunks.insert(), self.full)
         if self.small:
-            ids = conn.execute(db.chunks.insert().returning(db.chunks.c.id, sort_by_parameter_order=True),
-                               [row for _tail, _points, row in self.small]).scalars().all()
+            ids = (
+                conn.execute(
+                    db.chunks.insert().returning(db.chunks.c.id, sort_by_parameter_order=True),
+                    [row for _tail, _points, row in self.small],
+                )
+                .scalars()
+                .all()
+            )
             for (tail, points, _row), row_id in zip(self.small, ids):
                 tail.ids.append(row_id)
                 tail.parts.append(points)
@@ -129,8 +151,11 @@ def load_tail(conn, key_id: int, slots: int) -> Tail:
     """A key's small rows still waiting to be merged (after a server restart or a cache reload), so they
     are merged with the next ones instead of staying small for good."""
     cols = db.chunks.c
-    rows = conn.execute(select(cols.id, cols.steps, cols.walls, cols.data, cols.missing)
-                        .where(cols.key_id == key_id, cols.n < capacity(slots)).order_by(cols.id)).all()
+    rows = conn.execute(
+        select(cols.id, cols.steps, cols.walls, cols.data, cols.missing)
+        .where(cols.key_id == key_id, cols.n < capacity(slots))
+        .order_by(cols.id)
+    ).all()
     tail = Tail(slots=slots)
     for row in rows:
         if len(row.data) == slots * len(row.steps):  # (8 bytes a value, 8 a step) written under this layout
@@ -159,8 +184,8 @@ def _decode(row, slots: int | None, column: int | None = None) -> Points:
     if column is not None:
         if column >= width:  # written under an older, smaller layout: no value in that slot
             return Points(steps, from_f64(row.walls), np.full((n, 1), np.nan), np.ones((n, 1), dtype=bool))
-        values = values[:, column:column + 1]
-        missing = None if missing is None else missing[:, column:column + 1]
+        values = values[:, column : column + 1]
+        missing = None if missing is None else missing[:, column : column + 1]
         return Points(steps, from_f64(row.walls), values, missing)
     if slots is not None and slots != width:
         padded = np.full((n, slots), np.nan)
@@ -188,8 +213,9 @@ def _points(rows, slots: int | None, column: int | None) -> Points:
     return concat(parts)
 
 
-def read(conn, key_id: int, lo: int | None = None, hi: int | None = None, slots: int | None = None,
-         column: int | None = None) -> Points:
+def read(
+    conn, key_id: int, lo: int | None = None, hi: int | None = None, slots: int | None = None, column: int | None = None
+) -> Points:
     """Every point of a key with lo <= step <= hi, in step order (repeated steps in arrival order);
     with ``column``, only that slot of each step."""
     if lo is not None and hi is not None and hi < lo:
@@ -236,8 +262,12 @@ def bounds(conn, key_id: int, start: int | None, end: int | None) -> tuple:
 def latest(conn, key_id: int, count: int, slots: int | None = None) -> Points:
     """The ``count`` highest-step points of a key (for warming the health rules after a restart)."""
     cols = db.chunks.c
-    rows = conn.execute(select(cols.steps, cols.walls, cols.data, cols.missing).where(cols.key_id == key_id)
-                        .order_by(cols.last_step.desc()).limit(max(4, count))).all()
+    rows = conn.execute(
+        select(cols.steps, cols.walls, cols.data, cols.missing)
+        .where(cols.key_id == key_id)
+        .order_by(cols.last_step.desc())
+        .limit(max(4, count))
+    ).all()
     points = _points(rows, slots, None)
     return points.take(np.argsort(points.steps, kind="stable")[-count:])
 

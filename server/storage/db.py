@@ -17,14 +17,29 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sqlalchemy import (BigInteger, Column, Float, ForeignKey, Index, Integer, LargeBinary, MetaData, String, Table,
-                        Text, UniqueConstraint, create_engine, event)
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+)
 from sqlalchemy.engine import Engine
 
 metadata = MetaData()
 
 runs = Table(
-    "runs", metadata,
+    "runs",
+    metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("uid", String(64), nullable=False, unique=True),
     Column("secret", String(64)),  # sha256 of the client's per-run secret: only that client may resume the run
@@ -32,8 +47,8 @@ runs = Table(
     Column("name", String(200), nullable=False),
     Column("status", String(16), nullable=False),
     Column("created_at", Float, nullable=False),
-    Column("updated_at", Float, nullable=False),   # the last data (or status change)
-    Column("seen_at", Float),                      # the last sign of life of its client (server heartbeat)
+    Column("updated_at", Float, nullable=False),  # the last data (or status change)
+    Column("seen_at", Float),  # the last sign of life of its client (server heartbeat)
     Column("finished_at", Float),
     Column("last_step", BigInteger),
     Column("last_seq", Integer, nullable=False, default=0),
@@ -46,7 +61,8 @@ runs = Table(
 )
 
 metric_keys = Table(
-    "metric_keys", metadata,
+    "metric_keys",
+    metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
     Column("key", String(256), nullable=False),
@@ -55,7 +71,8 @@ metric_keys = Table(
 )
 
 chunks = Table(  # a key's points in blocks; see the module docstring and chunks.py
-    "chunks", metadata,
+    "chunks",
+    metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("key_id", Integer, nullable=False),
     Column("first_step", BigInteger, nullable=False),
@@ -63,13 +80,14 @@ chunks = Table(  # a key's points in blocks; see the module docstring and chunks
     Column("n", Integer, nullable=False),
     Column("steps", LargeBinary, nullable=False),  # n int64
     Column("walls", LargeBinary, nullable=False),  # n float64 (unix seconds)
-    Column("data", LargeBinary, nullable=False),   # n x slots float64
-    Column("missing", LargeBinary),                # n x slots uint8, 1 = no value; NULL when none
+    Column("data", LargeBinary, nullable=False),  # n x slots float64
+    Column("missing", LargeBinary),  # n x slots uint8, 1 = no value; NULL when none
     Index("ix_chunks_key_last", "key_id", "last_step", "first_step"),  # covering: a range lookup reads no rows
 )
 
 rollups = Table(  # per-block summaries for fast, spike-preserving reads of big runs (see rollup.py)
-    "rollups", metadata,
+    "rollups",
+    metadata,
     Column("key_id", Integer, nullable=False),
     Column("level", Integer, nullable=False),
     Column("block", BigInteger, nullable=False),
@@ -79,13 +97,14 @@ rollups = Table(  # per-block summaries for fast, spike-preserving reads of big 
 )
 
 alerts = Table(
-    "alerts", metadata,
+    "alerts",
+    metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False, index=True),
     Column("kind", String(40), nullable=False),
-    Column("step", BigInteger),                # the first bad step (onset)
-    Column("last_step", BigInteger),           # the latest step it recurred at
-    Column("confirmed_step", BigInteger),      # where the rule became sure (after its patience)
+    Column("step", BigInteger),  # the first bad step (onset)
+    Column("last_step", BigInteger),  # the latest step it recurred at
+    Column("confirmed_step", BigInteger),  # where the rule became sure (after its patience)
     Column("count", Integer, nullable=False, default=1, server_default="1"),  # times it fired (recurrences merge)
     Column("key", String(256)),
     Column("layer", String(256)),

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 
-from gradwatch import protocol
 from sqlalchemy import delete, select, update
 
-from gradwatch_server.storage import chunks
-from gradwatch_server.storage import db
+from gradwatch import protocol
+from gradwatch_server.storage import chunks, db
 from gradwatch_server.storage.store import NotFound
 
 
@@ -75,8 +74,16 @@ def config_diff(runs: list[dict]) -> dict:
     """Flattened configs side by side; ``differs`` lists keys whose values are not all equal."""
     flat = [_flatten(r.get("config") or {}) for r in runs]
     keys = sorted(set().union(*flat)) if flat else []
-    rows = [{"key": k, "values": [f.get(k) for f in flat],
-             "differs": len({json.dumps(f.get(k, "\u2205missing"), sort_keys=True) for f in flat}) > 1}
-            for k in keys]
-    return {"runs": [{k: r[k] for k in ("id", "name", "project", "status")} for r in runs],
-            "rows": rows, "differs": [row["key"] for row in rows if row["differs"]]}
+    rows = [
+        {
+            "key": k,
+            "values": [f.get(k) for f in flat],
+            "differs": len({json.dumps(f.get(k, "\u2205missing"), sort_keys=True) for f in flat}) > 1,
+        }
+        for k in keys
+    ]
+    return {
+        "runs": [{k: r[k] for k in ("id", "name", "project", "status")} for r in runs],
+        "rows": rows,
+        "differs": [row["key"] for row in rows if row["differs"]],
+    }

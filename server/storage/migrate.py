@@ -23,9 +23,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 from sqlalchemy.schema import CreateColumn
 
-from gradwatch_server.storage import chunks
-from gradwatch_server.storage import db
-from gradwatch_server.storage import rollup
+from gradwatch_server.storage import chunks, db, rollup
 
 log = logging.getLogger("gradwatch.server")
 
@@ -52,8 +50,12 @@ def upgrade(engine) -> None:
         if current is None:
             command.stamp(config, BASELINE)
         if current != head_revision():
-            log.warning("gradwatch: upgrading the database schema from revision %s (%s) to %s, in place, once",
-                        current or BASELINE, "gradwatch 0.1" if current is None else "an older release", head_revision())
+            log.warning(
+                "gradwatch: upgrading the database schema from revision %s (%s) to %s, in place, once",
+                current or BASELINE,
+                "gradwatch 0.1" if current is None else "an older release",
+                head_revision(),
+            )
             command.upgrade(config, "head")
         ensure_schema(conn)  # repairs by hand-made changes too (a dropped column or index): cheap, idempotent
 
@@ -107,8 +109,11 @@ def _narrow_steps(conn, insp) -> list[tuple[str, str]]:
     for table in db.metadata.sorted_tables:
         if table.name in have:
             kinds = {c["name"]: str(c["type"]).upper() for c in insp.get_columns(table.name)}
-            out += [(table.name, c.name) for c in table.columns
-                    if isinstance(c.type, db.BigInteger) and kinds.get(c.name) == "INTEGER"]
+            out += [
+                (table.name, c.name)
+                for c in table.columns
+                if isinstance(c.type, db.BigInteger) and kinds.get(c.name) == "INTEGER"
+            ]
     return out
 
 
@@ -146,25 +151,40 @@ def convert_rows(conn, has_points: bool, has_vectors: bool) -> None:
     """Pack 0.1's row-per-point tables into chunks, rebuild every rollup, drop the old tables."""
     if has_points:
         for (key_id,) in conn.execute(text("SELECT DISTINCT key_id FROM points")).all():
-            rows = conn.execute(text("SELECT step, wall_time, value FROM points WHERE key_id = :k ORDER BY step"),
-                                {"k": key_id}).all()
+            rows = conn.execute(
+                text("SELECT step, wall_time, value FROM points WHERE key_id = :k ORDER BY step"), {"k": key_id}
+            ).all()
             values = np.array([np.nan if r[2] is None else r[2] for r in rows], dtype=np.float64).reshape(-1, 1)
-            _store(conn, key_id, np.array([r[0] for r in rows], dtype=np.int64),
-                   np.array([r[1] for r in rows], dtype=np.float64), values, None)
+            _store(
+                conn,
+                key_id,
+                np.array([r[0] for r in rows], dtype=np.int64),
+                np.array([r[1] for r in rows], dtype=np.float64),
+                values,
+                None,
+            )
     if has_vectors:
         for (key_id,) in conn.execute(text("SELECT DISTINCT key_id FROM vectors")).all():
-            rows = conn.execute(text("SELECT step, wall_time, data, missing FROM vectors WHERE key_id = :k "
-                                     "ORDER BY step"), {"k": key_id}).all()
+            rows = conn.execute(
+                text("SELECT step, wall_time, data, missing FROM vectors WHERE key_id = :k ORDER BY step"),
+                {"k": key_id},
+            ).all()
             width = max(len(r[2]) // 8 for r in rows)
             values = np.full((len(rows), width), np.nan)
             missing = np.zeros((len(rows), width), dtype=bool)
             for i, r in enumerate(rows):
                 row = chunks.from_f64(r[2])
-                values[i, :len(row)] = row
-                missing[i, len(row):] = True
+                values[i, : len(row)] = row
+                missing[i, len(row) :] = True
                 missing[i, [j for j in json.loads(r[3] or "[]") if j < width]] = True
-            _store(conn, key_id, np.array([r[0] for r in rows], dtype=np.int64),
-                   np.array([r[1] for r in rows], dtype=np.float64), values, missing)
+            _store(
+                conn,
+                key_id,
+                np.array([r[0] for r in rows], dtype=np.int64),
+                np.array([r[1] for r in rows], dtype=np.float64),
+                values,
+                missing,
+            )
     conn.execute(text("DELETE FROM rollups"))
     layouts = {r.id: r.layers for r in conn.execute(db.metric_keys.select())}
     for key_id, layers in layouts.items():

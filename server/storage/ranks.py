@@ -6,8 +6,7 @@ import json
 
 from sqlalchemy import select
 
-from gradwatch_server.storage import db
-from gradwatch_server.storage import store
+from gradwatch_server.storage import db, store
 
 
 def get_ranks(conn, run_id: int) -> dict:
@@ -18,9 +17,11 @@ def get_ranks(conn, run_id: int) -> dict:
     world = meta.get("world_size", 1)
     if not isinstance(group, str) or not group:
         return {"group": None, "world_size": world, "ranks": [_brief(run, meta)]}
-    rows = conn.execute(select(db.runs.c.id, db.runs.c.name, db.runs.c.status, db.runs.c.last_step, db.runs.c.meta)
-                        .where(db.runs.c.project == run["project"], db.runs.c.meta.contains(json.dumps(group)))
-                        .order_by(db.runs.c.id))
+    rows = conn.execute(
+        select(db.runs.c.id, db.runs.c.name, db.runs.c.status, db.runs.c.last_step, db.runs.c.meta)
+        .where(db.runs.c.project == run["project"], db.runs.c.meta.contains(json.dumps(group)))
+        .order_by(db.runs.c.id)
+    )
     ranks = []
     for row in rows:
         other = json.loads(row.meta or "{}")
@@ -31,5 +32,10 @@ def get_ranks(conn, run_id: int) -> dict:
 
 
 def _brief(run, meta: dict) -> dict:
-    return {"rank": meta.get("rank", 0), "id": run["id"], "name": run["name"], "status": run["status"],
-            "last_step": run["last_step"]}
+    return {
+        "rank": meta.get("rank", 0),
+        "id": run["id"],
+        "name": run["name"],
+        "status": run["status"],
+        "last_step": run["last_step"],
+    }

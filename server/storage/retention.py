@@ -18,8 +18,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import delete, func, select, text
 
-from gradwatch_server.storage import db
-from gradwatch_server.storage import edits
+from gradwatch_server.storage import db, edits
 from gradwatch_server.storage.store import NotFound
 
 log = logging.getLogger("gradwatch.server")
@@ -48,7 +47,7 @@ def parse_duration(text: str) -> float:
 class Policy:
     """Which runs a collection may delete."""
 
-    cutoff: float              # unix time: runs last updated before it are old
+    cutoff: float  # unix time: runs last updated before it are old
     keep_tagged: bool = False  # a tag marks a run someone wants to keep
 
     def allows(self, row) -> bool:
@@ -68,22 +67,37 @@ def _tags(text) -> list:
 def candidates(conn, policy: Policy) -> list[dict]:
     """Runs the policy would delete, oldest first, with their stored point count."""
     r = db.runs.c
-    rows = conn.execute(select(r.id, r.project, r.name, r.status, r.updated_at, r.tags)
-                        .where(r.updated_at < policy.cutoff, r.status.not_in(ACTIVE))
-                        .order_by(r.updated_at, r.id)).all()
+    rows = conn.execute(
+        select(r.id, r.project, r.name, r.status, r.updated_at, r.tags)
+        .where(r.updated_at < policy.cutoff, r.status.not_in(ACTIVE))
+        .order_by(r.updated_at, r.id)
+    ).all()
     rows = [row for row in rows if policy.allows(row)]
     points = _points(conn, [row.id for row in rows]) if rows else {}
-    return [{"id": row.id, "project": row.project, "name": row.name, "status": row.status,
-             "updated_at": row.updated_at, "tags": _tags(row.tags), "points": points.get(row.id, 0)}
-            for row in rows]
+    return [
+        {
+            "id": row.id,
+            "project": row.project,
+            "name": row.name,
+            "status": row.status,
+            "updated_at": row.updated_at,
+            "tags": _tags(row.tags),
+            "points": points.get(row.id, 0),
+        }
+        for row in rows
+    ]
 
 
 def _points(conn, run_ids: list[int]) -> dict:
     k, c = db.metric_keys.c, db.chunks.c
     out = {}
     for lo in range(0, len(run_ids), 500):  # bounded IN lists
-        query = (select(k.run_id, func.coalesce(func.sum(c.n), 0)).select_from(db.metric_keys.join(
-            db.chunks, c.key_id == k.id)).where(k.run_id.in_(run_ids[lo:lo + 500])).group_by(k.run_id))
+        query = (
+            select(k.run_id, func.coalesce(func.sum(c.n), 0))
+            .select_from(db.metric_keys.join(db.chunks, c.key_id == k.id))
+            .where(k.run_id.in_(run_ids[lo : lo + 500]))
+            .group_by(k.run_id)
+        )
         out.update({run_id: int(n) for run_id, n in conn.execute(query)})
     return out
 
@@ -99,8 +113,10 @@ def _begin(conn, states: dict, run_id: int, policy: Policy | None) -> list[tuple
     if policy is not None and not policy.allows(row):
         return None
     k = db.metric_keys.c
-    return [(key_id, len(json.loads(layers)) if layers else 1)
-            for key_id, layers in conn.execute(select(k.id, k.layers).where(k.run_id == run_id))]
+    return [
+        (key_id, len(json.loads(layers)) if layers else 1)
+        for key_id, layers in conn.execute(select(k.id, k.layers).where(k.run_id == run_id))
+    ]
 
 
 def _chunk_slice(conn, states: dict, run_id: int, keys: list[tuple[int, int]], limit: int) -> list[int]:
@@ -109,8 +125,9 @@ def _chunk_slice(conn, states: dict, run_id: int, keys: list[tuple[int, int]], l
     c = db.chunks.c
     deleted, emptied = 0, []
     for key_id, _slots in keys:
-        ids = list(conn.execute(select(c.id).where(c.key_id == key_id).order_by(c.last_step)
-                                .limit(limit - deleted)).scalars())
+        ids = list(
+            conn.execute(select(c.id).where(c.key_id == key_id).order_by(c.last_step).limit(limit - deleted)).scalars()
+        )
         if ids:
             conn.execute(delete(db.chunks).where(c.id.in_(ids)))
         deleted += len(ids)
@@ -130,8 +147,9 @@ def _rollup_slice(conn, states: dict, run_id: int, keys: list[tuple[int, int]], 
             break
         cost = max(ROLLUP_ROW_MIN, slots)
         limit = max(1, budget // cost)
-        rows = conn.execute(select(c.level, c.block).where(c.key_id == key_id).order_by(c.level, c.block)
-                            .limit(limit)).all()
+        rows = conn.execute(
+            select(c.level, c.block).where(c.key_id == key_id).order_by(c.level, c.block).limit(limit)
+        ).all()
         spans: dict = {}
         for level, block in rows:  # the first rows in (level, block) order: one block range per level
             lo, hi = spans.get(level, (block, block))
@@ -151,14 +169,22 @@ def _finish(conn, states: dict, run_id: int) -> None:
     edits.delete_run(conn, run_id)
 
 
-async def delete_run_in_slices(services, run_id: int, policy: Policy | None = None, *, chunk_rows: int = CHUNK_ROWS,
-                               rollup_values: int = ROLLUP_VALUES, pause: float = 0.0) -> bool:
+async def delete_run_in_slices(
+    services,
+    run_id: int,
+    policy: Policy | None = None,
+    *,
+    chunk_rows: int = CHUNK_ROWS,
+    rollup_values: int = ROLLUP_VALUES,
+    pause: float = 0.0,
+) -> bool:
     """Delete a run and everything it owns as a series of short writer jobs; False if the policy kept it.
 
     NotFound for an unknown run. Each job is queued only after the previous one committed, so
     ingest batches queued meanwhile go first; ``pause`` adds a sleep between jobs (for a separate
     process sharing a SQLite file with a live server, whose writer must get the lock).
     """
+
     async def job(fn, *args):
         return await asyncio.wrap_future(services.writer.submit(fn, services.states, run_id, *args))
 
@@ -181,8 +207,15 @@ async def delete_run_in_slices(services, run_id: int, policy: Policy | None = No
     return True
 
 
-async def collect(services, older_than: float, keep_tagged: bool = False, dry_run: bool = False,
-                  now: float | None = None, on_deleted=None, pause: float = 0.0) -> list[dict]:
+async def collect(
+    services,
+    older_than: float,
+    keep_tagged: bool = False,
+    dry_run: bool = False,
+    now: float | None = None,
+    on_deleted=None,
+    pause: float = 0.0,
+) -> list[dict]:
     """Delete (or with ``dry_run`` only list) runs last updated more than ``older_than`` seconds ago."""
     policy = Policy(cutoff=(now if now is not None else time.time()) - older_than, keep_tagged=keep_tagged)
     runs = await services.aread(candidates, policy)
@@ -212,9 +245,13 @@ async def run_on_schedule(services, every: float = SCHEDULE_EVERY) -> None:
         try:
             deleted = await _one_pass(services, days * 86400, keep_tagged)
             if deleted:
-                log.warning("gradwatch: retention deleted %d run(s) not updated for %g days: %s", len(deleted), days,
-                            ", ".join(f"{r['id']} ({r['project']}/{r['name']})" for r in deleted))
-        except Exception as exc:  # noqa: BLE001 - the schedule must outlive a bad moment of the database
+                log.warning(
+                    "gradwatch: retention deleted %d run(s) not updated for %g days: %s",
+                    len(deleted),
+                    days,
+                    ", ".join(f"{r['id']} ({r['project']}/{r['name']})" for r in deleted),
+                )
+        except Exception as exc:  # the schedule must outlive a bad moment of the database
             log.warning("gradwatch: retention pass failed (will retry in %gs): %r", every, exc)
         await asyncio.sleep(every)
 

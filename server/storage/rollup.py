@@ -28,6 +28,8 @@ LEVELS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 def levels_for(slots: int) -> tuple:
     """The rollup levels kept for a key with ``slots`` values per step."""
     return LEVELS if slots > 1 else LEVELS[1:]
+
+
 MIN_V, MIN_S, MAX_V, MAX_S, NAN_S, PINF_S, NINF_S = range(7)
 STEP_ROWS = (MIN_S, MAX_S, NAN_S, PINF_S, NINF_S)
 WALL_OF = {row: 7 + i for i, row in enumerate(STEP_ROWS)}  # the wall time of each step row
@@ -88,8 +90,9 @@ def merge_into(d: np.ndarray, data: np.ndarray) -> np.ndarray:
     """``merge`` on (ROWS, columns) arrays, in place on ``d``; returns which columns changed."""
     changed = np.zeros(d.shape[1], dtype=bool)
     for v_row, s_row, better in ((MIN_V, MIN_S, np.less), (MAX_V, MAX_S, np.greater)):
-        take = better(data[v_row], d[v_row]) | ((data[v_row] == d[v_row]) & (data[s_row] != NONE)
-                                                 & ((d[s_row] == NONE) | (data[s_row] < d[s_row])))
+        take = better(data[v_row], d[v_row]) | (
+            (data[v_row] == d[v_row]) & (data[s_row] != NONE) & ((d[s_row] == NONE) | (data[s_row] < d[s_row]))
+        )
         _take(d, data, take, (v_row, s_row, WALL_OF[s_row]), changed)
     for row in (NAN_S, PINF_S, NINF_S):
         take = (data[row] != NONE) & ((d[row] == NONE) | (data[row] < d[row]))
@@ -122,8 +125,16 @@ class Writes:
         self.inserts, self.updates, self.counts = [], [], []
 
 
-def update_rollups(conn, cache: dict, key_id: int, steps: np.ndarray, walls: np.ndarray, values: np.ndarray,
-                   present: np.ndarray, writes: Writes | None = None) -> None:
+def update_rollups(
+    conn,
+    cache: dict,
+    key_id: int,
+    steps: np.ndarray,
+    walls: np.ndarray,
+    values: np.ndarray,
+    present: np.ndarray,
+    writes: Writes | None = None,
+) -> None:
     """Fold a batch of one key (values and presence: (k, slots) arrays) into every level.
 
     With ``writes`` the rows are collected there (the caller flushes once per batch); else written now.
@@ -137,8 +148,9 @@ def update_rollups(conn, cache: dict, key_id: int, steps: np.ndarray, walls: np.
 
 def update_many(conn, cache: dict, key_ids: list[int], steps, walls, values, present, writes: Writes) -> None:
     """``update_rollups`` for scalar keys logged at the same steps, summarised together: column j is key j."""
-    _update(conn, cache, [(k, slice(j, j + 1)) for j, k in enumerate(key_ids)], 1, steps, walls, values, present,
-            writes)
+    _update(
+        conn, cache, [(k, slice(j, j + 1)) for j, k in enumerate(key_ids)], 1, steps, walls, values, present, writes
+    )
 
 
 def _update(conn, cache: dict, targets: list, slots: int, steps, walls, values, present, writes: Writes) -> None:
@@ -182,22 +194,24 @@ def _fold(conn, cache: dict, writes: Writes, targets: list, level: int, b: int, 
     offset = 0
     for key_id, block, part in existing:
         width = part.shape[1]
-        block.data[:] = stacked[:, offset:offset + width]
+        block.data[:] = stacked[:, offset : offset + width]
         block.n += n
         row = {"k": key_id, "lv": level, "b": b, "n": block.n}
         if not block.stored:
-            writes.inserts.append({"key_id": key_id, "level": level, "block": b, "n": block.n,
-                                   "data": encode(block.data)})
+            writes.inserts.append(
+                {"key_id": key_id, "level": level, "block": b, "n": block.n, "data": encode(block.data)}
+            )
             block.stored = True
-        elif changed[offset:offset + width].any():
+        elif changed[offset : offset + width].any():
             writes.updates.append({**row, "d": encode(block.data)})
         else:
             writes.counts.append(row)  # same extremes, more points: rewrite the count, not the summary
         offset += width
 
 
-_UPDATE = update(db.rollups).where(db.rollups.c.key_id == bindparam("k"), db.rollups.c.level == bindparam("lv"),
-                                   db.rollups.c.block == bindparam("b"))
+_UPDATE = update(db.rollups).where(
+    db.rollups.c.key_id == bindparam("k"), db.rollups.c.level == bindparam("lv"), db.rollups.c.block == bindparam("b")
+)
 
 
 def new_key(cache: dict, key_id: int) -> None:
@@ -208,8 +222,13 @@ def new_key(cache: dict, key_id: int) -> None:
 
 def _load_newest(conn, cache: dict, key_id: int) -> None:
     """The newest stored block of every level of a key, in one query."""
-    newest = dict(conn.execute(select(db.rollups.c.level, func.max(db.rollups.c.block))
-                               .where(db.rollups.c.key_id == key_id).group_by(db.rollups.c.level)).all())
+    newest = dict(
+        conn.execute(
+            select(db.rollups.c.level, func.max(db.rollups.c.block))
+            .where(db.rollups.c.key_id == key_id)
+            .group_by(db.rollups.c.level)
+        ).all()
+    )
     for level in LEVELS:
         cache.setdefault((key_id, level), (None, None, newest.get(level, -1)))
 
@@ -224,8 +243,11 @@ def _cached(conn, cache: dict, key_id: int, level: int, b: int, slots: int) -> B
         return hit[1]
     row = None
     if b <= hit[2]:  # steps went back (or a restart): the block may be on disk already
-        row = conn.execute(select(db.rollups.c.n, db.rollups.c.data).where(
-            db.rollups.c.key_id == key_id, db.rollups.c.level == level, db.rollups.c.block == b)).first()
+        row = conn.execute(
+            select(db.rollups.c.n, db.rollups.c.data).where(
+                db.rollups.c.key_id == key_id, db.rollups.c.level == level, db.rollups.c.block == b
+            )
+        ).first()
     if row is None:
         block = empty(slots)
     elif len(row.data) != ROWS * slots * 8:  # the layout changed: summarise from here on under the new one
@@ -253,24 +275,39 @@ def pick_level(width: float, slots: int = 1) -> int | None:
 
 def read_blocks(conn, key_id: int, level: int, first: int, last: int, slots: int):
     """Block numbers (k,), counts (k,) and summaries (k, 7, slots) of blocks first..last that exist."""
-    rows = conn.execute(select(db.rollups.c.block, db.rollups.c.n, db.rollups.c.data).where(
-        db.rollups.c.key_id == key_id, db.rollups.c.level == level, db.rollups.c.block >= first,
-        db.rollups.c.block <= last).order_by(db.rollups.c.block)).all()
+    rows = conn.execute(
+        select(db.rollups.c.block, db.rollups.c.n, db.rollups.c.data)
+        .where(
+            db.rollups.c.key_id == key_id,
+            db.rollups.c.level == level,
+            db.rollups.c.block >= first,
+            db.rollups.c.block <= last,
+        )
+        .order_by(db.rollups.c.block)
+    ).all()
     if not rows:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, ROWS, slots))
     if any(len(r.data) != ROWS * slots * 8 for r in rows):
         return None, None, None  # written under an older layout: the caller reads raw points instead
     data = from_f64(b"".join(r.data for r in rows)).reshape(len(rows), ROWS, slots)
-    return (np.array([r.block for r in rows], dtype=np.int64), np.array([r.n for r in rows], dtype=np.int64),
-            data.astype(np.float64))
+    return (
+        np.array([r.block for r in rows], dtype=np.int64),
+        np.array([r.n for r in rows], dtype=np.int64),
+        data.astype(np.float64),
+    )
 
 
 def candidates(summaries: np.ndarray, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every real point a set of block summaries names for one slot: (steps, values, walls) in step order."""
     d = summaries[:, :, slot]
     parts = []
-    for s_row, v in ((MIN_S, d[:, MIN_V]), (MAX_S, d[:, MAX_V]), (NAN_S, np.full(len(d), np.nan)),
-                     (PINF_S, np.full(len(d), np.inf)), (NINF_S, np.full(len(d), -np.inf))):
+    for s_row, v in (
+        (MIN_S, d[:, MIN_V]),
+        (MAX_S, d[:, MAX_V]),
+        (NAN_S, np.full(len(d), np.nan)),
+        (PINF_S, np.full(len(d), np.inf)),
+        (NINF_S, np.full(len(d), -np.inf)),
+    ):
         ok = d[:, s_row] != NONE
         parts.append(np.stack([d[ok, s_row], v[ok], d[ok, WALL_OF[s_row]]], axis=1))
     both = np.concatenate(parts) if parts else np.zeros((0, 3))

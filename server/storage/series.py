@@ -7,9 +7,7 @@ import math
 import numpy as np
 
 from gradwatch import protocol
-
-from gradwatch_server.storage import chunks
-from gradwatch_server.storage import rollup
+from gradwatch_server.storage import chunks, rollup
 from gradwatch_server.storage.downsample import envelope
 
 
@@ -20,8 +18,9 @@ def raw(conn, key_id: int, slot: int | None, lo: int, hi: int) -> tuple:
     return points.steps, points.values[:, 0], missing, points.walls
 
 
-def read_series(conn, key_id: int, slot: int | None, slots: int, max_points: int | None,
-                start: int | None, end: int | None) -> dict:
+def read_series(
+    conn, key_id: int, slot: int | None, slots: int, max_points: int | None, start: int | None, end: int | None
+) -> dict:
     """Every point in range, or (with max_points) a min/max envelope that keeps spikes and NaNs."""
     lo, hi = chunks.bounds(conn, key_id, start, end)
     if lo is None:
@@ -67,8 +66,9 @@ def _from_rollups(conn, key_id, slot, slots, lo, hi, level, max_points) -> dict 
     middle = (c_steps, c_values, np.zeros(len(c_steps), dtype=bool), c_walls)
     steps, values, missing, walls = (np.concatenate(parts) for parts in zip(left, middle, right))
     keep = envelope(steps, values, max_points)
-    return _result(steps[keep], values[keep], missing[keep], walls[keep],
-                   int(counts.sum()) + len(left[0]) + len(right[0]))
+    return _result(
+        steps[keep], values[keep], missing[keep], walls[keep], int(counts.sum()) + len(left[0]) + len(right[0])
+    )
 
 
 def read_heatmap(conn, key_id: int, slots: int, max_steps: int, start: int | None, end: int | None) -> dict:
@@ -100,8 +100,13 @@ def _heat_units_raw(conn, key_id: int, slots: int, lo: int, hi: int):
     points = chunks.read(conn, key_id, lo, hi, slots)
     vals, present = points.values, points.present()
     finite = present & np.isfinite(vals)
-    return (points.steps.astype(np.int64), np.where(finite, vals, -np.inf),
-            present & np.isnan(vals), present & (vals == np.inf), present & (vals == -np.inf))
+    return (
+        points.steps.astype(np.int64),
+        np.where(finite, vals, -np.inf),
+        present & np.isnan(vals),
+        present & (vals == np.inf),
+        present & (vals == -np.inf),
+    )
 
 
 def _heat_units_rollup(conn, key_id: int, slots: int, lo: int, hi: int, level: int):
@@ -110,8 +115,13 @@ def _heat_units_rollup(conn, key_id: int, slots: int, lo: int, hi: int, level: i
     if whole is None:
         return None
     first, last, blocks, _counts, s = whole
-    mid = (blocks * level, s[:, rollup.MAX_V, :], s[:, rollup.NAN_S, :] != rollup.NONE,
-           s[:, rollup.PINF_S, :] != rollup.NONE, s[:, rollup.NINF_S, :] != rollup.NONE)
+    mid = (
+        blocks * level,
+        s[:, rollup.MAX_V, :],
+        s[:, rollup.NAN_S, :] != rollup.NONE,
+        s[:, rollup.PINF_S, :] != rollup.NONE,
+        s[:, rollup.NINF_S, :] != rollup.NONE,
+    )
     left = _heat_units_raw(conn, key_id, slots, lo, first * level - 1)
     right = _heat_units_raw(conn, key_id, slots, (last + 1) * level, hi)
     return tuple(np.concatenate([a, b, c]) for a, b, c in zip(left, mid, right))

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 
-from gradwatch import protocol
 from sqlalchemy import func, select
 
-from gradwatch_server.storage import chunks
-from gradwatch_server.storage import db
-from gradwatch_server.live import hub as live
-from gradwatch_server.storage import series
+from gradwatch import protocol
 from gradwatch_server.ingest.batch import Column
+from gradwatch_server.live import hub as live
+from gradwatch_server.storage import chunks, db, series
 
 
 class NotFound(LookupError):
@@ -19,26 +17,48 @@ class NotFound(LookupError):
 
 
 def _summary(row, alert_count: int) -> dict:
-    return {"id": row.id, "project": row.project, "name": row.name, "status": row.status,
-            "created_at": row.created_at, "updated_at": row.updated_at, "finished_at": row.finished_at,
-            "last_step": row.last_step, "alert_count": alert_count, "tags": json.loads(row.tags or "[]"),
-            "notes": row.notes or ""}
+    return {
+        "id": row.id,
+        "project": row.project,
+        "name": row.name,
+        "status": row.status,
+        "created_at": row.created_at,
+        "updated_at": row.updated_at,
+        "finished_at": row.finished_at,
+        "last_step": row.last_step,
+        "alert_count": alert_count,
+        "tags": json.loads(row.tags or "[]"),
+        "notes": row.notes or "",
+    }
 
 
 def _last_alerts(conn, run_ids: list[int]) -> dict:
     """run id -> its newest alert in brief (kind, step, layer, severity, message)."""
     newest = select(func.max(db.alerts.c.id)).where(db.alerts.c.run_id.in_(run_ids)).group_by(db.alerts.c.run_id)
     rows = conn.execute(select(db.alerts).where(db.alerts.c.id.in_(newest.scalar_subquery())))
-    return {r.run_id: {"kind": r.kind, "step": r.step, "layer": r.layer, "severity": r.severity,
-                       "message": r.message, "created_at": r.created_at} for r in rows}
+    return {
+        r.run_id: {
+            "kind": r.kind,
+            "step": r.step,
+            "layer": r.layer,
+            "severity": r.severity,
+            "message": r.message,
+            "created_at": r.created_at,
+        }
+        for r in rows
+    }
 
 
-def list_runs(conn, project: str | None = None, status: str | None = None, q: str | None = None,
-              tag: str | None = None) -> list[dict]:
+def list_runs(
+    conn, project: str | None = None, status: str | None = None, q: str | None = None, tag: str | None = None
+) -> list[dict]:
     """Runs, newest first, with their alert counts; optional filters."""
-    counts = (select(db.alerts.c.run_id, func.count().label("n")).group_by(db.alerts.c.run_id).subquery())
-    query = (select(db.runs, func.coalesce(counts.c.n, 0).label("alert_count"))
-             .outerjoin(counts, counts.c.run_id == db.runs.c.id).order_by(db.runs.c.id.desc()))
+    counts = select(db.alerts.c.run_id, func.count().label("n")).group_by(db.alerts.c.run_id).subquery()
+    query = (
+        select(db.runs, func.coalesce(counts.c.n, 0).label("alert_count"))
+        .outerjoin(counts, counts.c.run_id == db.runs.c.id)
+        .order_by(db.runs.c.id.desc())
+    )
     if project:
         query = query.where(db.runs.c.project == project)
     if status:
@@ -63,9 +83,13 @@ def get_run(conn, run_id: int) -> dict:
     count = conn.execute(select(func.count()).select_from(db.alerts).where(db.alerts.c.run_id == run_id)).scalar()
     out = _summary(row, count)
     out["last_alert"] = _last_alerts(conn, [run_id]).get(run_id) if count else None
-    out.update(uid=row.uid, config=json.loads(row.config or "{}"), meta=json.loads(row.meta or "{}"),
-               error=json.loads(row.error) if row.error else None,
-               alert_config=json.loads(row.alert_config or "{}"))
+    out.update(
+        uid=row.uid,
+        config=json.loads(row.config or "{}"),
+        meta=json.loads(row.meta or "{}"),
+        error=json.loads(row.error) if row.error else None,
+        alert_config=json.loads(row.alert_config or "{}"),
+    )
     return out
 
 
@@ -78,8 +102,9 @@ def list_keys(conn, run_id: int) -> list[str]:
     """Scalar keys, then one ``<vector>/<layer>`` key per slot of each vector key."""
     _require_run(conn, run_id)
     scalars, expanded = [], []
-    for row in conn.execute(select(db.metric_keys).where(db.metric_keys.c.run_id == run_id)
-                            .order_by(db.metric_keys.c.id)):
+    for row in conn.execute(
+        select(db.metric_keys).where(db.metric_keys.c.run_id == run_id).order_by(db.metric_keys.c.id)
+    ):
         if row.layers is None:
             scalars.append(row.key)
         else:
@@ -90,8 +115,11 @@ def list_keys(conn, run_id: int) -> list[str]:
 def vector_layouts(conn, run_id: int) -> dict:
     """Vector key -> slot names (input to output)."""
     _require_run(conn, run_id)
-    rows = conn.execute(select(db.metric_keys.c.key, db.metric_keys.c.layers)
-                        .where(db.metric_keys.c.run_id == run_id, db.metric_keys.c.layers.is_not(None)))
+    rows = conn.execute(
+        select(db.metric_keys.c.key, db.metric_keys.c.layers).where(
+            db.metric_keys.c.run_id == run_id, db.metric_keys.c.layers.is_not(None)
+        )
+    )
     return {r.key: json.loads(r.layers) for r in rows}
 
 
@@ -104,14 +132,15 @@ def _resolve_key(conn, run_id: int, key: str):
     for vkey, vrow in rows.items():
         if vrow.layers is not None and key.startswith(vkey + "/"):
             names = json.loads(vrow.layers)
-            name = key[len(vkey) + 1:]
+            name = key[len(vkey) + 1 :]
             if name in names:
                 return "slot", vrow.id, names.index(name), len(names)
     raise NotFound(f"key {key!r} not found in run {run_id}")
 
 
-def get_series(conn, run_id: int, key: str, max_points: int | None = None,
-               start: int | None = None, end: int | None = None) -> dict:
+def get_series(
+    conn, run_id: int, key: str, max_points: int | None = None, start: int | None = None, end: int | None = None
+) -> dict:
     """Every point of one key in step order (or a min/max envelope when max_points is set)."""
     _require_run(conn, run_id)
     _kind, key_id, slot, slots = _resolve_key(conn, run_id, key)
@@ -120,25 +149,35 @@ def get_series(conn, run_id: int, key: str, max_points: int | None = None,
 
 def points_between(conn, run_id: int, keys: list[str], lo: int, hi: int) -> dict:
     """The points of some keys between two steps, shaped like a live push (``live.points_message``)."""
-    rows = {r.key: r for r in conn.execute(select(db.metric_keys).where(db.metric_keys.c.run_id == run_id,
-                                                                          db.metric_keys.c.key.in_(keys)))}
+    rows = {
+        r.key: r
+        for r in conn.execute(
+            select(db.metric_keys).where(db.metric_keys.c.run_id == run_id, db.metric_keys.c.key.in_(keys))
+        )
+    }
     stored = {}
     for key, row in rows.items():
         slots = len(json.loads(row.layers)) if row.layers is not None else 1
         p = chunks.read(conn, row.id, lo, hi, slots)
-        stored[key] = ("scalar" if row.layers is None else "vector", p.steps, p.walls,
-                       Column(None, p.values, p.missing))
+        stored[key] = (
+            "scalar" if row.layers is None else "vector",
+            p.steps,
+            p.walls,
+            Column(None, p.values, p.missing),
+        )
     return live.points_message(stored)
 
 
-def get_heatmap(conn, run_id: int, key: str = "grad", max_steps: int = 400,
-                start: int | None = None, end: int | None = None) -> dict:
+def get_heatmap(
+    conn, run_id: int, key: str = "grad", max_steps: int = 400, start: int | None = None, end: int | None = None
+) -> dict:
     """Layer x step matrix of a vector key; each column is the max over its step bucket."""
     layouts = vector_layouts(conn, run_id)
     if key not in layouts:
         raise NotFound(f"vector key {key!r} not found in run {run_id}")
-    key_id = conn.execute(select(db.metric_keys.c.id).where(db.metric_keys.c.run_id == run_id,
-                                                             db.metric_keys.c.key == key)).scalar()
+    key_id = conn.execute(
+        select(db.metric_keys.c.id).where(db.metric_keys.c.run_id == run_id, db.metric_keys.c.key == key)
+    ).scalar()
     layers = layouts[key]
     return {"key": key, "layers": layers, **series.read_heatmap(conn, key_id, len(layers), max_steps, start, end)}
 
@@ -151,13 +190,24 @@ def alert_dict(r) -> dict:
     get = r.get if isinstance(r, dict) else lambda name: getattr(r, name)
     value = get("value")
     count = get("count") or 1
-    return {"id": get("id"), "run_id": get("run_id"), "kind": get("kind"), "step": get("step"), "key": get("key"),
-            "layer": get("layer"),
-            "value": protocol.encode_float(db.from_db_float(value)) if value is not None or get("kind") in
-            NONFINITE_KINDS else None, "severity": get("severity"), "message": get("message"),
-            "created_at": get("created_at"), "updated_at": get("updated_at") or get("created_at"), "count": count,
-            "last_step": get("last_step") if get("last_step") is not None else get("step"),
-            "confirmed_step": get("confirmed_step")}
+    return {
+        "id": get("id"),
+        "run_id": get("run_id"),
+        "kind": get("kind"),
+        "step": get("step"),
+        "key": get("key"),
+        "layer": get("layer"),
+        "value": protocol.encode_float(db.from_db_float(value))
+        if value is not None or get("kind") in NONFINITE_KINDS
+        else None,
+        "severity": get("severity"),
+        "message": get("message"),
+        "created_at": get("created_at"),
+        "updated_at": get("updated_at") or get("created_at"),
+        "count": count,
+        "last_step": get("last_step") if get("last_step") is not None else get("step"),
+        "confirmed_step": get("confirmed_step"),
+    }
 
 
 def get_alerts(conn, run_id: int) -> list[dict]:

@@ -106,8 +106,11 @@ def check_host(settings: Settings, headers: dict) -> None:
         raise Refusal(400, "the request has no Host header (required while the server listens on loopback)")
     name = strip_port(host).lower()
     if name not in LOOPBACK_NAMES | allowed:
-        raise Refusal(403, f"Host {host!r} is not a name this server answers to (DNS-rebinding protection); "
-                           f"if you reach it by that name, start it with --allowed-hosts {name}")
+        raise Refusal(
+            403,
+            f"Host {host!r} is not a name this server answers to (DNS-rebinding protection); "
+            f"if you reach it by that name, start it with --allowed-hosts {name}",
+        )
 
 
 def check_origin(scope, headers: dict) -> None:
@@ -116,8 +119,9 @@ def check_origin(scope, headers: dict) -> None:
     if origin is None or not (scope["type"] == "websocket" or scope.get("method") in UNSAFE_METHODS):
         return  # training clients send no Origin; cross-site GETs cannot read the answer (no CORS)
     if _host_port(urlsplit(origin).netloc) != _host_port(headers.get("host", "")):
-        raise Refusal(403, f"cross-site request refused: Origin {origin!r} is not this server "
-                           f"({headers.get('host', '')!r})")
+        raise Refusal(
+            403, f"cross-site request refused: Origin {origin!r} is not this server ({headers.get('host', '')!r})"
+        )
 
 
 def check_size(settings: Settings, headers: dict) -> None:
@@ -132,15 +136,22 @@ def check_token(auth: Auth, scope, headers: dict) -> None:
     if not auth.enabled or scope.get("path") in OPEN_PATHS or auth.allows(headers):
         return
     path = scope.get("path", "/")
-    wants_page = (scope["type"] == "http" and scope.get("method") in ("GET", "HEAD")
-                  and not path.startswith("/api/") and "text/html" in headers.get("accept", ""))
+    wants_page = (
+        scope["type"] == "http"
+        and scope.get("method") in ("GET", "HEAD")
+        and not path.startswith("/api/")
+        and "text/html" in headers.get("accept", "")
+    )
     if wants_page:
         query = scope.get("query_string", b"").decode("latin-1")
         target = path + ("?" + query if query else "")
         raise Refusal(303, "login required", {"location": "/login?next=" + quote(target, safe="/")})
-    raise Refusal(401, "a valid token is required: send 'Authorization: Bearer <token>' "
-                       "(the server's --token / GRADWATCH_TOKEN), or log in at /login",
-                  {"www-authenticate": 'Bearer realm="gradwatch"'})
+    raise Refusal(
+        401,
+        "a valid token is required: send 'Authorization: Bearer <token>' "
+        "(the server's --token / GRADWATCH_TOKEN), or log in at /login",
+        {"www-authenticate": 'Bearer realm="gradwatch"'},
+    )
 
 
 class Guard:
@@ -166,8 +177,11 @@ class Guard:
     def check(self, scope) -> None:
         """Raise Refusal if this request may not go on."""
         if self.active >= self.settings.max_connections:
-            raise Refusal(503, f"server full: {self.active} connections open (max_connections="
-                               f"{self.settings.max_connections}); try again later")
+            raise Refusal(
+                503,
+                f"server full: {self.active} connections open (max_connections="
+                f"{self.settings.max_connections}); try again later",
+            )
         headers = header_dict(scope)
         check_host(self.settings, headers)
         check_origin(scope, headers)
@@ -180,8 +194,11 @@ async def refuse(scope, receive, send, refusal: Refusal) -> None:
     if scope["type"] == "websocket":
         await receive()  # the websocket.connect event comes first
     body = json.dumps({"error": refusal.message}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               *((k.encode(), v.encode()) for k, v in refusal.headers.items())]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *((k.encode(), v.encode()) for k, v in refusal.headers.items()),
+    ]
     if scope["type"] == "http":
         await send({"type": "http.response.start", "status": refusal.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -190,7 +207,6 @@ async def refuse(scope, receive, send, refusal: Refusal) -> None:
         await send({"type": "websocket.http.response.body", "body": body})
     else:  # a server without denial responses: closing before accept still answers 403
         await send({"type": "websocket.close", "code": 1008, "reason": refusal.message[:120]})
-
 
 
 SECRET_HEADER = re.compile(r"((?:authorization|cookie|set-cookie)\s*:\s*)\S.*", re.I)

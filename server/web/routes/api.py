@@ -10,9 +10,7 @@ import urllib.parse
 from fastapi import APIRouter, Body, HTTPException, Query, Request
 from fastapi.responses import Response
 
-from gradwatch_server.storage import edits
-from gradwatch_server.storage import retention
-from gradwatch_server.storage import store
+from gradwatch_server.storage import edits, retention, store
 
 router = APIRouter()
 
@@ -29,8 +27,13 @@ def healthz(request: Request) -> dict:
 
 
 @router.get("/api/runs")
-def list_runs(request: Request, project: str | None = None, status: str | None = None,
-              q: str | None = None, tag: str | None = None) -> list[dict]:
+def list_runs(
+    request: Request,
+    project: str | None = None,
+    status: str | None = None,
+    q: str | None = None,
+    tag: str | None = None,
+) -> list[dict]:
     """Runs, newest first; filter by project, status, name substring (q) and tag."""
     return _services(request).read(store.list_runs, project=project, status=status, q=q, tag=tag)
 
@@ -67,8 +70,14 @@ def list_keys(request: Request, run_id: int) -> list[str]:
 
 
 @router.get("/api/runs/{run_id}/series")
-def get_series(request: Request, run_id: int, key: str, max_points: int | None = Query(None, ge=4),
-               start: int | None = None, end: int | None = None) -> dict:
+def get_series(
+    request: Request,
+    run_id: int,
+    key: str,
+    max_points: int | None = Query(None, ge=4),
+    start: int | None = None,
+    end: int | None = None,
+) -> dict:
     """Points of one key by step; with max_points, a min/max envelope that keeps every spike."""
     return _services(request).read(store.get_series, run_id, key, max_points, start, end)
 
@@ -82,21 +91,29 @@ def get_series_csv(request: Request, run_id: int, key: str) -> Response:
     writer.writerow(["step", "wall_time", "value"])
     for row in zip(series["steps"], series["wall_times"], series["values"]):
         writer.writerow(["" if v is None else v for v in row])
-    return Response(out.getvalue(), media_type="text/csv",
-                    headers={"Content-Disposition": content_disposition(f"run{run_id}-{key.replace('/', '_')}.csv")})
+    return Response(
+        out.getvalue(),
+        media_type="text/csv",
+        headers={"Content-Disposition": content_disposition(f"run{run_id}-{key.replace('/', '_')}.csv")},
+    )
 
 
 def content_disposition(filename: str) -> str:
     """An attachment header for any file name: HTTP headers are Latin-1, so a key like '损失' or an
     emoji goes in RFC 5987's ``filename*`` (UTF-8, percent-encoded) beside an ASCII fallback."""
-    fallback = re.sub(r'[^A-Za-z0-9._-]', "_", filename)
+    fallback = re.sub(r"[^A-Za-z0-9._-]", "_", filename)
     return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{urllib.parse.quote(filename, safe='')}"
 
 
 @router.get("/api/runs/{run_id}/heatmap")
-def get_heatmap(request: Request, run_id: int, key: str = "grad",
-                max_steps: int = Query(400, ge=1, le=5000), start: int | None = None,
-                end: int | None = None) -> dict:
+def get_heatmap(
+    request: Request,
+    run_id: int,
+    key: str = "grad",
+    max_steps: int = Query(400, ge=1, le=5000),
+    start: int | None = None,
+    end: int | None = None,
+) -> dict:
     """Per-layer gradient norms as a layer x step matrix (max per step bucket), optionally for a step range."""
     return _services(request).read(store.get_heatmap, run_id, key, max_steps, start, end)
 

@@ -8,8 +8,8 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from gradwatch_server.web.security import COOKIE, Auth
 from gradwatch_server.web.routes.pages import frontend_dir
+from gradwatch_server.web.security import COOKIE, Auth
 
 router = APIRouter()
 COOKIE_MAX_AGE = 30 * 24 * 3600
@@ -42,8 +42,15 @@ def _form(next_path: str, message: str = "", status: int = 200) -> HTMLResponse:
 def _logged_in(request: Request, next_path: str) -> RedirectResponse:
     """Redirect to ``next_path`` with the session cookie set."""
     response = RedirectResponse(next_path, status_code=303)
-    response.set_cookie(COOKIE, _auth(request).cookie_value, max_age=COOKIE_MAX_AGE, path="/", httponly=True,
-                        samesite="strict", secure=request.url.scheme == "https")
+    response.set_cookie(
+        COOKIE,
+        _auth(request).cookie_value,
+        max_age=COOKIE_MAX_AGE,
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
     return response
 
 

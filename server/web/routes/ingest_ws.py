@@ -12,8 +12,8 @@ import asyncio
 import logging
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-from gradwatch import protocol
 
+from gradwatch import protocol
 from gradwatch_server.ingest import batch as batches
 
 router = APIRouter()
@@ -60,18 +60,25 @@ async def ingest(ws: WebSocket) -> None:
     budget = Budget(services.settings.max_buffered_bytes)
     answering = asyncio.ensure_future(_answer(ws, services, run_id, replies, budget))
     try:
-        await ws.send_text(protocol.dumps({"type": "welcome", "protocol": protocol.PROTOCOL_VERSION,
-                                           "run_id": run_id, "acked_seq": opened["acked_seq"],
-                                           "features": protocol.SERVER_FEATURES,
-                                           "max_frame_bytes": services.settings.max_frame_bytes}))
+        await ws.send_text(
+            protocol.dumps(
+                {
+                    "type": "welcome",
+                    "protocol": protocol.PROTOCOL_VERSION,
+                    "run_id": run_id,
+                    "acked_seq": opened["acked_seq"],
+                    "features": protocol.SERVER_FEATURES,
+                    "max_frame_bytes": services.settings.max_frame_bytes,
+                }
+            )
+        )
         while not answering.done():
             text = await _receive(ws)
             # Past max_buffered_bytes, stop reading: the client's window waits. If the answers stop (the run
             # was deleted, the database failed a batch), stop waiting too: the connection is over.
             await _unless_done(answering, budget.take(len(text)))
             message = await asyncio.to_thread(_decode, text) if len(text) > BIG_FRAME else _decode(text)
-            await _unless_done(answering, replies.put((message.seq, services.submit_batch(run_id, message),
-                                                       len(text))))
+            await _unless_done(answering, replies.put((message.seq, services.submit_batch(run_id, message), len(text))))
     except (WebSocketDisconnect, RuntimeError, _Over):
         pass
     except protocol.ProtocolError as exc:
@@ -144,8 +151,12 @@ async def _answer(ws: WebSocket, services, run_id: int, replies: asyncio.Queue, 
             budget.give(size)  # the batch left the writer queue: its bytes are free
         try:
             if "deleted" in result:
-                await _refuse(ws, f"run {run_id} was deleted on the server; stop sending it",
-                              protocol.CLOSE_RUN_DELETED, "run_deleted")
+                await _refuse(
+                    ws,
+                    f"run {run_id} was deleted on the server; stop sending it",
+                    protocol.CLOSE_RUN_DELETED,
+                    "run_deleted",
+                )
                 return
             if "expected" in result:
                 await ws.send_text(protocol.dumps({"type": "nack", "expected": result["expected"]}))

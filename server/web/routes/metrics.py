@@ -35,17 +35,30 @@ def _registry(services):
     class Collector:
         def collect(self):
             stats, live = services.ingest_stats, gauges(services)
-            yield CounterMetricFamily("gradwatch_points_ingested", "Metric points committed (vector slots count each).",
-                                      value=stats.points)
+            yield CounterMetricFamily(
+                "gradwatch_points_ingested", "Metric points committed (vector slots count each).", value=stats.points
+            )
             yield CounterMetricFamily("gradwatch_batches_ingested", "Client batches committed.", value=stats.batches)
-            yield GaugeMetricFamily("gradwatch_points_per_second", f"Points committed per second, last {RATE_WINDOW_S:g} s.",
-                                    value=stats.rate())
-            yield GaugeMetricFamily("gradwatch_connected_clients", "Open ingest connections (training processes).",
-                                    value=live["connected_clients"])
-            yield GaugeMetricFamily("gradwatch_writer_queue_depth", "Jobs waiting for the database writer thread.",
-                                    value=live["writer_queue_depth"])
-            yield GaugeMetricFamily("gradwatch_live_subscribers", "Open browser pages receiving live pushes.",
-                                    value=live["live_subscribers"])
+            yield GaugeMetricFamily(
+                "gradwatch_points_per_second",
+                f"Points committed per second, last {RATE_WINDOW_S:g} s.",
+                value=stats.rate(),
+            )
+            yield GaugeMetricFamily(
+                "gradwatch_connected_clients",
+                "Open ingest connections (training processes).",
+                value=live["connected_clients"],
+            )
+            yield GaugeMetricFamily(
+                "gradwatch_writer_queue_depth",
+                "Jobs waiting for the database writer thread.",
+                value=live["writer_queue_depth"],
+            )
+            yield GaugeMetricFamily(
+                "gradwatch_live_subscribers",
+                "Open browser pages receiving live pushes.",
+                value=live["live_subscribers"],
+            )
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Collector())
@@ -59,7 +72,8 @@ def metrics(request: Request) -> Response:
     try:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
     except ImportError:
-        return JSONResponse({"error": "/metrics needs the prometheus_client package: pip install prometheus-client"},
-                            status_code=501)
+        return JSONResponse(
+            {"error": "/metrics needs the prometheus_client package: pip install prometheus-client"}, status_code=501
+        )
     registry = _registry(request.app.state.services)
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
