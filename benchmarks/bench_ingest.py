@@ -46,16 +46,16 @@ SCALAR_CLIENT = textwrap.dedent("""
 """)
 
 VECTOR_CLIENT = textwrap.dedent("""
-    # Per-layer norms arrive through the path run.watch() uses (Run._put_layout / _put_record), with
+    # Per-layer norms arrive through the path run.watch() uses (run.recorder.put_layout / put_record), with
     # precomputed values: this measures delivery and storage, not the model's backward pass.
     import sys, time, gradwatch
     steps, layers, name = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
     run = gradwatch.init(project="bench", name=name)
-    run._put_layout("grad", [f"layer{i}.weight" for i in range(layers)])
+    run.recorder.put_layout("grad", [f"layer{i}.weight" for i in range(layers)])
     norms = [[1e-3 * (i + 1) * (1 + k % 7) for i in range(layers)] for k in range(64)]
     t0 = time.perf_counter()
     for s in range(steps):
-        run._put_record(s, {"loss": 1.0 / (s + 1), "grad/global_norm": 1.0}, {"grad": (norms[s % 64], (), layers)})
+        run.recorder.put_record(s, {"loss": 1.0 / (s + 1), "grad/global_norm": 1.0}, {"grad": (norms[s % 64], (), layers)})
     loop = time.perf_counter() - t0
     run.finish(timeout=600)
     print(loop, time.perf_counter() - t0, flush=True)

@@ -78,8 +78,7 @@ def bench_watch(url: str, layers: int = 48, width: int = 256, rounds: int = 8) -
             times[name] += train_steps(model, opt, x, y, 30, run)
     for run, _ in configs.values():
         if run is not None:
-            run._watcher.remove()
-            run.finish(timeout=60)
+            run.finish(timeout=60)  # removes its watcher's hooks first
     base, watched, every10 = (statistics.median(times[k]) for k in ("plain", "watched", "every10"))
     norms = time_norms(model)
     n_params = len(list(model.parameters()))
@@ -101,11 +100,11 @@ def time_norms(model) -> float:
 def bench_ingest(url: str, steps: int = 3000, layers: int = 300) -> None:
     """Server-side: steps/s committed for a transformer-sized layout (300 per-layer norms + scalars)."""
     run = gradwatch.init(project="bench", name="ingest", server=url, flush_interval=0.05)
-    run._put_layout("grad", [f"layer{i}.weight" for i in range(layers)])
+    run.recorder.put_layout("grad", [f"layer{i}.weight" for i in range(layers)])
     norms = [float(i) for i in range(layers)]
     start = time.perf_counter()
     for step in range(steps):
-        run._put_record(
+        run.recorder.put_record(
             step, {"loss": 1.0, "grad/global_norm": 2.0, "lr": 1e-3, "memory/rss": 1e9}, {"grad": (norms, [], layers)}
         )
     run.finish(timeout=300)

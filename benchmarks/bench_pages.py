@@ -59,7 +59,7 @@ def main() -> None:
             page.add_init_script(TIME_MESSAGES)
             run = gradwatch.init(project="bench", name="fast", server=server.url, flush_interval=0.1)
             names = [f"layer{i}.weight" for i in range(args.layers)]
-            run._put_layout("grad", names)
+            run.recorder.put_layout("grad", names)
             run.log({"loss": 1.0, "lr": 1e-3, "grad/global_norm": 1.0}, step=0)
             time.sleep(1.0)
             page.goto(f"{server.url}/runs/1")
@@ -73,7 +73,7 @@ def main() -> None:
                 due = int((time.perf_counter() - start) * args.rate)
                 while step <= due:
                     norms = [1.0 / (1 + i) for i in range(args.layers)]
-                    run._put_record(
+                    run.recorder.put_record(
                         step,
                         {"loss": 1 / math.sqrt(step), "lr": 1e-3, "grad/global_norm": 1.0},
                         {"grad": (norms, [], args.layers)},

@@ -25,7 +25,7 @@ from gradwatch import protocol
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.services import Services
 from gradwatch_server.settings import Settings
-from gradwatch_server.storage import db, edits, retention
+from gradwatch_server.storage import database, edits, retention
 
 EVERY = 0.02  # one live batch every 20 ms
 STEPS = 50  # steps per live batch
@@ -42,7 +42,7 @@ async def _live(services: Services, run_id: int, stop: asyncio.Event, latencies:
     while not stop.is_set():
         seq += 1
         started = time.perf_counter()
-        await services.submit_batch(run_id, decode(_batch(seq)))
+        await services.pipeline.submit(run_id, decode(_batch(seq)))
         latencies.append(time.perf_counter() - started)
         await asyncio.sleep(EVERY)
     return seq
@@ -51,7 +51,9 @@ async def _live(services: Services, run_id: int, stop: asyncio.Event, latencies:
 async def _scenario(url: str, big_id: int, how: str) -> dict:
     services = Services(Settings(db=url))
     try:
-        run_id = (await services.open_run({"uid": f"live-{how}", "project": "bench", "name": "live"}))["run_id"]
+        run_id = (await services.pipeline.open_run({"uid": f"live-{how}", "project": "bench", "name": "live"}))[
+            "run_id"
+        ]
         quiet: list = []
         stop = asyncio.Event()
         task = asyncio.create_task(_live(services, run_id, stop, quiet, 0))
@@ -82,7 +84,7 @@ def _ms(values: list, q: float) -> float:
 
 def _copy_postgres(url: str, name: str) -> str:
     """A copy of the built database (CREATE DATABASE ... TEMPLATE), so both scenarios start equal."""
-    admin = create_engine(db._postgres_driver(url), isolation_level="AUTOCOMMIT")
+    admin = create_engine(database.driver_url(url), isolation_level="AUTOCOMMIT")
     source = url.rsplit("/", 1)[1]
     with admin.connect() as conn:
         conn.execute(text(f"DROP DATABASE IF EXISTS {name}"))
@@ -99,7 +101,7 @@ def main() -> None:
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gw-bench-retention-"))
     url = args.db or f"sqlite:///{tmp / 'big.db'}"
-    engine = db.make_engine(url)
+    engine = database.make_engine(url)
     started = time.perf_counter()
     big_id, _rate = build(engine, args.steps, args.vector_steps)
     engine.dispose()

@@ -22,7 +22,7 @@ from gradwatch import protocol
 from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.storage import db, store
+from gradwatch_server.storage import database, store
 
 LAYERS = 300
 BATCH = 20_000
@@ -90,7 +90,7 @@ def timed(fn, repeat: int = 5) -> float:
 
 
 def report(tmp: Path, steps: int, vector_steps: int) -> None:
-    engine = db.make_engine(f"sqlite:///{tmp / f'run-{steps}.db'}")
+    engine = database.make_engine(f"sqlite:///{tmp / f'run-{steps}.db'}")
     run_id, rate = build(engine, steps, vector_steps)
     con = raw_table(tmp / f"raw-{steps}.db", steps)
     print(

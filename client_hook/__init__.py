@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .distributed import NoopRun
-from .protocol import PROTOCOL_VERSION
-from .run import Run, TrainingDiverged
+from gradwatch.distributed import NoopRun
+from gradwatch.protocol import PROTOCOL_VERSION
+from gradwatch.run import Run, TrainingDiverged
 
 __version__ = "0.1.0"
 __all__ = ["init", "watch", "log", "finish", "lr_find", "Run", "NoopRun", "TrainingDiverged", "PROTOCOL_VERSION", "run"]
@@ -47,7 +47,7 @@ def init(
         ``all_ranks``); also usable as a context manager.
     """
     global run
-    from .distributed import rank_and_world
+    from gradwatch.distributed import rank_and_world
 
     rank, world = rank_and_world()
     if world > 1 and rank != 0 and not all_ranks:
@@ -59,13 +59,13 @@ def init(
 
 def lr_find(model, optimizer, loader, loss_fn, **kwargs):
     """LR range test streamed as its own run (see ``gradwatch.lr_range.lr_find``)."""
-    from .lr_range import lr_find as _lr_find
+    from gradwatch.lr_range import lr_find as _lr_find
 
     return _lr_find(model, optimizer, loader, loss_fn, **kwargs)
 
 
 def _current() -> Run | None:
-    if run is None or run._finished:
+    if run is None or run.finished:
         return None
     return run
 

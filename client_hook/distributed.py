@@ -96,7 +96,7 @@ def _from_store(rank: int, uid: str, key: str) -> str | None:
     try:
         from datetime import timedelta
 
-        store = dist.distributed_c10d._get_default_store()
+        store = _default_store(dist)
         if rank == 0:
             store.set(key, uid)
             return uid
@@ -111,12 +111,22 @@ def _from_store(rank: int, uid: str, key: str) -> str | None:
         return None
 
 
+def _default_store(dist):
+    """The process group's key-value store, which ``init_process_group`` already connected.
+
+    torch.distributed has no public getter for it; a new ``TCPStore`` would need the rendezvous
+    address and port, which the launcher may not have put in the environment.
+    """
+    return dist.distributed_c10d._get_default_store()
+
+
 class NoopRun:
     """What ranks other than 0 get by default: the ``Run`` API, doing nothing, never connecting."""
 
     id = None
     should_stop = False
     diverged = None
+    recorder = None  # records nothing: producers (watchers, lr_find, callbacks) skip a run without one
 
     def __init__(
         self,
@@ -131,7 +141,7 @@ class NoopRun:
         self.project, self.name, self.config = str(project), name, dict(config or {})
         self.rank, self.world_size = rank, world_size
         self.uid = None
-        self._finished = False
+        self.finished = False
         self._step = 0
 
     @property
@@ -152,7 +162,7 @@ class NoopRun:
         pass
 
     def finish(self, status: str = "finished", timeout: float = 30.0) -> None:
-        self._finished = True
+        self.finished = True
 
     def __enter__(self) -> NoopRun:
         return self

@@ -59,12 +59,12 @@ class GradwatchCallback(pl.Callback):
         self.run = gradwatch.init(config=self._config(trainer, pl_module), **self.init_args)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if self.run is None or not self.watch_gradients or not hasattr(self.run, "_put_record"):
+        if self.run is None or not self.watch_gradients or self.run.recorder is None:  # None: a NoopRun
             return
         from gradwatch.step_watcher import StepWatcher
 
         scaler = getattr(trainer.precision_plugin, "scaler", None)
-        self._watcher = StepWatcher(self.run, pl_module, trainer.optimizers, scaler=scaler)
+        self._watcher = StepWatcher(self.run.recorder, pl_module, trainer.optimizers, scaler=scaler)
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self._end("finished")
@@ -145,6 +145,9 @@ def _fresh_metrics(trainer, on_step: bool, seen: dict) -> dict:
 
     Lightning keeps a step value until it is logged again; a value already sent (the same
     tensor) is skipped, so a metric logged every other step is streamed every other step.
+    The one place that reads Lightning internals (``trainer._results`` and its items): its public
+    ``logged_metrics`` keeps each name's last value without saying whether it is new, so it is
+    only the fallback when those internals move.
     """
     results = getattr(trainer, "_results", None)
     if results is None:

@@ -103,8 +103,8 @@ def lr_find(
 
 def _open_run(model, optimizer, project, name, sweep: dict, init_kwargs: dict):
     """The sweep's own run (not the current ``gradwatch.run``); a no-op run on ranks other than 0."""
-    from .distributed import NoopRun, rank_and_world
-    from .run import Run
+    from gradwatch.distributed import NoopRun, rank_and_world
+    from gradwatch.run import Run
 
     config = {"lr_find": sweep, "model": type(model).__name__, "optimizer": type(optimizer).__name__}
     rank, world = rank_and_world()
@@ -196,9 +196,9 @@ def _record(run, found: tuple, lrs: list, smoothed: list, diverged_at: float | N
     if lr is not None:
         scalars["lr_find/suggested_lr"] = lr
     run.log(scalars, step=last)
-    if hasattr(run, "_put_event"):
+    if run.recorder is not None:  # None: a NoopRun
         step = lrs.index(lr) if lr is not None else last
-        run._put_event(
+        run.recorder.put_event(
             {
                 "type": "alert",
                 "kind": "lr_suggestion",

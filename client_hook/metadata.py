@@ -121,11 +121,11 @@ def collect() -> dict:
     torch = sys.modules.get("torch")  # never imported here: that alone costs ~1.5 s (watch() records it later)
     if torch is not None:
         meta["torch"] = torch.__version__
-        meta.update(_device_info(torch))
+        meta.update(device_info(torch))
     return meta
 
 
-def _device_info(torch) -> dict:
+def device_info(torch) -> dict:
     """The device, without creating a CUDA context.
 
     init() often runs before the script's ``torch.cuda.set_device(local_rank)``: current_device(),

@@ -42,6 +42,13 @@ import math
 import sys
 from typing import Any
 
+# The shared facts (float codec, loss keys, limits) live in gradwatch.contract; these names stay
+# importable from gradwatch.protocol, where callers have always found them.
+from gradwatch.contract import MAX_KEY_LEN, ProtocolError, decode_float
+from gradwatch.contract import MAX_STEP as MAX_STEP
+from gradwatch.contract import encode_float as encode_float
+from gradwatch.contract import is_loss_key as is_loss_key
+
 PROTOCOL_VERSION = 1
 INGEST_PATH = "/ws/ingest"
 DEFAULT_SERVER = "http://127.0.0.1:8765"
@@ -50,24 +57,6 @@ DEFAULT_SERVER = "http://127.0.0.1:8765"
 CLOSE_PROTOCOL_MISMATCH = 4001
 CLOSE_BAD_MESSAGE = 4002
 CLOSE_RUN_DELETED = 4003  # with {"type": "error", "code": "run_deleted"}: stop sending this run
-
-_NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
-
-
-class ProtocolError(ValueError):
-    """A message that does not follow the protocol."""
-
-
-def encode_float(value: float | None) -> float | str | None:
-    """Turn a float into a JSON-safe value, non-finite floats into strings."""
-    if value is None:
-        return None
-    if math.isfinite(value):
-        return value
-    if math.isnan(value):
-        return "NaN"
-    return "Infinity" if value > 0 else "-Infinity"
-
 
 # Features a server announces in ``welcome``; a client uses one only when announced.
 VECTOR_F64 = "vector_f64"  # a vector may travel as {"f64": base64 of little-endian float64, "missing": [i]}
@@ -93,7 +82,7 @@ def decode_vector(value: Any) -> list:
         # Plain finite floats (nearly every value) need no decoding; checking that is ~20x cheaper.
         return value if all(type(v) is float for v in value) else [decode_float(v) for v in value]
     if not isinstance(value, dict) or not isinstance(value.get("f64"), str):
-        raise ProtocolError("a vector must be a list or {\"f64\": base64, \"missing\": [...]}")
+        raise ProtocolError('a vector must be a list or {"f64": base64, "missing": [...]}')
     try:
         raw = base64.b64decode(value["f64"], validate=True)
     except (ValueError, TypeError) as exc:
@@ -111,24 +100,6 @@ def decode_vector(value: Any) -> list:
     for i in missing:
         out[i] = None
     return out
-
-
-def decode_float(value: Any) -> float | None:
-    """Inverse of ``encode_float``; raises ProtocolError on anything else."""
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        raise ProtocolError(f"expected a number, got {value!r}")
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str) and value in _NONFINITE:
-        return _NONFINITE[value]
-    raise ProtocolError(f"expected a number or 'NaN'/'Infinity'/'-Infinity', got {value!r}")
-
-
-def is_loss_key(key: str) -> bool:
-    """Keys whose last path part mentions 'loss' are the ones watched for NaN/inf and spikes."""
-    return "loss" in key.rsplit("/", 1)[-1].lower()
 
 
 def dumps(message: dict) -> str:
@@ -242,10 +213,10 @@ def decode_record(record: Any) -> tuple[int, float, dict, dict]:
 
 
 def check_key(key: Any) -> str:
-    """Metric keys are non-empty strings of at most 256 characters of valid Unicode (no lone surrogates)."""
-    if not isinstance(key, str) or not key or len(key) > 256:
+    """Metric keys are non-empty strings of at most MAX_KEY_LEN characters of valid Unicode (no lone surrogates)."""
+    if not isinstance(key, str) or not key or len(key) > MAX_KEY_LEN:
         shown = repr(key) if not isinstance(key, str) or len(key) <= 60 else f"{key[:40]!r}... ({len(key)} chars)"
-        raise ProtocolError(f"metric key must be a non-empty string of <= 256 chars, got {shown}")
+        raise ProtocolError(f"metric key must be a non-empty string of <= {MAX_KEY_LEN} chars, got {shown}")
     if not valid_unicode(key):
         raise ProtocolError(f"metric key {key!r} is not valid Unicode (a lone surrogate)")
     return key
@@ -272,7 +243,6 @@ def clean_text(text) -> str:
 # append per value. Arrays are little-endian base64: steps int64, times and values float64 (NaN and
 # inf bit-exact), rows (indices into steps, only when a key is not in every record) int32, and a
 # vector's "missing" a uint8 mask of its k x slots values (1 = no value, .grad was None).
-MAX_STEP = (1 << 63) - 1
 
 
 def _b64(typecode: str, values) -> str:
@@ -325,8 +295,9 @@ def encode_columns(records: list) -> dict:
                 raise ValueError(f"vector {key!r} changes width inside one batch")
             col[0].append(i)
             col[1].append(values)
-    out["vectors"] = {key: _column(rows, n, _vector_column(values, slots))
-                      for key, (rows, values, slots) in vectors.items()}
+    out["vectors"] = {
+        key: _column(rows, n, _vector_column(values, slots)) for key, (rows, values, slots) in vectors.items()
+    }
     return out
 
 

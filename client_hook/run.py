@@ -7,20 +7,23 @@ import numbers
 import os
 import secrets
 import sys
-import threading
-import time
 import traceback
 import uuid
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from . import distributed, metadata, protocol, signals, spool
-from .sender import Sender
-from .values import to_value
+from gradwatch import distributed, metadata, protocol, signals
+from gradwatch.contract import OUTBOX_MEMORY_BYTES
+from gradwatch.delivery import pending as delivery
+from gradwatch.delivery import spool
+from gradwatch.delivery.sender import Sender
+from gradwatch.recorder import Recorder
+from gradwatch.values import to_value
 
 try:  # the health engineer's threshold checks; init() works without them until they land
-    from . import thresholds as _thresholds
+    from gradwatch import thresholds as _thresholds
 except ImportError:  # pragma: no cover - depends on the tree
     _thresholds = None
 
@@ -60,12 +63,27 @@ class Run:
     Raises:
         ValueError, TypeError: bad ``on_nan``, ``alerts``, ``tags`` or ``config`` (at once, not at
             every connection attempt).
+
+    ``run.recorder`` (a ``gradwatch.recorder.Recorder``) is what integrations and tools record
+    through; a training script needs only ``log``, ``watch`` and ``finish``.
     """
 
-    def __init__(self, project: str = "default", name: str | None = None, config: Mapping | None = None, *,
-                 server: str | None = None, alerts: Mapping | None = None, on_nan: str = "warn",
-                 tags: list[str] | None = None, flush_interval: float = 0.2, spool_dir: str | None = None,
-                 max_memory_bytes: int = 32 << 20, token: str | None = None, all_ranks: bool = False):
+    def __init__(
+        self,
+        project: str = "default",
+        name: str | None = None,
+        config: Mapping | None = None,
+        *,
+        server: str | None = None,
+        alerts: Mapping | None = None,
+        on_nan: str = "warn",
+        tags: list[str] | None = None,
+        flush_interval: float = 0.2,
+        spool_dir: str | None = None,
+        max_memory_bytes: int = OUTBOX_MEMORY_BYTES,
+        token: str | None = None,
+        all_ranks: bool = False,
+    ):
         if on_nan not in ON_NAN_MODES:
             raise ValueError(f"on_nan must be one of {ON_NAN_MODES}, got {on_nan!r}")
         alerts, tags = _check_alerts(alerts), _check_tags(tags)
@@ -80,25 +98,39 @@ class Run:
         self.server = (server or os.environ.get("GRADWATCH_SERVER") or protocol.DEFAULT_SERVER).rstrip("/")
         self.should_stop = False
         self.diverged: tuple | None = None
-        self._step = 0
         self._raise_pending: str | None = None
         self._watcher = None
-        self._finished = False
-        self._warned: set[str] = set()
         self._key_is_loss: dict[str, bool] = {}  # keys already validated -> is it a loss?
-        self._lock = threading.Lock()
         self._pid = os.getpid()
         # The secret proves to the server that a reconnect (or `gradwatch sync` of the spool) is this run's.
-        info = {"uid": self.uid, "secret": secrets.token_hex(16), "project": self.project, "name": self.name,
-                "config": _jsonable(self.config), "meta": {**metadata.collect(), **job}, "alerts": alerts, "tags": tags}
+        info = {
+            "uid": self.uid,
+            "secret": secrets.token_hex(16),
+            "project": self.project,
+            "name": self.name,
+            "config": _jsonable(self.config),
+            "meta": {**metadata.collect(), **job},
+            "alerts": alerts,
+            "tags": tags,
+        }
         where = Path(spool_dir) if spool_dir else default_spool_root() / self.uid
         self._token = token or os.environ.get("GRADWATCH_TOKEN") or None  # kept for background delivery; never stored
-        self._sender = Sender(self.server, info, where, flush_interval=flush_interval, max_memory_bytes=max_memory_bytes,
-                              inspect=self._inspect_resolved, token=self._token)
+        self._sender = Sender(
+            self.server,
+            info,
+            where,
+            flush_interval=flush_interval,
+            max_memory_bytes=max_memory_bytes,
+            inspect=self._inspect_resolved,
+            token=self._token,
+        )
         if not spool_dir:  # once this run reaches the server, spools that older runs left behind go too
-            self._sender.on_connected = lambda: spool.deliver_pending(default_spool_root(), self.server,
-                                                                      self._token, skip=where)
-        self._sender.put(("event", {"type": "status", "status": "running"}))
+            self._sender.on_connected = lambda: delivery.deliver_pending(
+                default_spool_root(), self.server, self._token, skip=where
+            )
+        # What the watchers, integrations and importers record through (see gradwatch.recorder).
+        self.recorder = Recorder(self._sender)
+        self.recorder.put_event({"type": "status", "status": "running"})
         self._sender.start()
         signals.track(self)
 
@@ -117,7 +149,12 @@ class Run:
     @property
     def step(self) -> int:
         """The step the next ``log`` without ``step=`` will use."""
-        return self._step
+        return self.recorder.current_step()
+
+    @property
+    def finished(self) -> bool:
+        """True once ``finish`` began (``log`` then does nothing)."""
+        return self.recorder.finished
 
     def log(self, data: Mapping[str, Any], step: int | None = None) -> None:
         """Record metrics for one step; never blocks and never raises into training.
@@ -129,17 +166,17 @@ class Run:
         Raises:
             TrainingDiverged: only with on_nan="raise", once a loss is NaN/inf.
         """
-        if self._finished and os.getpid() != self._pid:
+        if self.recorder.finished and os.getpid() != self._pid:
             return  # a forked child (DataLoader worker): the parent's run is not ours to log to
         try:
             self._log(data, step)
         except Exception as exc:  # a bad call must not kill the training job
-            self._warn_once(f"log:{type(exc).__name__}", f"gradwatch: log() ignored bad input: {exc}")
+            self.recorder.warn_once(f"log:{type(exc).__name__}", f"gradwatch: log() ignored bad input: {exc}")
         if self._raise_pending:
             message, self._raise_pending = self._raise_pending, None
             raise TrainingDiverged(message)
 
-    def watch(self, model, optimizer=None, scaler=None, every: int = 1) -> "Run":
+    def watch(self, model, optimizer=None, scaler=None, every: int = 1) -> Run:
         """Record gradient norms (global and per parameter), missing grads, LR and memory.
 
         Args:
@@ -153,11 +190,11 @@ class Run:
         Returns:
             The run, for chaining.
         """
-        from .watcher import Watcher
+        from gradwatch.watcher import Watcher
 
         if self._watcher is not None:
             self._watcher.remove()
-        self._watcher = Watcher(self, model, optimizer, scaler, every)
+        self._watcher = Watcher(self.recorder, model, optimizer, scaler, every)
         return self
 
     def finish(self, status: str = "finished", timeout: float = 30.0, *, _budget: float | None = None) -> None:
@@ -171,14 +208,14 @@ class Run:
             status: "finished" or "failed".
             timeout: seconds without any progress after which it stops waiting.
         """
-        if self._finished:
+        if self.recorder.finished:
             return
-        self._finished = True
+        self.recorder.finished = True
         sender = self._sender
         try:
             if self._watcher is not None:
                 self._watcher.remove()
-            sender.put(("event", {"type": "status", "status": status}))
+            self.recorder.put_event({"type": "status", "status": status})
             sender.hurry_up()
             sender.deliver(patience=timeout, grace=3.0 if sender.ever_connected else 1.0, cap=_budget, progress=True)
         finally:  # even when a second Ctrl-C lands in the wait: spool what is left
@@ -191,26 +228,35 @@ class Run:
         where = self._sender.outbox.spool_dir
         if kept:
             steps = self._sender.pending_records()
-            print(f"gradwatch: {f'{steps:,} step(s) in ' if steps > 0 else ''}{kept} batch(es) were not delivered to "
-                  f"{self.server}; they are kept in {where} - send them later with `gradwatch sync {where}`",
-                  file=sys.stderr)
+            print(
+                f"gradwatch: {f'{steps:,} step(s) in ' if steps > 0 else ''}{kept} batch(es) were not delivered to "
+                f"{self.server}; they are kept in {where} - send them later with `gradwatch sync {where}`",
+                file=sys.stderr,
+            )
         if lost:
-            print(f"gradwatch: {lost} batch(es) could not be written to {where} ({self._sender.outbox.disk_error}) "
-                  "and are lost", file=sys.stderr)
+            print(
+                f"gradwatch: {lost} batch(es) could not be written to {where} ({self._sender.outbox.disk_error}) "
+                "and are lost",
+                file=sys.stderr,
+            )
 
     def record_exception(self, exc: BaseException) -> None:
         """Attach a training-script exception (and the memory state) to the run."""
-        event = {"type": "exception", "exc_type": type(exc).__name__, "message": str(exc)[:4000],
-                 "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
-                 "step": self._step}
+        event = {
+            "type": "exception",
+            "exc_type": type(exc).__name__,
+            "message": str(exc)[:4000],
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
+            "step": self.recorder.current_step(),
+        }
         if self._watcher is not None:
             try:
-                event["memory"] = {**self._watcher._memory(), **self._watcher.memory_breakdown()}
+                event["memory"] = {**self._watcher.memory(), **self._watcher.memory_breakdown()}
             except Exception:
                 pass
-        self._put_event(event)
+        self.recorder.put_event(event)
 
-    def __enter__(self) -> "Run":
+    def __enter__(self) -> Run:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -222,18 +268,13 @@ class Run:
         else:
             self.finish("finished" if exc is None else "failed")
 
-    # -- internals used by the watcher and the sender -------------------------------------
+    # -- internals ------------------------------------------------------------------------
     def _log(self, data: Mapping[str, Any], step: int | None) -> None:
-        if self._finished:
+        if self.recorder.finished:
             raise RuntimeError("the run is finished")
         if type(data) is not dict and not isinstance(data, Mapping):  # the ABC check alone costs ~1 us
             raise TypeError(f"log() takes a dict of metrics, got {type(data).__name__}")
-        with self._lock:
-            if step is None:
-                step = self._step
-            elif not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= protocol.MAX_STEP:
-                raise ValueError(f"step must be an int from 0 to 2**63-1, got {step!r}")
-            self._step = max(self._step, step + 1)
+        step = self.recorder.claim_step(step)
         scalars = {}
         for key, value in data.items():
             try:
@@ -243,37 +284,12 @@ class Run:
                 scalars[key] = to_value(value)
             except (TypeError, ValueError, protocol.ProtocolError) as exc:
                 shown = repr(key) if len(repr(key)) <= 60 else repr(key)[:40] + "..."
-                self._warn_once(f"key:{key}", f"gradwatch: not logging {shown}: {exc}")
+                self.recorder.warn_once(f"key:{key}", f"gradwatch: not logging {shown}: {exc}")
                 continue
             if is_loss and type(scalars[key]) is float and not math.isfinite(scalars[key]):
                 self._check_loss(step, key, scalars[key])
         if scalars:
-            self._sender.put(("rec", step, time.time(), scalars, {}))
-
-    def _disown(self) -> None:
-        """In a forked child: never send, finish or spill the parent's run."""
-        self._finished = True
-        self._sender.closed_for_puts = True
-        self._sender.outbox.forget_lock()
-
-    def _current_step(self) -> int:
-        return self._step
-
-    def _put_record(self, step: int, scalars: dict, vectors: dict) -> None:
-        self._sender.put(("rec", step, time.time(), scalars, vectors))
-
-    def _put_event(self, event: dict) -> None:
-        self._sender.put(("event", event))
-
-    def _put_layout(self, key: str, names: list[str]) -> None:
-        self._sender.put(("layout", key, names))
-
-    def _guarded(self, fn) -> None:
-        """Run a hook body; a failure there is reported once and never reaches training."""
-        try:
-            fn()
-        except Exception as exc:
-            self._warn_once(f"hook:{type(exc).__name__}", f"gradwatch: gradient capture failed: {exc!r}")
+            self.recorder.put_record(step, scalars, {})
 
     def _inspect_resolved(self, step: int, scalars: dict) -> None:
         """Sender-thread check of losses that were read off the device late."""
@@ -286,19 +302,16 @@ class Run:
             return
         self.diverged = (step, key, value)
         what = "NaN" if math.isnan(value) else ("+inf" if value > 0 else "-inf")
-        message = (f"gradwatch: {key} is {what} at step {step}. Likely causes: learning rate too high, "
-                   "exploding gradients (try clipping), log/div of zero, or bad input data.")
+        message = (
+            f"gradwatch: {key} is {what} at step {step}. Likely causes: learning rate too high, "
+            "exploding gradients (try clipping), log/div of zero, or bad input data."
+        )
         if self.on_nan == "stop":
             self.should_stop = True
             message += " run.should_stop is now True."
         elif self.on_nan == "raise":
             self._raise_pending = message
         warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-    def _warn_once(self, tag: str, message: str) -> None:
-        if tag not in self._warned:
-            self._warned.add(tag)
-            print(message, file=sys.stderr)
 
 
 def _jsonable(value: Any) -> Any:
@@ -311,7 +324,11 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float):
         return protocol.encode_float(float(value))
     if value is None or isinstance(value, (bool, int, str)):
-        return value if type(value) in (bool, int, str, type(None)) else (str(value) if isinstance(value, str) else int(value))
+        return (
+            value
+            if type(value) in (bool, int, str, type(None))
+            else (str(value) if isinstance(value, str) else int(value))
+        )
     return repr(value)
 
 
@@ -337,8 +354,12 @@ def _check_alerts(alerts: Mapping | None) -> dict:
     out = {}
     for key, value in alerts.items():
         value = _plain(value)
-        if not isinstance(key, str) or isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value):
+        if (
+            not isinstance(key, str)
+            or isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
             raise ValueError(f"alerts[{key!r}] must be a finite number, got {value!r}")
         out[key] = value
     if _thresholds is not None and hasattr(_thresholds, "validate"):

@@ -96,5 +96,5 @@ def blocked():
 def _after_fork_in_child() -> None:
     """A forked child (DataLoader worker, multiprocessing) must never send, finish or spill the parent's run."""
     for run in list(_live):
-        run._disown()
+        run.recorder.disown()
     _live.clear()

@@ -7,30 +7,22 @@ sees unscaled gradients, skips accumulation micro-batches, and covers every opti
 
 from __future__ import annotations
 
-from .values import defer_vector
-from .watcher import Watcher
-
-
-class _AtStep:
-    """The run as the watcher sees it, with the framework's step instead of the run's next step."""
-
-    def __init__(self, run, watcher: StepWatcher):
-        self._run, self._watcher = run, watcher
-
-    def __getattr__(self, name):
-        return getattr(self._run, name)
-
-    def _current_step(self) -> int:
-        return self._watcher.step if self._watcher.step is not None else self._run._current_step()
+from gradwatch.values import defer_vector
+from gradwatch.watcher import Watcher
 
 
 class StepWatcher(Watcher):
-    """Per-layer and global gradient norms, LRs of every optimizer, memory: on ``capture_at(step)``."""
+    """Per-layer and global gradient norms, LRs of every optimizer, memory: on ``capture_at(step)``.
 
-    def __init__(self, run, model, optimizers=(), scaler=None):
+    Args:
+        recorder: the run's ``Recorder`` (``run.recorder``).
+        model, optimizers, scaler: what the framework trains with (optimizers may come later).
+    """
+
+    def __init__(self, recorder, model, optimizers=(), scaler=None):
         self.step: int | None = None
         self.optimizers: list = []
-        super().__init__(_AtStep(run, self), model, None, scaler)
+        super().__init__(recorder, model, None, scaler)
         self.set_optimizers(optimizers)
 
     def set_optimizers(self, optimizers) -> None:
@@ -42,7 +34,11 @@ class StepWatcher(Watcher):
     def capture_at(self, step: int) -> None:
         """Record gradients, learning rates and memory for ``step``; never raises into training."""
         self.step = int(step)
-        self.run._guarded(self.capture)
+        self.recorder.guarded(self.capture)
+
+    def _step_now(self) -> int:
+        """The framework's step (the run's next one before the first ``capture_at``)."""
+        return self.step if self.step is not None else super()._step_now()
 
     def _hook_new_trainables(self) -> None:
         """No per-parameter hooks: the framework says when gradients are ready."""

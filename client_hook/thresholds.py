@@ -2,42 +2,43 @@
 
 The training side checks ``init(alerts=...)`` with ``validate`` so a typo fails at once, in the
 user's script, instead of being silently ignored by the server. The server reads ``DEFAULTS``
-from here (one owner). Pure Python: no torch or numpy import.
+from here (one owner); each health rule takes its own with ``of(kind)``. Pure Python: no torch or numpy import.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 DEFAULTS: dict[str, float] = {
-    "nan_loss.cooldown": 10,                 # finite-loss steps that end a NaN episode
-    "loss_spike.factor": 10.0,               # robust z-score (median / MAD) over the window
+    "nan_loss.cooldown": 10,  # finite-loss steps that end a NaN episode
+    "loss_spike.factor": 10.0,  # robust z-score (median / MAD) over the window
     "loss_spike.window": 100,
     "loss_spike.min_history": 20,
-    "loss_spike.cooldown": 20,               # steps back in range before a new spike episode
-    "loss_divergence.factor": 10.0,          # x above the run's first loss and its recent median
-    "loss_divergence.window": 10,            # recent values whose median is the short-term reference
-    "loss_divergence.cooldown": 20,          # steps back under factor x the first loss to end it
-    "nonfinite_gradients.cooldown": 10,      # finite-gradient steps that end an episode
-    "exploding_gradients.ceiling": 1000.0,   # absolute global-norm warning level
-    "exploding_gradients.factor": 100.0,     # x over the rolling median of the run's own norms
+    "loss_spike.cooldown": 20,  # steps back in range before a new spike episode
+    "loss_divergence.factor": 10.0,  # x above the run's first loss and its recent median
+    "loss_divergence.window": 10,  # recent values whose median is the short-term reference
+    "loss_divergence.cooldown": 20,  # steps back under factor x the first loss to end it
+    "nonfinite_gradients.cooldown": 10,  # finite-gradient steps that end an episode
+    "exploding_gradients.ceiling": 1000.0,  # absolute global-norm warning level
+    "exploding_gradients.factor": 100.0,  # x over the rolling median of the run's own norms
     "exploding_gradients.early_factor": 1000.0,  # x over the median of the first steps, before min_history
     "exploding_gradients.window": 50,
     "exploding_gradients.min_history": 10,
-    "exploding_gradients.cooldown": 20,      # healthy steps in a row that end an episode
-    "vanishing_gradients.ratio": 1e-3,       # early-layer / late-layer norm ratio
-    "vanishing_gradients.patience": 20,      # consecutive steps below the ratio
+    "exploding_gradients.cooldown": 20,  # healthy steps in a row that end an episode
+    "vanishing_gradients.ratio": 1e-3,  # early-layer / late-layer norm ratio
+    "vanishing_gradients.patience": 20,  # consecutive steps below the ratio
     "vanishing_gradients.cooldown": 20,
-    "zero_gradients.patience": 20,           # consecutive steps with an exactly-zero gradient
+    "zero_gradients.patience": 20,  # consecutive steps with an exactly-zero gradient
     "zero_gradients.cooldown": 10,
-    "missing_gradients.patience": 5,         # consecutive steps with .grad None
+    "missing_gradients.patience": 5,  # consecutive steps with .grad None
     "missing_gradients.cooldown": 5,
-    "memory_pressure.fraction": 0.95,        # CUDA reserved / device total
+    "memory_pressure.fraction": 0.95,  # CUDA reserved / device total
     "memory_pressure.cooldown": 20,
-    "amp_overflow.skips": 5,                 # skipped AMP steps ...
-    "amp_overflow.window": 100,              # ... within this many scaler updates
+    "amp_overflow.skips": 5,  # skipped AMP steps ...
+    "amp_overflow.window": 100,  # ... within this many scaler updates
 }
 
 # (low, high, low inclusive) for each kind of setting, by the part after the dot.
@@ -105,3 +106,9 @@ def merged(overrides: Mapping | None) -> dict[str, float]:
         except ValueError:
             pass
     return th
+
+
+def of(kind: str) -> dict[str, float]:
+    """The defaults of one alert kind's thresholds: the names that start with ``<kind>.``."""
+    prefix = f"{kind}."
+    return {name: value for name, value in DEFAULTS.items() if name.startswith(prefix)}

@@ -61,10 +61,10 @@ class GradwatchCallback(TrainerCallback):
         if model_config is not None and hasattr(model_config, "to_dict"):
             config.setdefault("model", model_config.to_dict())
         self.run = gradwatch.init(name=self.name or args.run_name, config=config, **self.init_args)
-        if self.watch_gradients and model is not None and hasattr(self.run, "_put_record"):
+        if self.watch_gradients and model is not None and self.run.recorder is not None:  # None: a NoopRun
             from gradwatch.step_watcher import StepWatcher
 
-            self._watcher = StepWatcher(self.run, model, [optimizer])
+            self._watcher = StepWatcher(self.run.recorder, model, [optimizer])
 
     def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
         if self._watcher is not None:

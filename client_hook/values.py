@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Any
 
-from . import protocol
+from gradwatch import protocol
 
 
 class Deferred:
@@ -126,6 +126,17 @@ class Encoder:
         for chunk in chunks:
             plain, layouts, evs = self._prepare(chunk)
             seq = _emit(plain, layouts, evs, features, seq, out, self.frame_limit)
+        return out
+
+    def encode_each(self, items: list, next_seq: int, features: set, events: list, bad) -> list:
+        """``encode``, item by item (after it failed for the lot): ``bad(item, why)`` gets each item that cannot be."""
+        out = self.encode([], next_seq, features, events)
+        for item in items:
+            try:
+                out += self.encode([item], next_seq + len(out), features)
+            except Exception as exc:
+                bad(item, f"could not be encoded ({type(exc).__name__}: {exc})"[:300])
+                del exc  # no traceback (and the frames it holds) left behind
         return out
 
     def _prepare(self, chunk: list) -> tuple[list, dict, list]:

@@ -11,21 +11,26 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .values import defer_vector
+from gradwatch.values import defer_vector
 
 GRAD_VECTOR = "grad"
 
 
 class Watcher:
-    """Hooks one model (and optionally its optimizer and GradScaler) into a run."""
+    """Hooks one model (and optionally its optimizer and GradScaler) into a run.
 
-    def __init__(self, run, model, optimizer=None, scaler=None, every: int = 1):
+    Args:
+        recorder: the run's ``Recorder`` (``run.recorder``): what captures are handed to.
+        model, optimizer, scaler, every: see ``Run.watch``.
+    """
+
+    def __init__(self, recorder, model, optimizer=None, scaler=None, every: int = 1):
         import torch
 
         self.every = max(1, int(every))
         self._calls = 0
         self.torch = torch
-        self.run = run
+        self.recorder = recorder
         self.model = model
         self.optimizer = optimizer
         self.scaler = scaler
@@ -41,7 +46,8 @@ class Watcher:
         self._hooked: set = set()
         self._forward_order: dict = {}
         self._cuda_total: float | None = None
-        self._order_handles = self._hook_forward_order(model)
+        # Forward pre-hooks noting the order layers run in; removed at the first capture.
+        self.order_handles = self._hook_forward_order(model)
         if optimizer is not None:
             self.handles.append(optimizer.register_step_pre_hook(self._on_optimizer_step))
             self._report_unoptimized()
@@ -92,43 +98,43 @@ class Watcher:
 
     def _trainable(self) -> list:
         """The parameters that require grad right now, input side first; a new layout is sent when it changes."""
-        if self._order_handles:
-            for handle in self._order_handles:
+        if self.order_handles:
+            for handle in self.order_handles:
                 handle.remove()
-            self._order_handles = []
+            self.order_handles = []
             self.params = self._execution_order()
         trainable = [(n, p) for n, p in self.params if p.requires_grad]
         ids = tuple(id(p) for _, p in trainable)
         if ids != self._trainable_ids:
             self._trainable_ids = ids
             self.names = [n for n, _ in trainable]
-            self.run._put_layout(GRAD_VECTOR, self.names)  # before the first record that uses it
+            self.recorder.put_layout(GRAD_VECTOR, self.names)  # before the first record that uses it
             if self.optimizer is None:
                 self._hook_new_trainables()
         return trainable
 
     def remove(self) -> None:
         """Detach every hook this watcher installed."""
-        for handle in self.handles + self._order_handles:
+        for handle in self.handles + self.order_handles:
             handle.remove()
         self.handles.clear()
-        self._order_handles = []
+        self.order_handles = []
         if self.scaler is not None and "update" in vars(self.scaler):
             del self.scaler.update
 
     # -- hook entry points ---------------------------------------------------------------
     def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        self.run._guarded(self.capture)
+        self.recorder.guarded(self.capture)
 
     def _on_grad_ready(self, param) -> None:
         # Several parameters fire per backward; capture once, when the whole pass is done.
         if not self._pending_backward:
             self._pending_backward = True
-            self.torch.autograd.Variable._execution_engine.queue_callback(self._after_backward)
+            _when_backward_ends(self.torch, self._after_backward)
 
     def _after_backward(self) -> None:
         self._pending_backward = False
-        self.run._guarded(self.capture)
+        self.recorder.guarded(self.capture)
 
     # -- what is captured ----------------------------------------------------------------
     def capture(self) -> None:
@@ -149,13 +155,17 @@ class Watcher:
             vectors[GRAD_VECTOR] = ([], missing, len(grads))
         scalars["grad/missing_count"] = float(len(missing))
         scalars.update(self._learning_rates())
-        scalars.update(self._memory())
-        step = self.run._current_step()
+        scalars.update(self.memory())
+        step = self._step_now()
         # Every 100 steps, and on the second capture too: optimizer state only exists after a step.
         if step - self._last_breakdown_step >= 100 or self._calls == 2:
             self._last_breakdown_step = step
             scalars.update(self.memory_breakdown())
-        self.run._put_record(step, scalars, vectors)
+        self.recorder.put_record(step, scalars, vectors)
+
+    def _step_now(self) -> int:
+        """The step a capture is recorded at: the run's next one."""
+        return self.recorder.current_step()
 
     def _norms(self, grads):
         """One fused norm per gradient, as a single float32 vector on the first device."""
@@ -169,7 +179,7 @@ class Watcher:
             if sparse:
                 norms = [t.coalesce().values().norm() for t in tensors]
             else:
-                norms = torch._foreach_norm(tensors)
+                norms = _fused_norms(torch, tensors)
             for i, n in zip(idx, norms):
                 out[i] = n
         target = out[0].device
@@ -180,8 +190,8 @@ class Watcher:
 
         (With an optimizer the step pre-hook runs after GradScaler.step has unscaled them.)
         """
-        scale = getattr(self.scaler, "_scale", None) if self.optimizer is None else None
-        if scale is None or not getattr(self.scaler, "_enabled", True):
+        scale = _loss_scale(self.scaler) if self.optimizer is None else None
+        if scale is None:
             return norms
         return norms / scale.to(device=norms.device, dtype=norms.dtype)  # device op: no sync
 
@@ -198,7 +208,8 @@ class Watcher:
             rates[key] = defer_vector(lr.detach().reshape(())) if hasattr(lr, "detach") else float(lr)
         return rates
 
-    def _memory(self) -> dict:
+    def memory(self) -> dict:
+        """Device (or process) memory counters, read without syncing the device."""
         torch = self.torch
         if self.device.type == "cuda":
             # These are host-side allocator counters: reading them does not sync the device.
@@ -234,7 +245,7 @@ class Watcher:
         held = {id(p) for group in self.optimizer.param_groups for p in group["params"]}
         orphans = [n for n, p in self.params if p.requires_grad and id(p) not in held]
         if orphans:
-            self.run._put_event(
+            self.recorder.put_event(
                 {
                     "type": "alert",
                     "kind": "missing_gradients",
@@ -251,22 +262,49 @@ class Watcher:
     def _wrap_scaler_update(self, scaler) -> None:
         """Record the loss scale after every GradScaler.update (a drop means a skipped step)."""
         original = scaler.update
-        watcher = self
 
         def update(*args, **kwargs):
             result = original(*args, **kwargs)
-            watcher.run._guarded(watcher._record_scale)
+            self.recorder.guarded(self._record_scale)
             return result
 
         scaler.update = update
 
     def _record_scale(self) -> None:
-        scale = getattr(self.scaler, "_scale", None)
+        scale = _loss_scale(self.scaler)
         if scale is None:
             return
-        self.run._put_record(
-            self.run._current_step(), {"amp/scale": defer_vector(scale.detach().clone().reshape(()))}, {}
-        )
+        self.recorder.put_record(self._step_now(), {"amp/scale": defer_vector(scale.detach().clone().reshape(()))}, {})
+
+
+# -- torch internals, each behind one helper: there is no public API for what they do ----------------
+def _fused_norms(torch, tensors: list) -> list:
+    """One norm per tensor in a single fused kernel launch per device and dtype.
+
+    ``torch.nn.utils.get_total_norm`` uses this internally but returns only the total; the
+    per-tensor norms have no public multi-tensor entry point.
+    """
+    return torch._foreach_norm(tensors)
+
+
+def _when_backward_ends(torch, fn) -> None:
+    """Call ``fn`` once the whole backward pass is done (from inside a gradient hook).
+
+    Autograd has no public "backward finished" hook; this is the engine callback that
+    ``torch.nn.parallel.DistributedDataParallel`` relies on too.
+    """
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+
+def _loss_scale(scaler):
+    """A GradScaler's current scale as a device tensor, or None (no scaler, disabled, or before its first step).
+
+    ``GradScaler.get_scale()`` is the public way, but it copies the scale to the host: a device sync at
+    every step. The tensor itself (and the enabled flag, read with it for the same reason) is only ``_scale``.
+    """
+    if scaler is None or not getattr(scaler, "_enabled", True):
+        return None
+    return getattr(scaler, "_scale", None)
 
 
 _STATM: dict = {}  # pid -> open fd: each step costs one pread, not an open() (pid: forks reopen)

@@ -1,20 +1,33 @@
 // Shared helpers for the gradwatch pages (an ES module). User data is always rendered with
 // textContent, and passed to Plotly only through esc() (Plotly reads a subset of HTML in names).
 
+// The facts the pages share with the server (run statuses, alert kinds, which keys are losses,
+// the float codec) come from /contract.js, which the server generates from gradwatch/contract.py.
+// Pages import them from here. (gradwatch report inlines both modules and drops these two lines.)
+import { decodeFloat } from "/contract.js";
+
+export { ALERT_KINDS, ENDED_STATUSES, isLossKey, SEVERITIES, STATUSES } from "/contract.js";
+
 // Non-finite numbers travel as strings; turn them back into numbers.
-export const num = (v) => (v === "NaN" ? NaN : v === "Infinity" ? Infinity : v === "-Infinity" ? -Infinity : v);
+export const num = decodeFloat;
 
 // Plotly renders <b>, <br>, <a href> ... in trace names, hover text, tick labels and titles: escape
 // anything a user named (runs, metric keys, layers) before it gets there.
-export const esc = (s) => String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
+export const esc = (s) =>
+  String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
 
 export async function getJSON(url, options) {
   const r = await fetch(url, options);
   if (!r.ok) {
     let msg = r.status + " " + r.statusText;
-    try { const body = await r.json(); msg = body.error || body.detail || msg; } catch (e) { /* not JSON */ }
+    try {
+      const body = await r.json();
+      msg = body.error || body.detail || msg;
+    } catch {
+      /* not JSON */
+    }
     const err = new Error(typeof msg === "string" ? msg : JSON.stringify(msg));
-    err.status = r.status;  // 404 means "not there (yet)"; anything else is a failure to say so
+    err.status = r.status; // 404 means "not there (yet)"; anything else is a failure to say so
     throw err;
   }
   return r.json();
@@ -43,8 +56,12 @@ export function fmtNum(v) {
 }
 export function fmtBytes(b) {
   if (b === null || b === undefined || !isFinite(b)) return "";
-  const u = ["B", "KiB", "MiB", "GiB", "TiB"]; let i = 0;
-  while (Math.abs(b) >= 1024 && i < u.length - 1) { b /= 1024; i++; }
+  const u = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (Math.abs(b) >= 1024 && i < u.length - 1) {
+    b /= 1024;
+    i++;
+  }
   return b.toFixed(i ? 1 : 0) + " " + u[i];
 }
 export function fmtDuration(s) {
@@ -56,15 +73,29 @@ export function fmtDuration(s) {
 
 // A websocket that reconnects; onOpen fires after every (re)connect so pages can resync.
 export function live(path, onMessage, onOpen) {
-  let ws, closed = false, delay = 500;
+  let ws,
+    closed = false,
+    delay = 500;
   const connect = () => {
     ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + path);
     ws.onmessage = (ev) => onMessage(JSON.parse(ev.data));
-    ws.onopen = () => { delay = 500; if (onOpen) onOpen(); };
-    ws.onclose = () => { if (!closed) setTimeout(connect, delay = Math.min(delay * 2, 8000)); };
+    ws.onopen = () => {
+      delay = 500;
+      if (onOpen) onOpen();
+    };
+    ws.onclose = () => {
+      if (closed) return;
+      delay = Math.min(delay * 2, 8000);
+      setTimeout(connect, delay);
+    };
   };
   connect();
-  return { close: () => { closed = true; ws.close(); } };
+  return {
+    close: () => {
+      closed = true;
+      ws.close();
+    },
+  };
 }
 
 // One colour per run id, the same on every chart and page. Blues, violets, cyans and a grey:
@@ -72,15 +103,24 @@ export function live(path, onMessage, onOpen) {
 export const PALETTE = ["#3b5bdb", "#ae3ec9", "#1098ad", "#7048e8", "#5f6b7a", "#1c7ed6", "#cc5de8", "#0b7285"];
 export const colorFor = (id) => PALETTE[Math.abs(Number(id)) % PALETTE.length];
 
-export const dark = () => window.matchMedia && window.matchMedia("(prefers-color-scheme: dark)").matches;
+export const dark = () => window.matchMedia?.("(prefers-color-scheme: dark)").matches;
 export function plotLayout(extra = {}) {
-  const fg = dark() ? "#e6e9ef" : "#1d2330", grid = dark() ? "#2a2f3a" : "#e4e7ec";
-  return Object.assign({
-    margin: { l: 56, r: 16, t: 8, b: 36 }, paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "rgba(0,0,0,0)",
-    font: { color: fg, size: 11 }, showlegend: true, legend: { orientation: "h", y: -0.2 },
-    xaxis: { gridcolor: grid, zeroline: false }, yaxis: { gridcolor: grid, zeroline: false },
-    hovermode: "x unified",
-  }, extra);
+  const fg = dark() ? "#e6e9ef" : "#1d2330",
+    grid = dark() ? "#2a2f3a" : "#e4e7ec";
+  return Object.assign(
+    {
+      margin: { l: 56, r: 16, t: 8, b: 36 },
+      paper_bgcolor: "rgba(0,0,0,0)",
+      plot_bgcolor: "rgba(0,0,0,0)",
+      font: { color: fg, size: 11 },
+      showlegend: true,
+      legend: { orientation: "h", y: -0.2 },
+      xaxis: { gridcolor: grid, zeroline: false },
+      yaxis: { gridcolor: grid, zeroline: false },
+      hovermode: "x unified",
+    },
+    extra,
+  );
 }
 
 // The new x range of a plotly_relayout event (a drag sends range[0]/[1], code may send the array).
@@ -97,21 +137,29 @@ export function vec(v) {
 
 // Calls onChange(visible) when an element scrolls into or out of view (live redraws skip hidden charts).
 export function onVisible(element, onChange) {
-  if ("IntersectionObserver" in window) new IntersectionObserver((seen) => onChange(seen[seen.length - 1].isIntersecting)).observe(element);
+  if ("IntersectionObserver" in window)
+    new IntersectionObserver((seen) => onChange(seen[seen.length - 1].isIntersecting)).observe(element);
 }
 
 // Runs fn at most once per minMs, or `factor` x its own last duration when that is more, so that
 // redraws never take over the page on big runs or slow machines. Returns schedule(). A named one
 // reports its durations to window.__gwFlushMs when a benchmark sets it.
 export function throttle(fn, minMs = 150, factor = 3, name = "") {
-  let timer = null, lastMs = 0;
+  let timer = null,
+    lastMs = 0;
   return () => {
     if (timer) return;
-    timer = setTimeout(() => requestAnimationFrame(() => {
-      timer = null;
-      const t = performance.now(); fn(); lastMs = performance.now() - t;
-      if (window.__gwFlushMs && name) window.__gwFlushMs.push(lastMs);  // benchmarks/bench_pages.py listens here
-    }), Math.max(minMs, factor * lastMs));
+    timer = setTimeout(
+      () =>
+        requestAnimationFrame(() => {
+          timer = null;
+          const t = performance.now();
+          fn();
+          lastMs = performance.now() - t;
+          if (window.__gwFlushMs && name) window.__gwFlushMs.push(lastMs); // benchmarks/bench_pages.py listens here
+        }),
+      Math.max(minMs, factor * lastMs),
+    );
   };
 }
 
@@ -130,8 +178,11 @@ export function appendPoints(store, pts) {
   let late = 0;
   pts.steps.forEach((step, i) => {
     const last = store.steps.length ? store.steps[store.steps.length - 1] : -Infinity;
-    if (step > last) { store.steps.push(step); store.values.push(num(pts.values[i])); store.walls.push(pts.wall_times[i]); }
-    else late++;
+    if (step > last) {
+      store.steps.push(step);
+      store.values.push(num(pts.values[i]));
+      store.walls.push(pts.wall_times[i]);
+    } else late++;
   });
   return { from: store.steps.length > from ? from : undefined, late };
 }
@@ -139,21 +190,32 @@ export function appendPoints(store, pts) {
 // The server's min/max envelope, for series that grow live past what a chart should hold:
 // keeps each bucket's first, last, min and max points and its first NaN/+inf/-inf, so a
 // spike that arrived live survives compaction exactly as it would a server-side downsample.
+// This is the one browser-side copy of server/storage/downsample.py's envelope(): it runs on
+// points the page already holds (no refetch, no window where live points could be lost), and
+// tests/test_contract.py runs both on the same inputs and requires the same kept points.
 export function compact(s, maxPoints) {
   const n = s.steps.length;
   if (n <= maxPoints) return s;
-  const buckets = Math.max(1, Math.floor(maxPoints / 4)), lo = s.steps[0], width = (s.steps[n - 1] - lo + 1) / buckets;
+  const buckets = Math.max(1, Math.floor(maxPoints / 4)),
+    lo = s.steps[0],
+    width = (s.steps[n - 1] - lo + 1) / buckets;
   const keep = new Set();
   let start = 0;
   while (start < n) {
     const b = Math.floor((s.steps[start] - lo) / width);
-    let end = start, minI = -1, maxI = -1;
+    let end = start,
+      minI = -1,
+      maxI = -1;
     const special = {};
     while (end + 1 < n && Math.floor((s.steps[end + 1] - lo) / width) === b) end++;
     for (let i = start; i <= end; i++) {
       const v = s.values[i];
       if (v === null || v === undefined) continue;
-      if (!isFinite(v)) { const k = isNaN(v) ? "nan" : v > 0 ? "+" : "-"; if (!(k in special)) special[k] = i; continue; }
+      if (!isFinite(v)) {
+        const k = isNaN(v) ? "nan" : v > 0 ? "+" : "-";
+        if (!(k in special)) special[k] = i;
+        continue;
+      }
       if (minI < 0 || v < s.values[minI]) minI = i;
       if (maxI < 0 || v > s.values[maxI]) maxI = i;
     }
@@ -161,23 +223,39 @@ export function compact(s, maxPoints) {
     start = end + 1;
   }
   const idx = [...keep].sort((a, b) => a - b);
-  return Object.assign({}, s, { steps: idx.map((i) => s.steps[i]), values: idx.map((i) => s.values[i]), walls: idx.map((i) => s.walls[i]) });
+  return Object.assign({}, s, {
+    steps: idx.map((i) => s.steps[i]),
+    values: idx.map((i) => s.values[i]),
+    walls: idx.map((i) => s.walls[i]),
+  });
 }
 
 // TensorBoard-style EMA with debiasing, skipping non-finite values.
 export function ema(values, weight) {
-  const out = []; let last = 0, n = 0;
+  const out = [];
+  let last = 0,
+    n = 0;
   for (const v of values) {
-    if (!isFinite(v)) { out.push(null); continue; }
-    last = last * weight + (1 - weight) * v; n++;
-    out.push(last / (1 - Math.pow(weight, n)));
+    if (!isFinite(v)) {
+      out.push(null);
+      continue;
+    }
+    last = last * weight + (1 - weight) * v;
+    n++;
+    out.push(last / (1 - weight ** n));
   }
   return out;
 }
 
 // Finite min/max over several series' values (null when there is none).
 export function extent(seriesList) {
-  let lo = Infinity, hi = -Infinity;
-  for (const s of seriesList) for (const v of s.values) if (v !== null && isFinite(v)) { if (v < lo) lo = v; if (v > hi) hi = v; }
+  let lo = Infinity,
+    hi = -Infinity;
+  for (const s of seriesList)
+    for (const v of s.values)
+      if (v !== null && isFinite(v)) {
+        if (v < lo) lo = v;
+        if (v > hi) hi = v;
+      }
   return lo === Infinity ? null : [lo, hi];
 }

@@ -1,27 +1,35 @@
 // Overlay metrics across runs: by default a chart per metric they all logged (loss first), one
 // colour per run everywhere, alert lines in the run's colour; a summary table and the config diff.
-import { appendPoints, colorFor, compact, el, fetchSeries, getJSON, live, num, throttle } from "./common.js";
-import { LiveChart } from "./charts.js";
+
 import { upsert } from "./alerts.js";
+import { LiveChart } from "./charts.js";
+import { appendPoints, colorFor, compact, el, fetchSeries, getJSON, isLossKey, live, num, throttle } from "./common.js";
 import { renderDiff, renderSummary } from "./compare_tables.js";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
-const IDS = (params.get("ids") || "").split(",").map(Number).filter((n) => n > 0);
+const IDS = (params.get("ids") || "")
+  .split(",")
+  .map(Number)
+  .filter((n) => n > 0);
 const C = { runs: [], diff: null, keys: [], shared: [], panels: [], alerts: {}, losses: {}, nextId: 0 };
 const label = (r) => r.name + " #" + r.id;
-const t0Of = (r) => (r.meta && r.meta.start_time) || r.created_at;  // each run's own start, for relative time
+const t0Of = (r) => r.meta?.start_time || r.created_at; // each run's own start, for relative time
 const xMode = () => $("x-mode").value;
 
 // Loss first, then the script's own metrics, then what run.watch() records.
-const SYSTEM = (k) => k.startsWith("grad/") || k === "lr" || k.startsWith("lr/") || k.startsWith("memory/") || k.startsWith("amp/");
-const isLoss = (k) => k.split("/").pop().toLowerCase().includes("loss");
-const rank = (k) => (k === "loss" ? 0 : isLoss(k) ? 1 : !SYSTEM(k) ? 2 : k === "grad/global_norm" ? 3 : 4);
+const SYSTEM = (k) =>
+  k.startsWith("grad/") || k === "lr" || k.startsWith("lr/") || k.startsWith("memory/") || k.startsWith("amp/");
+const rank = (k) => (k === "loss" ? 0 : isLossKey(k) ? 1 : !SYSTEM(k) ? 2 : k === "grad/global_norm" ? 3 : 4);
 const byRank = (a, b) => rank(a) - rank(b) || (a < b ? -1 : a > b ? 1 : 0);
 const perLayer = (k) => k.startsWith("grad/") && k !== "grad/global_norm";
 
 function syncUrl() {
-  const p = new URLSearchParams({ ids: C.runs.map((r) => r.id).join(","), keys: C.panels.map((pn) => pn.key).join(","), x: xMode() });
+  const p = new URLSearchParams({
+    ids: C.runs.map((r) => r.id).join(","),
+    keys: C.panels.map((pn) => pn.key).join(","),
+    x: xMode(),
+  });
   if ($("log").checked) p.set("log", "1");
   if (Number($("smoothing").value)) p.set("smooth", $("smoothing").value);
   history.replaceState(null, "", "/compare?" + p.toString());
@@ -29,59 +37,113 @@ function syncUrl() {
 
 // Each id on its own, so that one that does not exist is named instead of blanking the page.
 async function findRuns() {
-  const found = await Promise.all(IDS.map((id) => getJSON(`/api/runs/${id}`).catch((e) => { if (e.status === 404) return null; throw e; })));
+  const found = await Promise.all(
+    IDS.map((id) =>
+      getJSON(`/api/runs/${id}`).catch((e) => {
+        if (e.status === 404) return null;
+        throw e;
+      }),
+    ),
+  );
   const missing = IDS.filter((_, i) => !found[i]);
   if (missing.length) {
     const which = missing.length === 1 ? `Run ${missing[0]} does not exist` : `Runs ${missing.join(", ")} do not exist`;
-    $("missing").replaceChildren(el("div", { class: "alert critical", "data-kind": "missing" }, which + " (deleted, or a mistyped link)." +
-      (found.some(Boolean) ? " Comparing the others." : "")));
+    $("missing").replaceChildren(
+      el(
+        "div",
+        { class: "alert critical", "data-kind": "missing" },
+        which + " (deleted, or a mistyped link)." + (found.some(Boolean) ? " Comparing the others." : ""),
+      ),
+    );
   }
   return found.filter(Boolean);
 }
 
 async function load() {
-  try { C.runs = await findRuns(); } catch (e) { return fail(e); }
-  if (!C.runs.length) { $("panels").replaceChildren(el("p", { class: "muted" }, "Nothing to compare. Pick runs on the ", el("a", { href: "/" }, "runs list"), ".")); return; }
+  try {
+    C.runs = await findRuns();
+  } catch (e) {
+    return fail(e);
+  }
+  if (!C.runs.length) {
+    $("panels").replaceChildren(
+      el("p", { class: "muted" }, "Nothing to compare. Pick runs on the ", el("a", { href: "/" }, "runs list"), "."),
+    );
+    return;
+  }
   const ids = C.runs.map((r) => r.id);
   try {
-    const [diff, keyLists, alertLists] = await Promise.all([getJSON("/api/compare?ids=" + ids.join(",")),
-      Promise.all(ids.map((id) => getJSON(`/api/runs/${id}/keys`))), Promise.all(ids.map((id) => getJSON(`/api/runs/${id}/alerts`)))]);
+    const [diff, keyLists, alertLists] = await Promise.all([
+      getJSON("/api/compare?ids=" + ids.join(",")),
+      Promise.all(ids.map((id) => getJSON(`/api/runs/${id}/keys`))),
+      Promise.all(ids.map((id) => getJSON(`/api/runs/${id}/alerts`))),
+    ]);
     C.diff = diff;
-    ids.forEach((id, i) => { C.alerts[id] = alertLists[i]; });
+    ids.forEach((id, i) => {
+      C.alerts[id] = alertLists[i];
+    });
     C.keys = [...new Set(keyLists.flat())].sort(byRank);
     C.shared = C.keys.filter((k) => !perLayer(k) && keyLists.every((ks) => ks.includes(k)));
-  } catch (e) { return fail(e); }
+  } catch (e) {
+    return fail(e);
+  }
   $("x-mode").value = params.get("x") || "step";
   $("log").checked = params.get("log") === "1";
   $("smoothing").value = params.get("smooth") || "0";
   $("smoothing-value").textContent = Number($("smoothing").value).toFixed(2);
-  $("run-list").replaceChildren(...C.runs.map((r) => el("span", {}, el("span", { class: "swatch", style: "background:" + colorFor(r.id) }), el("a", { href: "/runs/" + r.id }, r.name), "  ")));
+  $("run-list").replaceChildren(
+    ...C.runs.map((r) =>
+      el(
+        "span",
+        {},
+        el("span", { class: "swatch", style: "background:" + colorFor(r.id) }),
+        el("a", { href: "/runs/" + r.id }, r.name),
+        "  ",
+      ),
+    ),
+  );
   renderTables();
   // `keys=a,b` names the charts (the older single `key=a` still works); without it, every shared metric.
   const wanted = (params.get("keys") || params.get("key") || "").split(",").filter((k) => C.keys.includes(k));
   for (const key of wanted.length ? wanted : C.shared) addPanel(key);
-  if (!C.panels.length) $("panels").replaceChildren(el("p", { class: "muted empty-compare" }, "These runs have no metric in common yet: add a chart to pick one."));
+  if (!C.panels.length)
+    $("panels").replaceChildren(
+      el("p", { class: "muted empty-compare" }, "These runs have no metric in common yet: add a chart to pick one."),
+    );
   loadLosses();
   // After a reconnect (server restart, network blip) points may have been missed: refetch then.
   let opens = 0;
-  const resync = () => { if (++opens > C.runs.length) { for (const pn of C.panels) draw(pn); loadLosses(); } };
+  const resync = () => {
+    if (++opens > C.runs.length) {
+      for (const pn of C.panels) draw(pn);
+      loadLosses();
+    }
+  };
   for (const r of C.runs) live("/ws/runs/" + r.id, (msg) => onLive(r, msg), resync);
 }
 
-function fail(e) { $("missing").replaceChildren(el("div", { class: "alert critical", "data-kind": "load-failed" }, "Could not load the comparison: " + e.message)); }
+function fail(e) {
+  $("missing").replaceChildren(
+    el("div", { class: "alert critical", "data-kind": "load-failed" }, "Could not load the comparison: " + e.message),
+  );
+}
 
 // The summary's last and best loss: a 400-point envelope per run keeps every bucket's min.
 async function loadLosses() {
   try {
     const out = await getJSON(`/api/sparklines?ids=${C.runs.map((r) => r.id).join(",")}&key=loss&points=400`);
     for (const [id, s] of Object.entries(out.runs)) C.losses[id] = s && { steps: s.steps, values: s.values.map(num) };
-  } catch (e) { /* the table still shows the rest */ }
+  } catch {
+    /* the table still shows the rest */
+  }
   renderTables();
 }
 const refreshLosses = throttle(loadLosses, 2000, 1);
 
 function renderTables() {
-  const counts = Object.fromEntries(C.runs.map((r) => [r.id, (C.alerts[r.id] || []).reduce((n, a) => n + (a.count >= 1 ? a.count : 1), 0)]));
+  const counts = Object.fromEntries(
+    C.runs.map((r) => [r.id, (C.alerts[r.id] || []).reduce((n, a) => n + Math.max(a.count, 1), 0)]),
+  );
   renderSummary($("summary"), C.runs, C.losses, counts);
   if (C.diff) renderDiff($("diff"), C.runs, C.diff, $("only-diff").checked);
 }
@@ -90,28 +152,62 @@ function renderTables() {
 function addPanel(key) {
   if (!C.panels.length) $("panels").replaceChildren();
   const n = C.nextId++;
-  const select = el("select", { "aria-label": "metric", class: "panel-key" }, ...C.keys.map((k) => el("option", { value: k }, k)));
-  const box = el("input", { type: "checkbox", class: "panel-log" }), note = el("span", { class: "log-note" });
+  const select = el(
+    "select",
+    { "aria-label": "metric", class: "panel-key" },
+    ...C.keys.map((k) => el("option", { value: k }, k)),
+  );
+  const box = el("input", { type: "checkbox", class: "panel-log" }),
+    note = el("span", { class: "log-note" });
   const div = el("div", { id: "chart-" + n, class: "chart" });
   const remove = el("button", { class: "panel-remove", title: "remove this chart" }, "×");
-  const card = el("div", { class: "card panel" }, el("h3", {}, select, el("label", { class: "muted" }, box, " log y ", note), remove), div);
+  const card = el(
+    "div",
+    { class: "card panel" },
+    el("h3", {}, select, el("label", { class: "muted" }, box, " log y ", note), remove),
+    div,
+  );
   $("panels").append(card);
   const pn = { key, select, box, div, card, series: {}, fresh: {}, buffer: [], loading: true };
-  if ($("log").checked) { box.checked = true; box.dataset.user = "1"; }
-  pn.chart = new LiveChart(div, { smoothing: () => Number($("smoothing").value), empty: "None of these runs logged this metric.",
-    log: () => (box.dataset.user ? box.checked : null), redraw: () => render(pn),
-    onAxis: (y) => { box.checked = y.log; note.textContent = y.auto ? `(auto: ${Math.floor(y.decades)} decades)` : ""; } });
+  if ($("log").checked) {
+    box.checked = true;
+    box.dataset.user = "1";
+  }
+  pn.chart = new LiveChart(div, {
+    smoothing: () => Number($("smoothing").value),
+    empty: "None of these runs logged this metric.",
+    log: () => (box.dataset.user ? box.checked : null),
+    redraw: () => render(pn),
+    onAxis: (y) => {
+      box.checked = y.log;
+      note.textContent = y.auto ? `(auto: ${Math.floor(y.decades)} decades)` : "";
+    },
+  });
   pn.flush = throttle(() => flushPanel(pn), 200);
   select.value = key;
-  select.addEventListener("change", () => { pn.key = select.value; draw(pn); });
-  box.addEventListener("change", () => { box.dataset.user = "1"; render(pn); });
-  remove.addEventListener("click", () => { C.panels.splice(C.panels.indexOf(pn), 1); Plotly.purge(div); card.remove(); syncUrl(); });
+  select.addEventListener("change", () => {
+    pn.key = select.value;
+    draw(pn);
+  });
+  box.addEventListener("change", () => {
+    box.dataset.user = "1";
+    render(pn);
+  });
+  remove.addEventListener("click", () => {
+    C.panels.splice(C.panels.indexOf(pn), 1);
+    Plotly.purge(div);
+    card.remove();
+    syncUrl();
+  });
   C.panels.push(pn);
   draw(pn);
   return pn;
 }
 
-const entries = (pn) => C.runs.filter((r) => pn.series[r.id]).map((r) => ({ label: label(r), color: colorFor(r.id), series: pn.series[r.id], t0: t0Of(r) }));
+const entries = (pn) =>
+  C.runs
+    .filter((r) => pn.series[r.id])
+    .map((r) => ({ label: label(r), color: colorFor(r.id), series: pn.series[r.id], t0: t0Of(r) }));
 
 // Alert lines in each run's colour; off the step axis, at the wall time of the nearest point.
 function alertLines(pn) {
@@ -122,8 +218,9 @@ function alertLines(pn) {
       if (a.step === null || a.step === undefined) continue;
       let x = a.step;
       if (xMode() !== "step") {
-        if (!s || !s.steps.length) continue;
-        let i = s.steps.findIndex((st) => st >= a.step); if (i < 0) i = s.steps.length - 1;
+        if (!s?.steps.length) continue;
+        let i = s.steps.findIndex((st) => st >= a.step);
+        if (i < 0) i = s.steps.length - 1;
         x = xMode() === "wall" ? new Date(s.walls[i] * 1000) : s.walls[i] - t0Of(r);
       }
       out.push({ x, color: colorFor(r.id) });
@@ -132,15 +229,25 @@ function alertLines(pn) {
   return out;
 }
 
-function render(pn) { pn.chart.setAlertLines(alertLines(pn), false); pn.chart.render(entries(pn), xMode()); }
+function render(pn) {
+  pn.chart.setAlertLines(alertLines(pn), false);
+  pn.chart.render(entries(pn), xMode());
+}
 
 async function draw(pn) {
-  pn.loading = true; pn.buffer = [];
+  pn.loading = true;
+  pn.buffer = [];
   const key = pn.key;
-  const fetched = await Promise.all(C.runs.map(async (r) => {
-    try { return [r.id, await fetchSeries(r.id, key)]; } catch (e) { return [r.id, null]; }  // this run never logged the key
-  }));
-  if (key !== pn.key) return;  // the picker changed while fetching; the newer draw wins
+  const fetched = await Promise.all(
+    C.runs.map(async (r) => {
+      try {
+        return [r.id, await fetchSeries(r.id, key)];
+      } catch {
+        return [r.id, null];
+      } // this run never logged the key
+    }),
+  );
+  if (key !== pn.key) return; // the picker changed while fetching; the newer draw wins
   pn.series = Object.fromEntries(fetched.filter(([, s]) => s));
   pn.loading = false;
   render(pn);
@@ -150,44 +257,75 @@ async function draw(pn) {
 }
 
 function onLive(r, msg) {
-  if (msg.type === "resync") { for (const pn of C.panels) draw(pn); return; }  // the page fell behind
-  if (msg.type === "points") { for (const pn of C.panels) onPanelPoints(pn, r, msg); refreshLosses(); }
-  else if (msg.type === "alert") {
-    upsert(C.alerts[r.id] || (C.alerts[r.id] = []), msg.alert);
+  if (msg.type === "resync") {
+    for (const pn of C.panels) draw(pn);
+    return;
+  } // the page fell behind
+  if (msg.type === "points") {
+    for (const pn of C.panels) onPanelPoints(pn, r, msg);
+    refreshLosses();
+  } else if (msg.type === "alert") {
+    C.alerts[r.id] ??= [];
+    upsert(C.alerts[r.id], msg.alert);
     for (const pn of C.panels) if (!pn.loading) pn.chart.setAlertLines(alertLines(pn));
     renderTables();
-  } else if (msg.type === "run") { Object.assign(r, msg.run); renderTables(); }
+  } else if (msg.type === "run") {
+    Object.assign(r, msg.run);
+    renderTables();
+  }
 }
 
 // Live: a compared run's new points of the panel's metric are appended, the same way as on the run
 // page (common.appendPoints); out-of-order points make the panel refetch.
 function onPanelPoints(pn, r, msg) {
-  if (pn.loading) { pn.buffer.push([r, msg]); return; }
+  if (pn.loading) {
+    pn.buffer.push([r, msg]);
+    return;
+  }
   const pts = msg.series[pn.key];
   if (!pts) return;
-  const s = pn.series[r.id] || (pn.series[r.id] = { steps: [], values: [], walls: [] });
+  pn.series[r.id] ??= { steps: [], values: [], walls: [] };
+  const s = pn.series[r.id];
   const { from, late } = appendPoints(s, pts);
-  if (late) { draw(pn); return; }
+  if (late) {
+    draw(pn);
+    return;
+  }
   if (from !== undefined && pn.fresh[label(r)] === undefined) pn.fresh[label(r)] = from;
   pn.flush();
 }
 
 function flushPanel(pn) {
-  const fresh = pn.fresh; pn.fresh = {};
-  let compacted = false;  // same budget as the run page: fold long live series back with the envelope
+  const fresh = pn.fresh;
+  pn.fresh = {};
+  let compacted = false; // same budget as the run page: fold long live series back with the envelope
   for (const id of Object.keys(pn.series)) {
-    if (pn.series[id].steps.length > 8000) { pn.series[id] = compact(pn.series[id], 4000); compacted = true; }
+    if (pn.series[id].steps.length > 8000) {
+      pn.series[id] = compact(pn.series[id], 4000);
+      compacted = true;
+    }
   }
-  if (compacted) render(pn); else pn.chart.extend(entries(pn), fresh, xMode());
+  if (compacted) render(pn);
+  else pn.chart.extend(entries(pn), fresh, xMode());
 }
 
-const redrawAll = () => { for (const pn of C.panels) render(pn); syncUrl(); };
+const redrawAll = () => {
+  for (const pn of C.panels) render(pn);
+  syncUrl();
+};
 $("x-mode").addEventListener("change", redrawAll);
 $("smoothing").addEventListener("change", redrawAll);
-$("smoothing").addEventListener("input", () => { $("smoothing-value").textContent = Number($("smoothing").value).toFixed(2); });
+$("smoothing").addEventListener("input", () => {
+  $("smoothing-value").textContent = Number($("smoothing").value).toFixed(2);
+});
 $("log").addEventListener("change", () => {
   // Ticked: log on every chart. Unticked: each chart back to its own choice (auto: log past 3 decades).
-  for (const pn of C.panels) { if ($("log").checked) { pn.box.checked = true; pn.box.dataset.user = "1"; } else delete pn.box.dataset.user; }
+  for (const pn of C.panels) {
+    if ($("log").checked) {
+      pn.box.checked = true;
+      pn.box.dataset.user = "1";
+    } else delete pn.box.dataset.user;
+  }
   redrawAll();
 });
 $("only-diff").addEventListener("change", renderTables);
@@ -198,6 +336,12 @@ $("add-chart").addEventListener("click", () => {
 });
 $("share").addEventListener("click", async () => {
   syncUrl();
-  try { await navigator.clipboard.writeText(location.href); $("share").textContent = "Link copied"; } catch (e) { prompt("Share this link", location.href); }
+  try {
+    await navigator.clipboard.writeText(location.href);
+    $("share").textContent = "Link copied";
+  } catch {
+    prompt("Share this link", location.href);
+  }
 });
-if (IDS.length) load(); else $("panels").replaceChildren(el("p", { class: "muted" }, "Pick runs to compare on the runs list."));
+if (IDS.length) load();
+else $("panels").replaceChildren(el("p", { class: "muted" }, "Pick runs to compare on the runs list."));

@@ -1,5 +1,5 @@
 // The runs list: filters, sorting, live status, alert badges, loss sparklines, selection for comparison, edits.
-import { colorFor, el, fmtNum, fmtTime, getJSON, live, throttle } from "./common.js";
+import { colorFor, el, fmtNum, fmtTime, getJSON, live, STATUSES, throttle } from "./common.js";
 import { sparkline } from "./sparkline.js";
 
 const state = { runs: new Map(), sort: "created_at", desc: true, selected: new Set(), sparks: new Map() };
@@ -18,7 +18,11 @@ async function loadSparks() {
   const ids = [...state.runs.keys()].slice(0, 200);
   if (!ids.length) return;
   let out;
-  try { out = await getJSON(`/api/sparklines?ids=${ids.join(",")}&key=loss&points=40`); } catch (e) { return; }  // a list without curves still works
+  try {
+    out = await getJSON(`/api/sparklines?ids=${ids.join(",")}&key=loss&points=40`);
+  } catch {
+    return;
+  } // a list without curves still works
   for (const [id, s] of Object.entries(out.runs)) state.sparks.set(Number(id), s);
   for (const id of ids) fillSpark(id);
 }
@@ -27,72 +31,138 @@ const refreshSparks = throttle(loadSparks, 3000, 1);
 function fillSpark(id) {
   const tr = document.querySelector(`tr[data-run="${id}"]`);
   if (!tr) return;
-  const s = state.sparks.get(id), values = s ? s.values.map(Number) : [];
-  const latest = s && s.values.length ? s.values[s.values.length - 1] : null;
-  tr.querySelector(".latest-loss").textContent = latest === null ? "" : fmtNum(typeof latest === "string" ? latest : Number(latest));
+  const s = state.sparks.get(id),
+    values = s ? s.values.map(Number) : [];
+  const latest = s?.values.length ? s.values[s.values.length - 1] : null;
+  tr.querySelector(".latest-loss").textContent =
+    latest === null ? "" : fmtNum(typeof latest === "string" ? latest : Number(latest));
   tr.querySelector(".spark").replaceChildren(...(s ? [sparkline(s.steps, values, colorFor(id))] : []));
 }
 
 function visible() {
-  const name = $("f-name").value.toLowerCase(), project = $("f-project").value;
-  const status = $("f-status").value, tag = $("f-tag").value.trim();
-  let rows = [...state.runs.values()].filter((r) =>
-    (!name || r.name.toLowerCase().includes(name)) && (!project || r.project === project) &&
-    (!status || r.status === status) && (!tag || r.tags.includes(tag)));
-  const k = state.sort, dir = state.desc ? -1 : 1;
-  rows.sort((a, b) => ((a[k] ?? -Infinity) > (b[k] ?? -Infinity) ? dir : (a[k] ?? -Infinity) < (b[k] ?? -Infinity) ? -dir : b.id - a.id));
+  const name = $("f-name").value.toLowerCase(),
+    project = $("f-project").value;
+  const status = $("f-status").value,
+    tag = $("f-tag").value.trim();
+  const rows = [...state.runs.values()].filter(
+    (r) =>
+      (!name || r.name.toLowerCase().includes(name)) &&
+      (!project || r.project === project) &&
+      (!status || r.status === status) &&
+      (!tag || r.tags.includes(tag)),
+  );
+  const k = state.sort,
+    dir = state.desc ? -1 : 1;
+  rows.sort((a, b) =>
+    (a[k] ?? -Infinity) > (b[k] ?? -Infinity) ? dir : (a[k] ?? -Infinity) < (b[k] ?? -Infinity) ? -dir : b.id - a.id,
+  );
   return rows;
 }
 
 function renderProjects() {
-  const sel = $("f-project"), current = sel.value;
+  const sel = $("f-project"),
+    current = sel.value;
   const projects = [...new Set([...state.runs.values()].map((r) => r.project))].sort();
-  sel.replaceChildren(el("option", { value: "" }, "all projects"), ...projects.map((p) => el("option", { value: p }, p)));
+  sel.replaceChildren(
+    el("option", { value: "" }, "all projects"),
+    ...projects.map((p) => el("option", { value: p }, p)),
+  );
   sel.value = projects.includes(current) ? current : "";
 }
 
 function row(r) {
   const box = el("input", { type: "checkbox", "aria-label": "select " + r.name });
   box.checked = state.selected.has(r.id);
-  box.addEventListener("change", () => { box.checked ? state.selected.add(r.id) : state.selected.delete(r.id); updateCompare(); });
-  const actions = el("td", {},
-    el("button", { onclick: () => edit(r, "name"), title: "rename" }, "Rename"), " ",
-    el("button", { onclick: () => edit(r, "tags"), title: "edit tags" }, "Tags"), " ",
-    el("button", { onclick: () => edit(r, "notes"), title: "edit note" }, "Note"), " ",
-    el("button", { class: "danger", onclick: () => remove(r) }, "Delete"));
-  return el("tr", { "data-run": r.id },
+  box.addEventListener("change", () => {
+    box.checked ? state.selected.add(r.id) : state.selected.delete(r.id);
+    updateCompare();
+  });
+  const actions = el(
+    "td",
+    {},
+    el("button", { onclick: () => edit(r, "name"), title: "rename" }, "Rename"),
+    " ",
+    el("button", { onclick: () => edit(r, "tags"), title: "edit tags" }, "Tags"),
+    " ",
+    el("button", { onclick: () => edit(r, "notes"), title: "edit note" }, "Note"),
+    " ",
+    el("button", { class: "danger", onclick: () => remove(r) }, "Delete"),
+  );
+  return el(
+    "tr",
+    { "data-run": r.id },
     el("td", {}, box),
-    el("td", {}, el("span", { class: "swatch", style: "background:" + colorFor(r.id) }), el("a", { href: "/runs/" + r.id }, r.name)),
+    el(
+      "td",
+      {},
+      el("span", { class: "swatch", style: "background:" + colorFor(r.id) }),
+      el("a", { href: "/runs/" + r.id }, r.name),
+    ),
     el("td", {}, r.project),
     el("td", {}, el("span", { class: "status " + r.status }, r.status)),
     el("td", {}, r.alert_count ? el("span", { class: "badge", title: "alerts" }, r.alert_count) : ""),
     el("td", {}, fmtTime(r.created_at)),
     el("td", { class: "last-step" }, r.last_step ?? ""),
-    el("td", { class: "latest-loss num" }), el("td", { class: "spark" }),
+    el("td", { class: "latest-loss num" }),
+    el("td", { class: "spark" }),
     el("td", {}, ...r.tags.map((t) => el("span", { class: "chip" }, t))),
     el("td", { class: "muted" }, r.notes.length > 60 ? r.notes.slice(0, 60) + "…" : r.notes),
-    actions);
+    actions,
+  );
 }
 
 // Runs that need a look: running ones with alerts, and any run that failed, crashed or alerted in the last day.
 function renderAttention() {
   const day = Date.now() / 1000 - 86400;
-  const runs = [...state.runs.values()].filter((r) => (r.last_alert && (r.status === "running" || r.last_alert.created_at > day)) ||
-    ((r.status === "failed" || r.status === "crashed") && r.updated_at > day))
-    .sort((a, b) => (b.last_alert ? b.last_alert.created_at : b.updated_at) - (a.last_alert ? a.last_alert.created_at : a.updated_at)).slice(0, 5);
-  $("attention").replaceChildren(...runs.map((r) => {
-    const a = r.last_alert;
-    return el("div", { class: "alert " + (a ? a.severity : "critical"), "data-run": r.id, "data-kind": a ? a.kind : r.status },
-      el("a", { href: "/runs/" + r.id }, r.name), " ", el("b", {}, a ? a.kind : r.status),
-      el("span", { class: "muted" }, a ? "step " + (a.step ?? "?") + (a.layer ? " · " + a.layer : "") + (r.alert_count > 1 ? " · " + r.alert_count + " alerts" : "") + " · " : ""),
-      a ? (a.message.length > 160 ? a.message.slice(0, 160) + "…" : a.message) : "the training process " + (r.status === "failed" ? "raised an exception" : "stopped reporting"));
-  }));
+  const runs = [...state.runs.values()]
+    .filter(
+      (r) =>
+        (r.last_alert && (r.status === "running" || r.last_alert.created_at > day)) ||
+        ((r.status === "failed" || r.status === "crashed") && r.updated_at > day),
+    )
+    .sort(
+      (a, b) =>
+        (b.last_alert ? b.last_alert.created_at : b.updated_at) -
+        (a.last_alert ? a.last_alert.created_at : a.updated_at),
+    )
+    .slice(0, 5);
+  $("attention").replaceChildren(
+    ...runs.map((r) => {
+      const a = r.last_alert;
+      return el(
+        "div",
+        { class: "alert " + (a ? a.severity : "critical"), "data-run": r.id, "data-kind": a ? a.kind : r.status },
+        el("a", { href: "/runs/" + r.id }, r.name),
+        " ",
+        el("b", {}, a ? a.kind : r.status),
+        el(
+          "span",
+          { class: "muted" },
+          a
+            ? "step " +
+                (a.step ?? "?") +
+                (a.layer ? " · " + a.layer : "") +
+                (r.alert_count > 1 ? " · " + r.alert_count + " alerts" : "") +
+                " · "
+            : "",
+        ),
+        a
+          ? a.message.length > 160
+            ? a.message.slice(0, 160) + "…"
+            : a.message
+          : "the training process " + (r.status === "failed" ? "raised an exception" : "stopped reporting"),
+      );
+    }),
+  );
 }
 
 function render() {
-  renderProjects(); renderAttention();
+  renderProjects();
+  renderAttention();
   const rows = visible();
-  $("runs").querySelector("tbody").replaceChildren(...rows.map(row));
+  $("runs")
+    .querySelector("tbody")
+    .replaceChildren(...rows.map(row));
   for (const r of rows) fillSpark(r.id);
   $("empty").hidden = state.runs.size > 0;
   $("count").textContent = rows.length + " of " + state.runs.size + " runs";
@@ -107,42 +177,83 @@ function updateCompare() {
 }
 
 async function patch(id, body) {
-  const run = await getJSON("/api/runs/" + id, { method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
-  state.runs.set(id, run); render();
+  const run = await getJSON("/api/runs/" + id, {
+    method: "PATCH",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+  });
+  state.runs.set(id, run);
+  render();
 }
 
 async function edit(r, field) {
   const current = field === "tags" ? r.tags.join(", ") : r[field];
   const value = prompt(field === "tags" ? "Tags (comma separated)" : field === "name" ? "New name" : "Note", current);
   if (value === null) return;
-  const body = { [field]: field === "tags" ? value.split(",").map((t) => t.trim()).filter(Boolean) : value };
-  try { await patch(r.id, body); } catch (e) { alert("Could not save: " + e.message); }
+  const body = {
+    [field]:
+      field === "tags"
+        ? value
+            .split(",")
+            .map((t) => t.trim())
+            .filter(Boolean)
+        : value,
+  };
+  try {
+    await patch(r.id, body);
+  } catch (e) {
+    alert("Could not save: " + e.message);
+  }
 }
 
 async function remove(r) {
   if (!confirm("Delete run '" + r.name + "' and all its data?")) return;
   await getJSON("/api/runs/" + r.id, { method: "DELETE" });
-  state.runs.delete(r.id); state.selected.delete(r.id); render();
+  state.runs.delete(r.id);
+  state.selected.delete(r.id);
+  render();
 }
 
 let pending = null;
-function scheduleRender() { if (!pending) pending = setTimeout(() => { pending = null; render(); }, 250); }
+function scheduleRender() {
+  if (!pending)
+    pending = setTimeout(() => {
+      pending = null;
+      render();
+    }, 250);
+}
 
 function onLive(msg) {
-  if (msg.type === "run") { const isNew = !state.runs.has(msg.run.id); state.runs.set(msg.run.id, msg.run); scheduleRender(); if (isNew) refreshSparks(); }
-  else if (msg.type === "deleted") { state.runs.delete(msg.id); scheduleRender(); }
-  else if (msg.type === "progress") {
+  if (msg.type === "run") {
+    const isNew = !state.runs.has(msg.run.id);
+    state.runs.set(msg.run.id, msg.run);
+    scheduleRender();
+    if (isNew) refreshSparks();
+  } else if (msg.type === "deleted") {
+    state.runs.delete(msg.id);
+    scheduleRender();
+  } else if (msg.type === "progress") {
     const r = state.runs.get(msg.id);
-    if (r && msg.last_step !== null) { r.last_step = msg.last_step; const cell = document.querySelector(`tr[data-run="${msg.id}"] .last-step`); if (cell) cell.textContent = msg.last_step; }
+    if (r && msg.last_step !== null) {
+      r.last_step = msg.last_step;
+      const cell = document.querySelector(`tr[data-run="${msg.id}"] .last-step`);
+      if (cell) cell.textContent = msg.last_step;
+    }
     refreshSparks();
   } else if (msg.type === "resync") load();
 }
 
+// The status filter offers every status a run can have (one list, from /contract.js).
+$("f-status").append(...STATUSES.map((s) => el("option", {}, s)));
 for (const id of ["f-name", "f-project", "f-status", "f-tag"]) $(id).addEventListener("input", render);
 for (const th of document.querySelectorAll("th[data-sort]")) {
   th.addEventListener("click", () => {
-    state.desc = state.sort === th.dataset.sort ? !state.desc : true; state.sort = th.dataset.sort; render();
+    state.desc = state.sort === th.dataset.sort ? !state.desc : true;
+    state.sort = th.dataset.sort;
+    render();
   });
 }
-$("compare").addEventListener("click", () => { location.href = "/compare?ids=" + [...state.selected].join(","); });
+$("compare").addEventListener("click", () => {
+  location.href = "/compare?ids=" + [...state.selected].join(",");
+});
 live("/ws/runs", onLive, load);

@@ -1,49 +1,89 @@
 // One run, live: charts that append as points are committed, alerts, heatmap, config, errors.
-import { PALETTE, appendPoints, compact, el, fetchSeries, fmtBytes, fmtTime, getJSON, live, throttle, xRange } from "./common.js";
-import { LiveChart } from "./charts.js";
-import { LiveHeatmap } from "./heatmap.js";
+
 import { notify, renderAlerts, upsert } from "./alerts.js";
-import { isMetric, metricCard, metricSection } from "./metrics.js";
+import { LiveChart } from "./charts.js";
+import {
+  appendPoints,
+  compact,
+  el,
+  fetchSeries,
+  fmtBytes,
+  fmtTime,
+  getJSON,
+  isLossKey,
+  live,
+  PALETTE,
+  throttle,
+  xRange,
+} from "./common.js";
+import { LiveHeatmap } from "./heatmap.js";
 import { renderLrFind } from "./lr_find.js";
+import { isMetric, metricCard, metricSection } from "./metrics.js";
 import { renderRanks } from "./ranks.js";
 
 const RUN_ID = Number(location.pathname.split("/").pop());
 const $ = (id) => document.getElementById(id);
 const S = { run: null, keys: [], series: {}, alerts: [], loading: true, buffer: [], dirty: {}, late: new Set(), t0: 0 };
 const MAX_POINTS = 4000;
-const MEMORY_PARTS = [["parameters", "memory/params"], ["gradients", "memory/grads"], ["optimizer state", "memory/optimizer_state"]];
+const MEMORY_PARTS = [
+  ["parameters", "memory/params"],
+  ["gradients", "memory/grads"],
+  ["optimizer state", "memory/optimizer_state"],
+];
 const HEAT = new LiveHeatmap($("heatmap"), RUN_ID, "grad");
 
-const isLoss = (k) => k.split("/").pop().toLowerCase().includes("loss");
 const WATCH_HINT = (what) => `No ${what} yet. run.watch(model, optimizer) records it at every optimizer step.`;
 const xMode = () => $("x-mode").value;
-const CHARTS = {};  // name -> {keys(allKeys), chart, box}; the fixed four, then one per logged metric
+const CHARTS = {}; // name -> {keys(allKeys), chart, box}; the fixed four, then one per logged metric
 
 // A log-y checkbox is "auto" until the user touches it: the chart then picks log for series
 // spanning more than 3 decades and says so beside the box.
 function logOption(box, note) {
-  box.addEventListener("change", () => { box.dataset.user = "1"; });
+  box.addEventListener("change", () => {
+    box.dataset.user = "1";
+  });
   return {
     log: () => (box.dataset.user ? box.checked : null),
-    onAxis: (y) => { box.checked = y.log; note.textContent = y.auto ? `(auto: values span ${Math.floor(y.decades)} decades)` : ""; },
+    onAxis: (y) => {
+      box.checked = y.log;
+      note.textContent = y.auto ? `(auto: values span ${Math.floor(y.decades)} decades)` : "";
+    },
   };
 }
 
 function addChart(name, div, box, note, spec) {
-  const c = Object.assign({ box }, spec), logOpt = logOption(box, note);
+  const c = Object.assign({ box }, spec),
+    logOpt = logOption(box, note);
   // Plotly adds .on() to a div at its first draw: the zoom handler is attached then, once.
-  const onAxis = (y) => { logOpt.onAxis(y); if (!c.zoomable && div.on) { c.zoomable = true; attachZoom(c); } };
-  c.chart = new LiveChart(div, Object.assign({ t0: () => S.t0, redraw: () => c.chart.render(entriesFor(c), xMode()) }, logOpt, spec, { onAxis }));
+  const onAxis = (y) => {
+    logOpt.onAxis(y);
+    if (!c.zoomable && div.on) {
+      c.zoomable = true;
+      attachZoom(c);
+    }
+  };
+  c.chart = new LiveChart(
+    div,
+    Object.assign({ t0: () => S.t0, redraw: () => c.chart.render(entriesFor(c), xMode()) }, logOpt, spec, { onAxis }),
+  );
   box.addEventListener("change", () => c.chart.render(entriesFor(c), xMode()));
   CHARTS[name] = c;
   return c;
 }
 
 const fixed = (name, spec) => addChart(name, $("chart-" + name), $(name + "-log"), $(name + "-log-note"), spec);
-fixed("loss", { keys: (ks) => ks.filter(isLoss), smoothing: () => Number($("smoothing").value), empty: "No loss logged yet: run.log({\"loss\": loss})." });
+fixed("loss", {
+  keys: (ks) => ks.filter(isLossKey),
+  smoothing: () => Number($("smoothing").value),
+  empty: 'No loss logged yet: run.log({"loss": loss}).',
+});
 fixed("gnorm", { keys: (ks) => ks.filter((k) => k === "grad/global_norm"), empty: WATCH_HINT("gradient norm") });
 fixed("lr", { keys: (ks) => ks.filter((k) => k === "lr" || k.startsWith("lr/")), empty: WATCH_HINT("learning rate") });
-fixed("memory", { keys: (ks) => ks.filter((k) => k.startsWith("memory/cuda_") || k === "memory/rss"), bytes: true, empty: WATCH_HINT("memory") });
+fixed("memory", {
+  keys: (ks) => ks.filter((k) => k.startsWith("memory/cuda_") || k === "memory/rss"),
+  bytes: true,
+  empty: WATCH_HINT("memory"),
+});
 
 // Every other key the script logs gets a chart of its own, in a section per key prefix (val/, train/...).
 function ensureMetricChart(key) {
@@ -53,151 +93,261 @@ function ensureMetricChart(key) {
   addChart("m:" + key, card.chart, card.box, card.note, { keys: () => [key], empty: "No points yet." });
 }
 
-const entriesFor = (c) => c.keys(S.keys).filter((k) => S.series[k]).map((k, i) => ({ label: k, series: S.series[k], color: PALETTE[i % PALETTE.length] }));
+const entriesFor = (c) =>
+  c
+    .keys(S.keys)
+    .filter((k) => S.series[k])
+    .map((k, i) => ({ label: k, series: S.series[k], color: PALETTE[i % PALETTE.length] }));
 
 async function load() {
-  S.loading = true; S.buffer = [];
+  S.loading = true;
+  S.buffer = [];
   try {
-    const [run, keys, alerts] = await Promise.all([getJSON(`/api/runs/${RUN_ID}`), getJSON(`/api/runs/${RUN_ID}/keys`), getJSON(`/api/runs/${RUN_ID}/alerts`)]);
-    S.run = run; S.keys = keys; S.alerts = alerts; S.t0 = (run.meta && run.meta.start_time) || run.created_at;  // the client clock, like the points
+    const [run, keys, alerts] = await Promise.all([
+      getJSON(`/api/runs/${RUN_ID}`),
+      getJSON(`/api/runs/${RUN_ID}/keys`),
+      getJSON(`/api/runs/${RUN_ID}/alerts`),
+    ]);
+    S.run = run;
+    S.keys = keys;
+    S.alerts = alerts;
+    S.t0 = run.meta?.start_time || run.created_at; // the client clock, like the points
     for (const k of keys) ensureMetricChart(k);
     // The memory breakdown's parts are fetched too: they are on the page from the first draw, not
     // only once a live memory point arrives.
-    const wanted = new Set([...Object.values(CHARTS).flatMap((c) => c.keys(keys)), ...MEMORY_PARTS.map(([, k]) => k).filter((k) => keys.includes(k))]);
-    const fetched = await Promise.all([...wanted].map(async (k) => [k, await fetchSeries(RUN_ID, k, "max_points=" + MAX_POINTS)]));
+    const wanted = new Set([
+      ...Object.values(CHARTS).flatMap((c) => c.keys(keys)),
+      ...MEMORY_PARTS.map(([, k]) => k).filter((k) => keys.includes(k)),
+    ]);
+    const fetched = await Promise.all(
+      [...wanted].map(async (k) => [k, await fetchSeries(RUN_ID, k, "max_points=" + MAX_POINTS)]),
+    );
     S.series = Object.fromEntries(fetched);
-  } catch (e) {
-    $("notice").replaceChildren(el("div", { class: "alert critical", "data-kind": "load-failed" }, "Could not load run: " + e.message));
+  } catch {
+    $("notice").replaceChildren(
+      el("div", { class: "alert critical", "data-kind": "load-failed" }, "Could not load run: " + e.message),
+    );
     return;
-  } finally { S.loading = false; }
+  } finally {
+    S.loading = false;
+  }
   $("notice").querySelector("[data-kind='load-failed']")?.remove();
-  renderHeader(); renderAlertList(); renderError(); renderConfig(); renderAll();
-  if (!S.ranksShown) { S.ranksShown = true; renderRanks($("ranks"), S.run, S.keys); }
+  renderHeader();
+  renderAlertList();
+  renderError();
+  renderConfig();
+  renderAll();
+  if (!S.ranksShown) {
+    S.ranksShown = true;
+    renderRanks($("ranks"), S.run, S.keys);
+  }
   // Per-layer norms are keys grad/<layer>: without any, say so rather than ask for a heatmap (a 404).
-  if (!HEAT.zoomed) { if (S.keys.some((k) => k.startsWith("grad/") && k !== "grad/global_norm")) HEAT.load(); else if (!HEAT.loaded) HEAT.showEmpty(); }
+  if (!HEAT.zoomed) {
+    if (S.keys.some((k) => k.startsWith("grad/") && k !== "grad/global_norm")) HEAT.load();
+    else if (!HEAT.loaded) HEAT.showEmpty();
+  }
   for (const msg of S.buffer) onLive(msg);
   S.buffer = [];
 }
 
 function renderAll() {
   for (const c of Object.values(CHARTS)) c.chart.render(entriesFor(c), xMode());
-  renderAlertLines(); renderMemoryBreakdown(); renderLrFind($("lr-find"), S);
+  renderAlertLines();
+  renderMemoryBreakdown();
+  renderLrFind($("lr-find"), S);
 }
 
 function renderHeader() {
   const r = S.run;
   document.title = "gradwatch - " + r.name;
-  $("run-name").textContent = r.name; $("run-project").textContent = r.project;
-  $("run-status").textContent = r.status; $("run-status").className = "status " + r.status;
+  $("run-name").textContent = r.name;
+  $("run-project").textContent = r.project;
+  $("run-status").textContent = r.status;
+  $("run-status").className = "status " + r.status;
   $("run-step").textContent = r.last_step === null ? "" : "step " + r.last_step;
 }
 
-function renderAlertList() { renderAlerts($("alerts"), S.alerts, zoomTo); renderAlertLines(); }
+function renderAlertList() {
+  renderAlerts($("alerts"), S.alerts, zoomTo);
+  renderAlertLines();
+}
 
 // Diagnose an alert: every chart and the heatmap zoom to the steps around it, at full detail.
 async function zoomTo(step) {
-  if (xMode() !== "step") { $("x-mode").value = "step"; renderAll(); }
-  const lo = Math.max(0, step - 50), hi = step + 50;
+  if (xMode() !== "step") {
+    $("x-mode").value = "step";
+    renderAll();
+  }
+  const lo = Math.max(0, step - 50),
+    hi = step + 50;
   for (const c of Object.values(CHARTS)) if (c.chart.drawn) Plotly.relayout(c.chart.div, { "xaxis.range": [lo, hi] });
-  if (HEAT.loaded) { HEAT.zoomed = [lo, hi]; HEAT.load(HEAT.zoomed); }
+  if (HEAT.loaded) {
+    HEAT.zoomed = [lo, hi];
+    HEAT.load(HEAT.zoomed);
+  }
   $("chart-loss").scrollIntoView({ behavior: "smooth", block: "start" });
 }
 
 function alertX(step) {
   if (xMode() === "step") return step;
   const s = S.series["grad/global_norm"] || S.series.loss || Object.values(S.series)[0];
-  if (!s || !s.steps.length) return null;
-  let i = s.steps.findIndex((x) => x >= step); if (i < 0) i = s.steps.length - 1;
+  if (!s?.steps.length) return null;
+  let i = s.steps.findIndex((x) => x >= step);
+  if (i < 0) i = s.steps.length - 1;
   return xMode() === "wall" ? new Date(s.walls[i] * 1000) : s.walls[i] - S.t0;
 }
 
 function renderAlertLines() {
-  const xs = S.alerts.filter((a) => a.step !== null && a.step !== undefined).map((a) => alertX(a.step)).filter((x) => x !== null);
+  const xs = S.alerts
+    .filter((a) => a.step !== null && a.step !== undefined)
+    .map((a) => alertX(a.step))
+    .filter((x) => x !== null);
   for (const c of Object.values(CHARTS)) c.chart.setAlertLines(xs);
 }
 
 function renderError() {
-  const err = S.run.error, box = $("error");
-  if (!err) { box.hidden = true; return; }
+  const err = S.run.error,
+    box = $("error");
+  if (!err) {
+    box.hidden = true;
+    return;
+  }
   box.hidden = false;
-  box.replaceChildren(el("h3", {}, "The training script failed: " + err.exc_type), el("p", {}, err.message),
+  box.replaceChildren(
+    el("h3", {}, "The training script failed: " + err.exc_type),
+    el("p", {}, err.message),
     err.diagnosis ? el("p", {}, el("b", {}, err.diagnosis.title + ". "), err.diagnosis.advice) : null,
-    el("pre", {}, err.traceback || ""));
+    el("pre", {}, err.traceback || ""),
+  );
 }
 
 // Key/value rows; empty values (no git repository, no notes) are left out rather than shown as "null".
 function kv(dl, obj) {
   const rows = Object.entries(obj).filter(([, v]) => v !== null && v !== undefined && v !== "");
-  dl.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, typeof v === "object" ? JSON.stringify(v) : String(v))]));
+  dl.replaceChildren(
+    ...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, typeof v === "object" ? JSON.stringify(v) : String(v))]),
+  );
 }
 function renderConfig() {
   kv($("config"), S.run.config || {});
   const m = S.run.meta || {};
-  kv($("meta"), { id: S.run.id, started: fmtTime(S.run.created_at), host: m.host, pid: m.pid, device: m.device,
-    python: m.python, torch: m.torch, git: m.git_commit, command: (m.command || []).join(" "), tags: (S.run.tags || []).join(", "), notes: S.run.notes });
+  kv($("meta"), {
+    id: S.run.id,
+    started: fmtTime(S.run.created_at),
+    host: m.host,
+    pid: m.pid,
+    device: m.device,
+    python: m.python,
+    torch: m.torch,
+    git: m.git_commit,
+    command: (m.command || []).join(" "),
+    tags: (S.run.tags || []).join(", "),
+    notes: S.run.notes,
+  });
 }
 
 function renderMemoryBreakdown() {
-  const last = (k) => { const s = S.series[k]; return s && s.values.length ? s.values[s.values.length - 1] : null; };
+  const last = (k) => {
+    const s = S.series[k];
+    return s?.values.length ? s.values[s.values.length - 1] : null;
+  };
   const parts = MEMORY_PARTS.map(([name, k]) => [name, last(k)]);
   const total = last("memory/cuda_allocated") ?? last("memory/rss");
-  if (parts.every(([, v]) => v === null)) { $("memory-breakdown").replaceChildren(); return; }
+  if (parts.every(([, v]) => v === null)) {
+    $("memory-breakdown").replaceChildren();
+    return;
+  }
   const known = parts.reduce((a, [, v]) => a + (v || 0), 0);
-  if (total !== null) parts.push([S.series["memory/cuda_allocated"] ? "activations, cache & rest" : "rest of the process", Math.max(0, total - known)]);
-  $("memory-breakdown").replaceChildren(el("table", {}, ...parts.map(([n, v]) => el("tr", {}, el("td", {}, n), el("td", {}, fmtBytes(v))))));
+  if (total !== null)
+    parts.push([
+      S.series["memory/cuda_allocated"] ? "activations, cache & rest" : "rest of the process",
+      Math.max(0, total - known),
+    ]);
+  $("memory-breakdown").replaceChildren(
+    el("table", {}, ...parts.map(([n, v]) => el("tr", {}, el("td", {}, n), el("td", {}, fmtBytes(v))))),
+  );
 }
 
 function onPoints(msg) {
   for (const [k, pts] of Object.entries(msg.series)) {
-    if (!S.keys.includes(k)) { S.keys.push(k); ensureMetricChart(k); }
-    const store = S.series[k] || (S.series[k] = { steps: [], values: [], walls: [] });
+    if (!S.keys.includes(k)) {
+      S.keys.push(k);
+      ensureMetricChart(k);
+    }
+    S.series[k] ??= { steps: [], values: [], walls: [] };
+    const store = S.series[k];
     const { from, late } = appendPoints(store, pts);
     if (from !== undefined && S.dirty[k] === undefined) S.dirty[k] = from;
     if (late) S.late.add(k);
   }
-  if (msg.vectors && msg.vectors.grad) HEAT.append(msg.vectors.grad);
-  if (msg.last_step !== null && msg.last_step !== undefined && S.run) { S.run.last_step = msg.last_step; renderHeader(); }
+  if (msg.vectors?.grad) HEAT.append(msg.vectors.grad);
+  if (msg.last_step !== null && msg.last_step !== undefined && S.run) {
+    S.run.last_step = msg.last_step;
+    renderHeader();
+  }
   scheduleFlush();
 }
 
 function onLive(msg) {
-  if (S.loading) { S.buffer.push(msg); return; }
+  if (S.loading) {
+    S.buffer.push(msg);
+    return;
+  }
   if (msg.type === "points") onPoints(msg);
   else if (msg.type === "alert") {
     // An id already held is an update (a repeat counted on the server); only new alerts notify.
     if (upsert(S.alerts, msg.alert)) notify(msg.alert, S.run ? S.run.name : "run " + RUN_ID);
-    renderAlertList(); renderLrFind($("lr-find"), S);
+    renderAlertList();
+    renderLrFind($("lr-find"), S);
   } else if (msg.type === "run") {
-    S.run = Object.assign(S.run || {}, msg.run); renderHeader(); if (msg.run.error) renderError();
-    if (msg.run.error === undefined) getJSON(`/api/runs/${RUN_ID}`).then((r) => { S.run = r; renderError(); });
+    S.run = Object.assign(S.run || {}, msg.run);
+    renderHeader();
+    if (msg.run.error) renderError();
+    if (msg.run.error === undefined)
+      getJSON(`/api/runs/${RUN_ID}`).then((r) => {
+        S.run = r;
+        renderError();
+      });
   } else if (msg.type === "deleted") {
-    $("notice").prepend(el("div", { class: "alert critical", "data-kind": "deleted" }, "This run was deleted, with all its data. ",
-      el("a", { href: "/" }, "Back to the runs list")));
+    $("notice").prepend(
+      el(
+        "div",
+        { class: "alert critical", "data-kind": "deleted" },
+        "This run was deleted, with all its data. ",
+        el("a", { href: "/" }, "Back to the runs list"),
+      ),
+    );
   } else if (msg.type === "resync") load();
 }
 
 // Redraws are throttled to one per 150 ms, or 3x the last redraw's cost (big runs, slow machines).
 const scheduleFlush = throttle(flush, 150, 3, "run-flush");
 function flush() {
-  const fresh = S.dirty; S.dirty = {};
+  const fresh = S.dirty;
+  S.dirty = {};
   // A long live session would grow every series without bound: past 2x the chart budget, fold it
   // back to the budget with the same spike-keeping envelope the server uses, and redraw.
   const redraw = new Set();
   for (const k of Object.keys(fresh)) {
-    if (S.series[k] && S.series[k].steps.length > 2 * MAX_POINTS) { S.series[k] = compact(S.series[k], MAX_POINTS); redraw.add(k); }
+    if (S.series[k] && S.series[k].steps.length > 2 * MAX_POINTS) {
+      S.series[k] = compact(S.series[k], MAX_POINTS);
+      redraw.add(k);
+    }
   }
   for (const c of Object.values(CHARTS)) {
     const entries = entriesFor(c);
     if (entries.some((e) => redraw.has(e.label))) c.chart.render(entries, xMode());
     else if (entries.some((e) => fresh[e.label] !== undefined)) c.chart.extend(entries, fresh, xMode());
   }
-  renderMemoryBreakdown(); renderLrFind($("lr-find"), S);
+  renderMemoryBreakdown();
+  renderLrFind($("lr-find"), S);
   refetchLate();
 }
 
 // Out-of-order points were not appended: fetch those keys again and redraw their charts.
 async function refetchLate() {
-  const keys = [...S.late]; S.late.clear();
+  const keys = [...S.late];
+  S.late.clear();
   for (const k of keys) {
     S.series[k] = await fetchSeries(RUN_ID, k, "max_points=" + MAX_POINTS);
     for (const c of Object.values(CHARTS)) if (c.keys(S.keys).includes(k)) c.chart.render(entriesFor(c), xMode());
@@ -213,17 +363,32 @@ function attachZoom(c) {
     const [lo, hi] = xRange(ev);
     if (lo === undefined || hi === undefined) return;
     const q = `start=${Math.floor(lo)}&end=${Math.ceil(hi)}&max_points=${MAX_POINTS}`;
-    const detail = await Promise.all(c.keys(S.keys).filter((k) => S.series[k]).map(async (k) => ({ label: k, series: await fetchSeries(RUN_ID, k, q) })));
+    const detail = await Promise.all(
+      c
+        .keys(S.keys)
+        .filter((k) => S.series[k])
+        .map(async (k) => ({ label: k, series: await fetchSeries(RUN_ID, k, q) })),
+    );
     c.ignoreRelayout = true;
-    try { c.chart.render(detail, "step"); await Plotly.relayout(div, { "xaxis.range": [lo, hi] }); } finally { c.ignoreRelayout = false; }
+    try {
+      c.chart.render(detail, "step");
+      await Plotly.relayout(div, { "xaxis.range": [lo, hi] });
+    } finally {
+      c.ignoreRelayout = false;
+    }
   });
 }
 
-for (const a of document.querySelectorAll("a.csv[data-key]")) a.href = `/api/runs/${RUN_ID}/series.csv?key=${encodeURIComponent(a.dataset.key)}`;
+for (const a of document.querySelectorAll("a.csv[data-key]"))
+  a.href = `/api/runs/${RUN_ID}/series.csv?key=${encodeURIComponent(a.dataset.key)}`;
 $("x-mode").addEventListener("change", renderAll);
-$("smoothing").addEventListener("input", () => { $("smoothing-value").textContent = Number($("smoothing").value).toFixed(2); CHARTS.loss.chart.render(entriesFor(CHARTS.loss), xMode()); });
+$("smoothing").addEventListener("input", () => {
+  $("smoothing-value").textContent = Number($("smoothing").value).toFixed(2);
+  CHARTS.loss.chart.render(entriesFor(CHARTS.loss), xMode());
+});
 $("notify").addEventListener("click", async () => {
   if ("Notification" in window) $("notify").textContent = "Notifications: " + (await Notification.requestPermission());
 });
-export const state = S, heatmap = HEAT;  // for benchmarks/bench_pages.py
+export const state = S,
+  heatmap = HEAT; // for benchmarks/bench_pages.py
 live("/ws/runs/" + RUN_ID, onLive, load);

@@ -27,7 +27,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         services.start(asyncio.get_running_loop())
-        monitor = asyncio.create_task(services.watch_for_crashes(min(2.0, settings.crash_timeout / 4)))
+        monitor = asyncio.create_task(services.liveness.watch(min(2.0, settings.crash_timeout / 4)))
         collector = asyncio.create_task(retention.run_on_schedule(services))  # returns at once when retention is off
         try:
             yield

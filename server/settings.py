@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from gradwatch.contract import MAX_KEYS_PER_RUN, MAX_LAYERS
+
 
 def default_db_url() -> str:
     """A SQLite file in the per-user data directory ($XDG_DATA_HOME or ~/.local/share)."""
@@ -90,8 +92,8 @@ SETTINGS: list[Setting] = [
     ),
     Setting("max_connections", 1000, "Most concurrent requests and open websockets; more are refused (503).", int),
     Setting("max_frame_bytes", 16 << 20, "Largest websocket message or request body accepted, in bytes.", int),
-    Setting("max_keys_per_run", 10000, "Most distinct metric keys one run may create.", int),
-    Setting("max_layers", 100000, "Most slots (layers) in one per-layer vector key.", int),
+    Setting("max_keys_per_run", MAX_KEYS_PER_RUN, "Most distinct metric keys one run may create.", int),
+    Setting("max_layers", MAX_LAYERS, "Most slots (layers) in one per-layer vector key.", int),
     Setting(
         "max_buffered_bytes", 64 << 20, "Most bytes of not-yet-committed batches held for one ingest connection.", int
     ),
@@ -129,8 +131,8 @@ class Settings:
     allowed_hosts: str = ""
     max_connections: int = 1000
     max_frame_bytes: int = 16 << 20
-    max_keys_per_run: int = 10000
-    max_layers: int = 100000
+    max_keys_per_run: int = MAX_KEYS_PER_RUN
+    max_layers: int = MAX_LAYERS
     max_buffered_bytes: int = 64 << 20
     retention_days: float = 0.0
     retention_keep_tagged: bool = True

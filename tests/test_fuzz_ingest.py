@@ -12,7 +12,7 @@ from gradwatch import protocol
 from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.storage import chunks, db
+from gradwatch_server.storage import chunks, database
 
 json_leaf = st.one_of(
     st.none(),
@@ -63,7 +63,7 @@ def test_decode_columns_refuses_garbage_with_a_protocol_error(cols):
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(message=batch_message)
 def test_any_batch_is_stored_or_refused_never_crashes(tmp_path, message):
-    engine = db.make_engine(f"sqlite:///{tmp_path / 'fuzz.db'}")
+    engine = database.make_engine(f"sqlite:///{tmp_path / 'fuzz.db'}")
     try:
         with engine.begin() as conn:
             run_id = open_run(conn, {"uid": "f", "project": "p", "name": "n"}, {})["run_id"]
@@ -106,7 +106,7 @@ def test_columns_round_trip_bit_exact(rows):
 @given(st.lists(st.tuples(st.integers(0, 50), st.floats(allow_nan=True)), min_size=1, max_size=200), st.integers(1, 40))
 def test_chunks_keep_every_point_in_step_order_across_batches(tmp_path, points, split):
     """Out-of-order and repeated steps, any batch sizes: reads give every point, stable by step."""
-    engine = db.make_engine(f"sqlite:///{tmp_path / 'c.db'}")
+    engine = database.make_engine(f"sqlite:///{tmp_path / 'c.db'}")
     try:
         tail = chunks.Tail()
         with engine.begin() as conn:

@@ -221,8 +221,10 @@ def test_relevant_keys_are_the_ones_the_rules_read():
 
 
 def test_every_rule_has_a_one_line_docstring():
-    rules = [getattr(health, n) for n in dir(health) if n.startswith("check_")]
-    assert len(rules) == 10
+    from gradwatch_server.health import registry
+
+    rules = [r.check for r in registry.RULES]
+    assert len(rules) == 10 and rules == [getattr(health, r.__name__) for r in rules]  # all exported here
     for rule in rules:
         assert rule.__doc__ and "\n" not in rule.__doc__.strip(), rule.__name__
 

@@ -318,9 +318,9 @@ def results() -> dict:
 
 def score(res: dict) -> dict:
     """kind -> {"runs", "caught", "false", "onset": [alert step - first bad step], "delay": [confirmed - first bad]}"""
-    from gradwatch_server.health.monitor import KINDS, SERVER_KINDS
+    from gradwatch_server.health import registry
 
-    table = {k: {"runs": 0, "caught": 0, "false": 0, "onset": [], "delay": []} for k in KINDS if k not in SERVER_KINDS}
+    table = {k: {"runs": 0, "caught": 0, "false": 0, "onset": [], "delay": []} for k in registry.kinds()}
     for name, (_, expect, allow) in CASES.items():
         found = {}
         for a in res[name]:

@@ -6,7 +6,7 @@ from gradwatch import protocol
 from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.storage import db
+from gradwatch_server.storage import database, db
 
 LAYERS = ["in.weight", "in.bias", "out.weight", "out.bias"]
 
@@ -25,7 +25,7 @@ def _batch(seq, steps, norm, layer_norms, loss=1.0):
 
 
 def _setup(tmp_path):
-    engine = db.make_engine(f"sqlite:///{tmp_path / 'ingest.db'}")
+    engine = database.make_engine(f"sqlite:///{tmp_path / 'ingest.db'}")
     with engine.begin() as conn:
         run_id = open_run(conn, {"uid": "u1", "project": "p", "name": "n"}, {})["run_id"]
     return engine, run_id

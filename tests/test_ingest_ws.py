@@ -118,6 +118,20 @@ def test_duplicates_are_acked_gaps_are_nacked(server, api):
     link.close()
 
 
+def test_a_page_gets_each_batch_as_a_points_push_with_the_runs_last_step(server, api):
+    link = Link(server.url)
+    run_id = link.welcome["run_id"]
+    with connect("ws" + server.url[len("http") :] + f"/ws/runs/{run_id}") as page:
+        assert json.loads(page.recv(timeout=10))["type"] == "subscribed"
+        assert link.send(_columns_batch(1, [(4, 1.0, {"loss": 1.0}, {}), (9, 2.0, {"loss": math.inf}, {})]))
+        push = json.loads(page.recv(timeout=10))
+        while push["type"] != "points":
+            push = json.loads(page.recv(timeout=10))
+    assert push["run_id"] == run_id and push["last_step"] == 9  # docs/api.md; the run page's header shows it
+    assert push["series"]["loss"] == {"steps": [4, 9], "values": [1.0, "Infinity"], "wall_times": [1.0, 2.0]}
+    link.close()
+
+
 def test_another_client_cannot_resume_or_move_a_run_forward(server, api):
     owner = Link(server.url, uid="victim", secret="right")
     assert owner.send(_columns_batch(1, [(0, 1.0, {"loss": 1.0}, {})]))["type"] == "ack"

@@ -90,7 +90,7 @@ def test_fit_streams_config_metrics_and_gradients(server, api):
     for step, value in zip(stored["steps"], stored["values"]):
         assert math.isclose(value, model.seen_norms[step], rel_tol=1e-5)
     assert set(series(api, rid, "lr")["values"]) == {0.05}
-    assert gradwatch.run is not None and gradwatch.run._finished
+    assert gradwatch.run is not None and gradwatch.run.finished
 
 
 def test_every_optimizer_is_captured(server, api):

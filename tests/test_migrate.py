@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gradwatch_server.storage import db, migrate, store
+from gradwatch_server.storage import database, migrate, store
 
 SCHEMA = (Path(__file__).parent / "data" / "schema_0_1.sql").read_text()
 PG_SCHEMA = (Path(__file__).parent / "data" / "schema_0_1_postgres.sql").read_text()
@@ -46,7 +46,7 @@ def _old_database(path: Path) -> None:
 def test_a_0_1_database_is_converted_in_place(tmp_path):
     path = tmp_path / "old.db"
     _old_database(path)
-    engine = db.make_engine(f"sqlite:///{path}")
+    engine = database.make_engine(f"sqlite:///{path}")
     with engine.connect() as conn:
         loss = store.get_series(conn, 1, "loss")
         assert len(loss["steps"]) == 3001 and loss["steps"][:7] == [0, 1, 2, 3, 4, 5, 5]
@@ -60,7 +60,7 @@ def test_a_0_1_database_is_converted_in_place(tmp_path):
     with engine.connect() as conn:
         assert migrate.revision(conn) == migrate.head_revision() == "0002"  # Alembic's record of it
     engine.dispose()
-    db.make_engine(f"sqlite:///{path}").dispose()  # opening again is a no-op
+    database.make_engine(f"sqlite:///{path}").dispose()  # opening again is a no-op
 
 
 @pytest.mark.slow
@@ -91,7 +91,7 @@ def test_a_0_1_postgres_database_is_upgraded_in_place(postgres_url):
             [{"k": key_id, "s": s, "v": None if s == 4 else float(s)} for s in range(10)],
         )
     old.dispose()
-    engine = db.make_engine(postgres_url)
+    engine = database.make_engine(postgres_url)
     try:
         with engine.connect() as conn:
             loss = store.get_series(conn, run_id, "loss")
@@ -111,13 +111,13 @@ def test_a_0_1_postgres_database_is_upgraded_in_place(postgres_url):
 
 def test_an_index_whose_definition_changed_is_rebuilt(tmp_path):
     path = tmp_path / "ix.db"
-    db.make_engine(f"sqlite:///{path}").dispose()
+    database.make_engine(f"sqlite:///{path}").dispose()
     con = sqlite3.connect(path)
     con.execute("DROP INDEX ix_chunks_key_last")
     con.execute("CREATE INDEX ix_chunks_key_last ON chunks (key_id, last_step)")  # an older definition
     con.commit()
     con.close()
-    db.make_engine(f"sqlite:///{path}").dispose()
+    database.make_engine(f"sqlite:///{path}").dispose()
     con = sqlite3.connect(path)
     columns = [r[2] for r in con.execute("PRAGMA index_info(ix_chunks_key_last)")]
     con.close()
@@ -125,7 +125,7 @@ def test_an_index_whose_definition_changed_is_rebuilt(tmp_path):
 
 
 def test_a_new_database_starts_at_the_newest_revision(tmp_path):
-    engine = db.make_engine(f"sqlite:///{tmp_path / 'new.db'}")
+    engine = database.make_engine(f"sqlite:///{tmp_path / 'new.db'}")
     with engine.connect() as conn:
         assert migrate.revision(conn) == migrate.head_revision()
     engine.dispose()

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from gradwatch import protocol
-from gradwatch.outbox import Outbox
+from gradwatch.delivery.outbox import Outbox
 
 
 def test_spills_oldest_batches_past_the_budget_and_reads_them_back(tmp_path):

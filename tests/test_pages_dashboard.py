@@ -259,7 +259,7 @@ def test_compare_page_catches_up_after_a_server_restart(settings, browser, tmp_p
     run = gradwatch.init(project="dash", name="restarts", server=srv.url, flush_interval=0.05)
     for step in range(20):
         run.log({"loss": 1.0}, step=step)
-    assert run._sender.flush(10)
+    assert run.recorder.flush(10)
     page = browser.new_page()
     try:
         page.goto(srv.url + "/compare?ids=1&keys=loss")
@@ -270,7 +270,7 @@ def test_compare_page_catches_up_after_a_server_restart(settings, browser, tmp_p
         for step in range(20, 60):
             run.log({"loss": 2.0}, step=step)
         srv = BackgroundServer(cfg).start()
-        assert run._sender.flush(20)
+        assert run.recorder.flush(20)
         page.wait_for_function("() => document.getElementById('chart-0').data[0].x.length === 60", timeout=30000)
     finally:
         run.finish(timeout=10)

@@ -41,7 +41,7 @@ def test_server_restart_mid_run_loses_and_duplicates_nothing(settings):
     run = gradwatch.init(project="rel", name="restart", server=srv.url, flush_interval=0.05)
     for i in range(100):
         run.log({"loss": float(i)})
-    assert run._sender.flush(10)
+    assert run.recorder.flush(10)
     srv.stop()
     for i in range(100, 250):
         run.log({"loss": float(i)})
@@ -75,7 +75,7 @@ def test_spills_to_disk_under_memory_cap_and_delivers(settings, tmp_path):
         if i % 300 == 0:
             time.sleep(0.05)  # let several batches form
     time.sleep(0.3)
-    assert run._sender.outbox.spilled_total > 0 and list(spool.glob("*.json"))
+    assert run.recorder.sender.outbox.spilled_total > 0 and list(spool.glob("*.json"))
     srv = BackgroundServer(dataclasses.replace(settings, port=port)).start()
     try:
         run.finish(timeout=30)
@@ -166,7 +166,7 @@ def test_server_with_a_fresh_database_takes_the_rest_of_the_run(settings, tmp_pa
             run.log({"loss": loss})
 
     steps(50)
-    assert run._sender.flush(10)
+    assert run.recorder.flush(10)
     first.stop()
     steps(50)  # held by the client while no server answers
     fresh = dataclasses.replace(settings, port=port, db=f"sqlite:///{tmp_path / 'fresh.db'}")

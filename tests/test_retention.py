@@ -18,7 +18,7 @@ from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
 from gradwatch_server.services import Services
 from gradwatch_server.settings import Settings, from_env
-from gradwatch_server.storage import db, migrate, retention
+from gradwatch_server.storage import database, db, migrate, retention
 
 DAY = 86400.0
 LAYERS = 8
@@ -178,7 +178,7 @@ def test_a_run_that_resumed_since_the_listing_is_kept(offline):
 
 def test_gc_command_lists_then_deletes(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'cli.db'}"
-    engine = db.make_engine(url)
+    engine = database.make_engine(url)
     old, tagged = seed(engine, "old"), seed(engine, "tagged", tags=["paper"])
     fresh = seed(engine, "fresh", age_days=1)
     engine.dispose()
@@ -197,7 +197,7 @@ def test_gc_command_lists_then_deletes(tmp_path, capsys):
     assert result["dry_run"] is False and result["count"] == 2
     code, out = gc("--older-than", "90d")
     assert code == 0 and "no run to delete" in out.out
-    engine = db.make_engine(url)
+    engine = database.make_engine(url)
     assert [owned(engine, i)["runs"] for i in (old, tagged, fresh)] == [0, 0, 1]
     engine.dispose()
     code, out = gc("--older-than", "ninety")
@@ -206,7 +206,7 @@ def test_gc_command_lists_then_deletes(tmp_path, capsys):
 
 def test_the_server_collects_on_schedule(tmp_path):
     url = f"sqlite:///{tmp_path / 'sched.db'}"
-    engine = db.make_engine(url)
+    engine = database.make_engine(url)
     old, fresh = seed(engine, "old"), seed(engine, "fresh", age_days=5)
     engine.dispose()
 
@@ -262,7 +262,7 @@ def test_db_status_and_upgrade(tmp_path, capsys):
     code, out = run("upgrade")
     assert code == 0 and "upgraded (a new database)" in out
     assert run("status") == (0, f"gradwatch: {url} is current\n")
-    engine = db.make_engine(url)
+    engine = database.make_engine(url)
     with engine.begin() as conn:  # as an older release left it: no per-run secret
         conn.execute(text("ALTER TABLE runs DROP COLUMN secret"))
     engine.dispose()
@@ -275,7 +275,7 @@ def test_db_status_and_upgrade(tmp_path, capsys):
 
 def test_db_status_names_a_missing_index(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'index.db'}"
-    engine = db.make_engine(url)
+    engine = database.make_engine(url)
     with engine.begin() as conn:
         conn.execute(text("DROP INDEX ix_chunks_key_last"))
     engine.dispose()
@@ -298,12 +298,12 @@ def test_on_postgres_one_process_collects_at_a_time(postgres_url):
     try:
         old = seed(services.engine, "pg-old", steps=3000, vector_steps=500)
         assert retention.LOCK_KEY != migrate.UPGRADE_LOCK  # a starting process must not wait for a gc pass
-        holder = retention._try_lock(services.engine)  # another server process is collecting
+        holder = retention.try_lock(services.engine)  # another server process is collecting
         assert holder not in (None, False)
-        assert run_async(retention._one_pass(services, 90 * DAY, True)) == []
+        assert run_async(retention.one_pass(services, 90 * DAY, True)) == []
         assert owned(services.engine, old)["chunks"] > 0
-        retention._unlock(holder)
-        deleted = run_async(retention._one_pass(services, 90 * DAY, True))
+        retention.unlock(holder)
+        deleted = run_async(retention.one_pass(services, 90 * DAY, True))
         assert [r["id"] for r in deleted] == [old]
         assert owned(services.engine, old) == {"runs": 0, "keys": 0, "chunks": 0, "rollups": 0, "alerts": 0}
     finally:

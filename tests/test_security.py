@@ -445,7 +445,7 @@ class _FakeCuda:
 def test_device_info_creates_no_cuda_context(initialized):
     cuda = _FakeCuda(initialized)
     fake_torch = type("Torch", (), {"cuda": cuda, "version": type("V", (), {"cuda": "12.8"})})
-    info = metadata._device_info(fake_torch)
+    info = metadata.device_info(fake_torch)
     assert info["cuda_device_count"] == 4 and info["cuda_version"] == "12.8"
     if initialized:  # the script made its context already: reading its properties costs nothing
         assert info["device"] == "cuda:2 H200"

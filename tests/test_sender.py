@@ -11,7 +11,7 @@ from conftest import Api, wait_runs
 
 import gradwatch
 from gradwatch import protocol, values
-from gradwatch.sender import WINDOW
+from gradwatch.delivery.sender import WINDOW
 from gradwatch_server.serve import BackgroundServer
 
 
@@ -49,13 +49,11 @@ def test_a_backlog_goes_out_with_a_bounded_window_and_arrives_whole(settings, mo
     for i in range(3000):
         run.log({"loss": float(i)})
     time.sleep(1.5)  # encoded into the outbox while nothing answers
-    sender = run._sender
+    sender = run.recorder.sender
     assert len(sender.outbox) >= 100
     in_flight = []
     send = sender.link.send
-    monkeypatch.setattr(
-        sender.link, "send", lambda data: (in_flight.append(sender._sent_upto - sender._acked), send(data))[1]
-    )
+    monkeypatch.setattr(sender.link, "send", lambda data: (in_flight.append(sender.unacked()), send(data))[1])
     srv = BackgroundServer(dataclasses.replace(settings, port=port)).start()
     try:
         run.finish(timeout=30)
@@ -82,7 +80,7 @@ def test_a_deleted_run_is_not_recreated_and_the_client_stops(server, api, capfd)
     run = gradwatch.init(project="s", name="doomed", server=server.url, flush_interval=0.02)
     for i in range(20):
         run.log({"loss": float(i)})
-    assert run._sender.flush(10)
+    assert run.recorder.flush(10)
     assert api.request("DELETE", "/api/runs/1")[0] in (200, 204)
     for i in range(20, 200):
         run.log({"loss": float(i)})
@@ -93,7 +91,7 @@ def test_a_deleted_run_is_not_recreated_and_the_client_stops(server, api, capfd)
     assert api.get("/api/runs") == []  # waits on the server: run_deleted instead of a new run + data_gap
     err = capfd.readouterr().err
     assert err.count("was deleted on the server") == 1
-    assert not run._sender.outbox.spool_dir.exists()
+    assert not run.recorder.sender.outbox.spool_dir.exists()
 
 
 def test_a_refused_batch_is_dropped_with_one_warning_and_the_rest_is_stored(server, api, capfd):
@@ -150,20 +148,20 @@ def test_wrong_token_is_said_once_and_the_data_stays_spooled(settings, tmp_path,
 
 
 def test_a_stuck_sender_drops_with_accounting_and_reports_the_gap(server, api, tmp_path):
-    from gradwatch.sender import Sender
+    from gradwatch.delivery.sender import Sender
 
     info = {"uid": "gap-run", "project": "s", "name": "gap"}
     sender = Sender(server.url, info, tmp_path / "gap", max_queue_bytes=20_000)
     for i in range(2000):  # the thread has not started: as stuck as it gets
         sender.put(("rec", i, 1.0, {"loss": float(i)}, {}))
-    assert len(sender._queue) < 200 and sender._dropped > 1800  # bounded in bytes, never blocked
+    assert sender.queued() < 200 and sender.dropped > 1800  # bounded in bytes, never blocked
     sender.start()
     assert sender.flush(10)
     sender.close()
     gaps = [a for a in api.get("/api/runs/1/alerts") if a["kind"] == "data_gap"]
-    assert len(gaps) == 1 and f"{sender._dropped} record" in gaps[0]["message"]
+    assert len(gaps) == 1 and f"{sender.dropped} record" in gaps[0]["message"]
     kept = api.get("/api/runs/1/series?key=loss")["steps"]
-    assert kept == list(range(len(kept))) and len(kept) + sender._dropped == 2000
+    assert kept == list(range(len(kept))) and len(kept) + sender.dropped == 2000
 
 
 def test_a_full_disk_never_stalls_and_the_loss_is_reported_as_a_gap(settings, tmp_path):
@@ -190,7 +188,7 @@ def test_a_full_disk_never_stalls_and_the_loss_is_reported_as_a_gap(settings, tm
             in_log += time.perf_counter() - start
             if i % 500 == 0:
                 time.sleep(0.1)  # let the sender encode, spill and hit the full disk (~1 drain a second)
-        assert run._sender.outbox.disk_error  # the disk did fill up
+        assert run.recorder.sender.outbox.disk_error  # the disk did fill up
         srv = BackgroundServer(dataclasses.replace(settings, port=port)).start()
         try:
             run.finish(timeout=30)
@@ -216,8 +214,8 @@ def test_a_record_that_cannot_be_encoded_is_counted_and_the_rest_delivered(serve
 
     run = gradwatch.init(project="p", name="odd", server=server.url)
     for step in range(30):
-        run._put_record(step, {"loss": 10**400 if step == 7 else 1.0 / (step + 1)}, {})
-    assert run._sender.flush(20)
+        run.recorder.put_record(step, {"loss": 10**400 if step == 7 else 1.0 / (step + 1)}, {})
+    assert run.recorder.flush(20)
     run.finish()
     run_id = api.get("/api/runs")[0]["id"]
     steps = api.get(f"/api/runs/{run_id}/series?key=loss")["steps"]
@@ -253,10 +251,10 @@ def test_batches_fit_a_server_with_a_small_frame_limit_and_a_record_too_big_is_a
     try:
         run = gradwatch.init(project="p", name="small-frames", server=srv.url)
         run.log({"warm": 0.0})
-        assert run._sender.flush(20)
+        assert run.recorder.flush(20)
         for step in range(1, 3001):
             run.log({f"k{i}": float(step) for i in range(20)})
-        run._put_record(3001, {f"wide{i}": 1.0 for i in range(30000)}, {})  # ~1 MB alone
+        run.recorder.put_record(3001, {f"wide{i}": 1.0 for i in range(30000)}, {})  # ~1 MB alone
         run.log({"k0": 1.0}, step=3002)
         run.finish()
         api = Api(srv.url)

@@ -12,7 +12,7 @@ from gradwatch import protocol
 from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.storage import db, store
+from gradwatch_server.storage import database, store
 
 N = 60_000
 LAYERS = 6
@@ -68,7 +68,7 @@ def _ingest(engine, steps: range, restart_at: int | None = None) -> int:
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    engine = db.make_engine(f"sqlite:///{tmp_path_factory.mktemp('big') / 'big.db'}")
+    engine = database.make_engine(f"sqlite:///{tmp_path_factory.mktemp('big') / 'big.db'}")
     run_id = _ingest(engine, range(N), restart_at=30_000 + 250 * 2)  # restart mid-block on purpose
     rng = random.Random(0)
     truth = [_value(i, rng) for i in range(N)]
@@ -142,7 +142,7 @@ def test_heatmap_of_a_zoomed_range_reads_raw_rows(big):
 
 
 def test_rollup_reads_fall_back_to_raw_when_the_layout_changed(tmp_path):
-    engine = db.make_engine(f"sqlite:///{tmp_path / 'layout.db'}")
+    engine = database.make_engine(f"sqlite:///{tmp_path / 'layout.db'}")
     with engine.begin() as conn:
         run_id = open_run(conn, {"uid": "u", "project": "p", "name": "n"}, {})["run_id"]
         state = load_state(conn, run_id)

@@ -8,7 +8,8 @@ import socket
 from conftest import Api
 
 import gradwatch
-from gradwatch import spool
+from gradwatch.delivery import pending as delivery
+from gradwatch.delivery import spool
 from gradwatch_server.cli.sync import sync
 from gradwatch_server.serve import BackgroundServer
 
@@ -55,13 +56,13 @@ def test_sync_skips_a_spool_a_live_run_holds(server, tmp_path):
     for i in range(500):
         run.log({"loss": float(i)})
         if i % 100 == 99:
-            run._sender._drain()  # several batches: all but the newest go to disk (100-byte budget)
-    where = run._sender.outbox.spool_dir
+            run.recorder.sender.drain()  # several batches: all but the newest go to disk (100-byte budget)
+    where = run.recorder.sender.outbox.spool_dir
     assert (where / "run.json").is_file()
-    ok, _, why = spool.deliver(where, server.url)
+    ok, _, why = delivery.deliver(where, server.url)
     assert not ok and "in use" in why
     run.finish(timeout=1)
-    assert spool.deliver(where, server.url)[0]
+    assert delivery.deliver(where, server.url)[0]
     assert not where.exists()
 
 
@@ -75,25 +76,25 @@ def test_a_new_run_delivers_older_spools_in_the_background(server, api, tmp_path
     for step in range(20):
         old.log({"loss": 1.0 / (step + 1)})
     old.finish(timeout=2)
-    root = gradwatch.spool.default_root()
-    assert [p.name for p in gradwatch.spool.pending_runs(root)] == [old.uid]
+    root = gradwatch.delivery.spool.default_root()
+    assert [p.name for p in gradwatch.delivery.spool.pending_runs(root)] == [old.uid]
     # As if that run had been meant for this server while it was down (runs meant for another server
     # are left alone: see the next test).
-    info = gradwatch.spool.read_run_info(root / old.uid)
-    gradwatch.spool.write_run_info(root / old.uid, {**info, "server": server.url})
+    info = gradwatch.delivery.spool.read_run_info(root / old.uid)
+    gradwatch.delivery.spool.write_run_info(root / old.uid, {**info, "server": server.url})
     new = gradwatch.init(project="p", name="online", server=server.url)
     new.log({"loss": 0.5})
     deadline = time.monotonic() + 30
-    while gradwatch.spool.pending_runs(root) and time.monotonic() < deadline:
+    while gradwatch.delivery.spool.pending_runs(root) and time.monotonic() < deadline:
         time.sleep(0.1)
     new.finish()
     names = {r["name"]: r["id"] for r in api.get("/api/runs")}
     assert len(api.get(f"/api/runs/{names['offline']}/series?key=loss")["steps"]) == 20
-    assert not gradwatch.spool.pending_runs(root)
+    assert not gradwatch.delivery.spool.pending_runs(root)
 
 
 def test_sync_shows_progress_in_batches_when_it_takes_a_while(capsys):
-    from gradwatch.progress import Progress
+    from gradwatch.delivery.progress import Progress
 
     meter = Progress(40, "batches")
     meter.show(1.0, 40)  # under ~2 s: quiet
@@ -111,8 +112,8 @@ def test_a_run_meant_for_another_server_is_not_delivered_in_the_background(serve
     old = gradwatch.init(project="p", name="elsewhere", server="http://127.0.0.1:9")
     old.log({"loss": 1.0})
     old.finish(timeout=2)
-    root = gradwatch.spool.default_root()
-    [spooled] = gradwatch.spool.pending_runs(root)
+    root = gradwatch.delivery.spool.default_root()
+    [spooled] = gradwatch.delivery.spool.pending_runs(root)
     assert (
         oct((spooled / "run.json").stat().st_mode & 0o777) == "0o600" and oct(spooled.stat().st_mode & 0o777) == "0o700"
     )
@@ -121,5 +122,5 @@ def test_a_run_meant_for_another_server_is_not_delivered_in_the_background(serve
     new.finish()
     time.sleep(1.0)
     assert [r["name"] for r in api.get("/api/runs")] == ["here"]
-    assert gradwatch.spool.pending_runs(root) == [spooled]  # kept for its own server or `gradwatch sync`
+    assert gradwatch.delivery.spool.pending_runs(root) == [spooled]  # kept for its own server or `gradwatch sync`
     assert os.path.exists(spooled / "run.json")

@@ -68,6 +68,11 @@ def test_merged_never_raises_and_keeps_defaults_for_bad_entries():
     assert set(thresholds.merged(None)) == set(thresholds.DEFAULTS)
 
 
+def test_of_a_kind_is_its_prefix_of_the_defaults():
+    assert thresholds.of("amp_overflow") == {"amp_overflow.skips": 5, "amp_overflow.window": 100}
+    assert thresholds.of("loss") == {} and thresholds.of("no_such_kind") == {}  # whole names only, not a prefix
+
+
 def test_every_default_passes_its_own_validation():
     assert thresholds.validate(thresholds.DEFAULTS) == {k: float(v) for k, v in thresholds.DEFAULTS.items()}
 

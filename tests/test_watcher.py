@@ -30,11 +30,13 @@ def fake_gpu(monkeypatch):
 
 
 def test_cuda_memory_counters_are_recorded_and_pressure_alerts(server, api, fake_gpu):
+    from gradwatch.watcher import Watcher
+
     model = mlp()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     run = gradwatch.init(project="gpu", name="fake", server=server.url)
-    run.watch(model, opt)
-    run._watcher.device = torch.device("cuda")  # the model is on CPU; its watcher reads the (faked) CUDA counters
+    watcher = Watcher(run.recorder, model, opt)  # what run.watch(model, opt) installs
+    watcher.device = torch.device("cuda")  # the model is on CPU; its watcher reads the (faked) CUDA counters
     x, y = regression_data()
     for step in range(25):
         fake_gpu["step"] = step
@@ -43,6 +45,7 @@ def test_cuda_memory_counters_are_recorded_and_pressure_alerts(server, api, fake
         loss.backward()
         opt.step()
         run.log({"loss": loss})
+    watcher.remove()
     run.finish()
     meta = api.get("/api/runs/1")["meta"]
     assert meta["device"].startswith("cuda")  # init() leaves CUDA alone: the capacity comes from the watcher
@@ -63,25 +66,25 @@ def test_cuda_memory_counters_are_recorded_and_pressure_alerts(server, api, fake
 
 
 # -- the trainable set and the layer order, seen by a run that only records what it is given ------------
-class FakeRun:
-    """The five Run methods the watcher calls, recording what it hands over (in order)."""
+class FakeRecorder:
+    """The five Recorder methods the watcher calls, recording what it hands over (in order)."""
 
     def __init__(self):
         self.items, self.step = [], 0
 
-    def _put_record(self, step, scalars, vectors):
+    def put_record(self, step, scalars, vectors):
         self.items.append(("rec", step, scalars, vectors))
 
-    def _put_layout(self, key, names):
+    def put_layout(self, key, names):
         self.items.append(("layout", key, list(names)))
 
-    def _put_event(self, event):
+    def put_event(self, event):
         self.items.append(("event", event))
 
-    def _current_step(self):
+    def current_step(self):
         return self.step
 
-    def _guarded(self, fn):
+    def guarded(self, fn):
         fn()
 
     def layouts(self):
@@ -112,7 +115,7 @@ def test_layers_frozen_after_watch_leave_the_layout_and_are_not_missing():
     torch.manual_seed(0)
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    run = FakeRun()
+    run = FakeRecorder()
 
     def freeze_at_3(step):
         if step == 3:
@@ -137,7 +140,7 @@ def test_unfrozen_layers_come_back_without_an_optimizer_too():
     model = mlp()
     for p in model[0].parameters():
         p.requires_grad_(False)
-    run = FakeRun()
+    run = FakeRecorder()
     watcher = Watcher(run, model)  # no optimizer: captures after each backward
     x, y = regression_data(d=4)
     for step in range(4):
@@ -170,7 +173,7 @@ def test_layer_order_is_the_order_layers_run_not_the_order_they_were_registered(
     torch.manual_seed(0)
     model = _LateEmbedding()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    run = FakeRun()
+    run = FakeRecorder()
     watcher = Watcher(run, model, opt)
     tokens = torch.randint(0, 20, (4, 5))
     for _ in range(2):
@@ -185,7 +188,7 @@ def test_layer_order_is_the_order_layers_run_not_the_order_they_were_registered(
     # MultiheadAttention uses its out_proj's weights itself: they stay beside the attention block.
     attn = [n for n in names if ".self_attn." in n]
     assert names.index(attn[-1]) - names.index(attn[0]) == len(attn) - 1
-    assert not watcher._order_handles  # the order is recorded once, then the hooks are gone
+    assert not watcher.order_handles  # the order is recorded once, then the hooks are gone
 
 
 def test_without_a_forward_after_watch_the_order_is_registration_order():
@@ -194,7 +197,7 @@ def test_without_a_forward_after_watch_the_order_is_registration_order():
     model = _LateEmbedding()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     model(torch.randint(0, 20, (2, 3))).sum().backward()  # forward and backward before watch()
-    run = FakeRun()
+    run = FakeRecorder()
     watcher = Watcher(run, model, opt)
     opt.step()
     watcher.remove()

@@ -98,20 +98,20 @@ class Recorder:
         if self._watcher is not None:
             self._watcher.remove()
 
-    # the five Run methods the watcher calls
-    def _current_step(self) -> int:
+    # the five Recorder methods the watcher calls
+    def current_step(self) -> int:
         return self._step
 
-    def _put_record(self, step, scalars, vectors) -> None:
+    def put_record(self, step, scalars, vectors) -> None:
         self.items.append(("rec", step, scalars, vectors))
 
-    def _put_layout(self, key, names) -> None:
+    def put_layout(self, key, names) -> None:
         self.items.append(("layout", key, list(names)))
 
-    def _put_event(self, event) -> None:
+    def put_event(self, event) -> None:
         self.items.append(("event", event))
 
-    def _guarded(self, fn) -> None:
+    def guarded(self, fn) -> None:
         fn()
 
     def records(self) -> list:

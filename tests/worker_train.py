@@ -33,7 +33,7 @@ for step in range(steps):
     run.log({"loss": loss, "step_seen": float(step)})
 if mode in ("hang", "wait"):
     if mode == "hang":
-        run._sender.flush(30)
+        run.recorder.flush(30)
     print("logged", flush=True)
     while True:
         time.sleep(1)

@@ -136,10 +136,10 @@ def _utc(ts: float) -> str:
 
 
 def upgrade(args, url: str) -> int:
-    from gradwatch_server.storage import db
+    from gradwatch_server.storage import database
 
     before = pending(url) if not url.startswith("sqlite") or _sqlite_file_exists(url) else ["a new database"]
-    db.make_engine(url).dispose()  # make_engine upgrades in place (migrate.py), as `gradwatch serve` does at start
+    database.make_engine(url).dispose()  # upgrades in place (migrate.py), as `gradwatch serve` does at start
     after = pending(url)
     if after:
         sys.exit(f"gradwatch: {redacted(url)} is still not current after the upgrade: {'; '.join(after)}")
@@ -179,9 +179,9 @@ def pending(url: str) -> list[str]:
     """What an upgrade would change (migrate.pending), read without changing anything."""
     from sqlalchemy import create_engine
 
-    from gradwatch_server.storage import db, migrate
+    from gradwatch_server.storage import database, migrate
 
-    engine = create_engine(db._postgres_driver(url))
+    engine = create_engine(database.driver_url(url))
     try:
         with engine.connect() as conn:
             return migrate.pending(conn)
@@ -195,9 +195,9 @@ def wait(args, url: str) -> int:
         return 0  # SQLite: a file, nothing to wait for
     from sqlalchemy import create_engine, text
 
-    from gradwatch_server.storage import db
+    from gradwatch_server.storage import database
 
-    engine = create_engine(db._postgres_driver(url), connect_args={"connect_timeout": 5})
+    engine = create_engine(database.driver_url(url), connect_args={"connect_timeout": 5})
     deadline, said, last = time.monotonic() + args.timeout, False, None
     try:
         while True:

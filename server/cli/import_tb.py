@@ -84,8 +84,8 @@ def import_dir(
     for step in sorted(points):
         wall, values = points[step]
         scalars = {protocol.check_key(k): v for k, v in values.items()}
-        # The client's own record, with the event's wall time instead of now (log() stamps the present).
-        run._sender.put(("rec", step, wall, scalars, {}))
+        # Recorded like a watcher's capture, with the event's wall time instead of now (log() stamps the present).
+        run.recorder.put_record(step, scalars, {}, wall=wall)
         sent += len(scalars)
         progress.step(len(scalars))
     run.finish("finished")

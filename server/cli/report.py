@@ -2,13 +2,16 @@
 
 Charts of every metric (runs overlaid, min/max envelopes that keep every spike), each run's
 alerts and the config keys that differ; Plotly.js is inlined from the installed plotly package,
-so the file opens anywhere, offline, with nothing fetched.
+and the pages' own modules (/contract.js and common.js: the float codec, escaping, run colours)
+are inlined too, so the file opens anywhere, offline, with nothing fetched, and reads values
+exactly as the dashboard does.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -17,13 +20,17 @@ from gradwatch_server.cli.export import add_source_arguments
 from gradwatch_server.cli.source import Progress, open_source, resolve
 
 MAX_POINTS = 2000
-COLORS = ["#3b5bdb", "#ae3ec9", "#1098ad", "#7048e8", "#5f6b7a", "#1c7ed6", "#cc5de8", "#0b7285"]
+# common.js's imports from /contract.js: in the report the contract module is inlined just above it instead.
+CONTRACT_IMPORT = re.compile(r'^(?:import|export) \{[^}]*\} from "/contract\.js";\n', re.M)
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("report", help="write one self-contained HTML report of one or more runs",
-                       description="Charts of every metric (runs overlaid), the alerts and the config diff, in one "
-                                   "HTML file with Plotly.js inlined: it opens offline and can be mailed.")
+    p = sub.add_parser(
+        "report",
+        help="write one self-contained HTML report of one or more runs",
+        description="Charts of every metric (runs overlaid), the alerts and the config diff, in one "
+        "HTML file with Plotly.js inlined: it opens offline and can be mailed.",
+    )
     p.add_argument("runs", nargs="+", help="run ids, or names that each match one run")
     p.add_argument("-o", "--output", default="report.html", help="file to write [report.html]")
     add_source_arguments(p)
@@ -56,8 +63,26 @@ def gather(source, run_ids: list[int]) -> dict:
                 pass
             progress.step()
     alerts = {str(i): source.alerts(i) for i in run_ids}
-    return {"runs": runs, "keys": keys, "series": series, "alerts": alerts, "diff": config_diff(runs),
-            "created": time.strftime("%Y-%m-%d %H:%M")}
+    return {
+        "runs": runs,
+        "keys": keys,
+        "series": series,
+        "alerts": alerts,
+        "diff": config_diff(runs),
+        "created": time.strftime("%Y-%m-%d %H:%M"),
+    }
+
+
+def page_modules() -> str:
+    """/contract.js and frontend/common.js as one inline module (no imports: the report fetches nothing)."""
+    from gradwatch import contract
+    from gradwatch_server.web.routes.pages import frontend_dir
+
+    common = (frontend_dir() / "common.js").read_text(encoding="utf-8")
+    bundle = CONTRACT_IMPORT.sub("", common)
+    if re.search(r"^(?:import|export) .* from ", bundle, re.M):  # an inline module that imports would fetch
+        raise RuntimeError("common.js imports something the report does not inline")
+    return contract.es_module() + bundle
 
 
 def _script_json(data) -> str:
@@ -67,8 +92,12 @@ def _script_json(data) -> str:
 
 def _table(header: list[str], rows: list[list[str]], marks: list[bool] | None = None) -> str:
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
-    body = "".join(("<tr class=differs>" if marks and marks[i] else "<tr>") +
-                   "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>" for i, row in enumerate(rows))
+    body = "".join(
+        ("<tr class=differs>" if marks and marks[i] else "<tr>")
+        + "".join(f"<td>{html.escape(c)}</td>" for c in row)
+        + "</tr>"
+        for i, row in enumerate(rows)
+    )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -79,27 +108,59 @@ def _cell(value) -> str:
 def render(data: dict, plotly_js: str) -> str:
     """The whole report as one HTML string."""
     runs = data["runs"]
-    summary = _table(["id", "name", "project", "status", "last step", "alerts"],
-                     [[str(r["id"]), r["name"], r["project"], r["status"], _cell(r["last_step"]), str(r["alert_count"])]
-                      for r in runs])
-    alert_rows = [[str(a["run_id"]), a["kind"], a["severity"], _cell(a["step"]), _cell(a.get("layer")),
-                   str(a.get("count", 1)), a["message"]] for rid in data["alerts"] for a in data["alerts"][rid]]
-    alerts = _table(["run", "kind", "severity", "step", "layer", "count", "message"], alert_rows) if alert_rows \
+    summary = _table(
+        ["id", "name", "project", "status", "last step", "alerts"],
+        [
+            [str(r["id"]), r["name"], r["project"], r["status"], _cell(r["last_step"]), str(r["alert_count"])]
+            for r in runs
+        ],
+    )
+    alert_rows = [
+        [
+            str(a["run_id"]),
+            a["kind"],
+            a["severity"],
+            _cell(a["step"]),
+            _cell(a.get("layer")),
+            str(a.get("count", 1)),
+            a["message"],
+        ]
+        for rid in data["alerts"]
+        for a in data["alerts"][rid]
+    ]
+    alerts = (
+        _table(["run", "kind", "severity", "step", "layer", "count", "message"], alert_rows)
+        if alert_rows
         else "<p class=muted>No alerts.</p>"
+    )
     diff_rows = data["diff"]["rows"]
-    diff = _table(["config key"] + [f"{r['name']} (#{r['id']})" for r in runs],
-                  [[row["key"]] + [_cell(v) for v in row["values"]] for row in diff_rows],
-                  [row["differs"] for row in diff_rows]) if diff_rows else "<p class=muted>No config.</p>"
-    charts = "".join(f'<div class=card><h3>{html.escape(k)}</h3><div class=chart data-key="{html.escape(k)}"></div></div>'
-                     for k in data["keys"])
+    diff = (
+        _table(
+            ["config key"] + [f"{r['name']} (#{r['id']})" for r in runs],
+            [[row["key"]] + [_cell(v) for v in row["values"]] for row in diff_rows],
+            [row["differs"] for row in diff_rows],
+        )
+        if diff_rows
+        else "<p class=muted>No config.</p>"
+    )
+    charts = "".join(
+        f'<div class=card><h3>{html.escape(k)}</h3><div class=chart data-key="{html.escape(k)}"></div></div>'
+        for k in data["keys"]
+    )
     title = "gradwatch report: " + ", ".join(r["name"] for r in runs)
-    colors = {str(r["id"]): COLORS[r["id"] % len(COLORS)] for r in runs}
     names = {str(r["id"]): f"{r['name']} (#{r['id']})" for r in runs}
     return TEMPLATE.format(
-        title=html.escape(title), created=html.escape(data["created"]), summary=summary, charts=charts,
-        alerts=alerts, diff=diff, differs=len(data["diff"]["differs"]),
+        title=html.escape(title),
+        created=html.escape(data["created"]),
+        summary=summary,
+        charts=charts,
+        alerts=alerts,
+        diff=diff,
+        differs=len(data["diff"]["differs"]),
         plotly=plotly_js.replace("</script", "<\\/script"),
-        data=_script_json({"series": data["series"], "keys": data["keys"], "colors": colors, "names": names}))
+        modules=page_modules().replace("</script", "<\\/script"),
+        data=_script_json({"series": data["series"], "keys": data["keys"], "names": names}),
+    )
 
 
 def run_report(args) -> int:
@@ -112,7 +173,9 @@ def run_report(args) -> int:
     finally:
         source.close()
     Path(args.output).write_text(render(data, plotly_js().read_text(encoding="utf-8")), encoding="utf-8")
-    print(f"gradwatch: report of {len(ids)} run(s), {len(data['keys'])} charts, written to {args.output}", file=sys.stderr)
+    print(
+        f"gradwatch: report of {len(ids)} run(s), {len(data['keys'])} charts, written to {args.output}", file=sys.stderr
+    )
     return 0
 
 
@@ -134,25 +197,25 @@ tr.differs td {{ background: #fff4d6; font-weight: 600; }} .muted {{ color: #5f6
 <h2>Config ({differs} key(s) differ, highlighted)</h2>{diff}
 <script>{plotly}</script>
 <script type="application/json" id="report-data">{data}</script>
-<script>
-(function () {{
+<script type="module">
+{modules}
+// The report itself: num (the float codec), esc and colorFor come from the modules above.
+{{
   const D = JSON.parse(document.getElementById("report-data").textContent);
-  const num = (v) => (v === "NaN" ? NaN : v === "Infinity" ? Infinity : v === "-Infinity" ? -Infinity : v);
-  // Plotly reads a subset of HTML in trace names: a run named "<b>x</b>" must show as text.
-  const esc = (t) => String(t).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
+  // Plotly reads a subset of HTML in trace names: a run named "<b>x</b>" must show as text (esc).
   for (const div of document.querySelectorAll(".chart")) {{
     const key = div.dataset.key, traces = [], bad = {{ x: [], y: [], type: "scatter", mode: "markers", name: "NaN / inf",
       marker: {{ symbol: "x", size: 10, color: "#d92d20" }} }};
     for (const [id, s] of Object.entries(D.series[key] || {{}})) {{
       const values = s.values.map(num);
       traces.push({{ x: s.steps, y: values.map((v) => (v !== null && isFinite(v) ? v : null)), type: "scatter", mode: "lines",
-        name: esc(D.names[id]), line: {{ color: D.colors[id], width: 1.6 }} }});
+        name: esc(D.names[id]), line: {{ color: colorFor(id), width: 1.6 }} }});
       values.forEach((v, i) => {{ if (v !== null && !isFinite(v)) {{ bad.x.push(s.steps[i]); bad.y.push(0); }} }});
     }}
     if (bad.x.length) traces.push(bad);
     Plotly.newPlot(div, traces, {{ margin: {{ l: 50, r: 10, t: 6, b: 30 }}, showlegend: true, legend: {{ orientation: "h", y: -0.2 }},
       xaxis: {{ title: {{ text: "step" }} }} }}, {{ displaylogo: false, responsive: true }});
   }}
-}})();
+}}
 </script></body></html>
 """

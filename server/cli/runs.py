@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from gradwatch.contract import STATUSES
 from gradwatch_server.cli.source import SourceError, open_source, resolve
 
 COMMANDS = ("runs", "export", "import-tb", "report")
@@ -20,7 +21,7 @@ def add_parsers(sub) -> None:
     actions = runs.add_subparsers(dest="action", required=True)
     ls = actions.add_parser("ls", help="list runs, newest first")
     ls.add_argument("--project")
-    ls.add_argument("--status", choices=("running", "finished", "failed", "crashed", "stalled"))
+    ls.add_argument("--status", choices=STATUSES)
     ls.add_argument("--json", action="store_true", help="print the runs as JSON (the /api/runs form)")
     export.add_source_arguments(ls)
     rm = actions.add_parser("rm", help="delete runs with all their points and alerts")

@@ -72,9 +72,9 @@ class DbSource:
     """The database itself, read through ``store`` (and ``edits`` for deletes)."""
 
     def __init__(self, url: str):
-        from gradwatch_server.storage import db
+        from gradwatch_server.storage import database
 
-        self.engine = db.make_engine(url)
+        self.engine = database.make_engine(url)
 
     def _read(self, fn, *args, **kwargs):
         from gradwatch_server.storage.store import NotFound

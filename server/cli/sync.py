@@ -12,7 +12,8 @@ def sync(spool_dir: str | None = None, server: str | None = None, token: str | N
 
     Returns a process exit code: 0 when everything was delivered (or nothing was pending).
     """
-    from gradwatch import spool
+    from gradwatch.delivery import pending as delivery
+    from gradwatch.delivery import spool
     from gradwatch.protocol import DEFAULT_SERVER
 
     server = (server or os.environ.get("GRADWATCH_SERVER") or DEFAULT_SERVER).rstrip("/")
@@ -25,7 +26,7 @@ def sync(spool_dir: str | None = None, server: str | None = None, token: str | N
         return 0
     failed = 0
     for path in targets:
-        ok, run_id, why = spool.deliver(path, server, token, progress=True)  # a progress line past ~2 s
+        ok, run_id, why = delivery.deliver(path, server, token, progress=True)  # a progress line past ~2 s
         if ok:
             where = f"run {run_id} is at {server}/runs/{run_id}" if run_id is not None else "nothing left to send"
             print(f"gradwatch sync: {path.name}: delivered; {where}")
@@ -37,7 +38,7 @@ def sync(spool_dir: str | None = None, server: str | None = None, token: str | N
 
 def _targets(spool_dir: str | None) -> list[Path] | None:
     """The run spools to deliver, or None (after saying why) when the path is not usable."""
-    from gradwatch import spool
+    from gradwatch.delivery import spool
 
     if spool_dir is None:
         return spool.pending_runs(spool.default_root())

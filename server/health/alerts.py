@@ -13,10 +13,9 @@ from sqlalchemy import select, update
 
 from gradwatch.protocol import decode_float
 from gradwatch_server.health import monitor as health
+from gradwatch_server.health import registry
 from gradwatch_server.storage import db
 from gradwatch_server.storage.store import alert_dict
-
-SMALLER_IS_WORSE = ("vanishing_gradients", "zero_gradients")
 
 
 def _worse(kind: str, new: float | None, old: float | None) -> bool:
@@ -27,7 +26,7 @@ def _worse(kind: str, new: float | None, old: float | None) -> bool:
         return old is None or math.isfinite(old)
     if not math.isfinite(old):
         return False
-    return abs(new) < abs(old) if kind in SMALLER_IS_WORSE else abs(new) > abs(old)
+    return abs(new) < abs(old) if registry.smaller_is_worse(kind) else abs(new) > abs(old)
 
 
 def insert_alert(conn, run_id: int, alert: health.Alert, now: float) -> dict:

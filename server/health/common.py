@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+GLOBAL = "grad/global_norm"  # the scalar key of the global gradient norm
+GRAD_VECTOR = "grad"  # the vector key of the per-layer gradient norms
+
 
 @dataclass
 class Alert:
@@ -30,8 +33,13 @@ class Observation:
 
     step: int
     scalars: dict
-    layers: list = field(default_factory=list)      # parameter names, input to output
-    norms: list = field(default_factory=list)       # float, or None when .grad was None
+    layers: list = field(default_factory=list)  # parameter names, input to output
+    norms: list = field(default_factory=list)  # float, or None when .grad was None
+
+
+def has_grads(obs: Observation) -> bool:
+    """Whether the record carries gradient information (the records the gradient rules look at)."""
+    return GLOBAL in obs.scalars or bool(obs.norms)
 
 
 def episode(state: dict, bad: bool, cooldown: float) -> bool:

@@ -1,4 +1,8 @@
-"""Health rules on gradients: non-finite, exploding, vanishing, exactly zero and missing (None)."""
+"""Health rules on the gradient as a whole: non-finite values and exploding norms.
+
+Each rule has its per-record check and its numpy bulk check (see rule.py) here, declared in ``RULES``;
+the per-layer rules (vanishing, zero, missing) are in layers.py.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,13 @@ import math
 import statistics
 from collections import deque
 
+import numpy as np
+
 from gradwatch.protocol import is_loss_key
-from gradwatch_server.health.common import Alert, Observation, episode, fmt, names
+from gradwatch_server.health.common import GLOBAL, Alert, Observation, episode, fmt, has_grads, healthy_run, names
+from gradwatch_server.health.rule import Columns, Rule
 
 _INF = math.inf
-GLOBAL = "grad/global_norm"
-
-
-def has_grads(obs: Observation) -> bool:
-    return GLOBAL in obs.scalars or bool(obs.norms)
 
 
 def _loss_first_message(alert: Alert, loss_step: int) -> Alert:
@@ -117,152 +119,102 @@ def _largest_layer(obs: Observation) -> str | None:
     return max(finite)[1] if finite else None
 
 
-def vanishing_ratio(pairs: list) -> tuple[float, int]:
-    """(median of the first quarter's norms / median of the last quarter's, quarter size)."""
-    quarter = max(1, len(pairs) // 4)
-    early = statistics.median(v for _, v in pairs[:quarter])
-    late = statistics.median(v for _, v in pairs[-quarter:])
-    return (early / late if late > 0 else 1.0), quarter
+def flush_nonfinite(state: dict) -> list[Alert]:
+    """The alert held back for its step's loss, released because the run ended."""
+    pending = state.pop("pending", None)
+    return [pending] if pending is not None else []
 
 
-def check_vanishing_gradients(state: dict, obs: Observation, th: dict) -> list[Alert]:
-    """Early layers' gradient norms orders of magnitude below the late layers', for many steps."""
-    g = obs.scalars.get(GLOBAL)
-    # The usual case (all norms positive and finite: a finite global norm rules out NaN/inf) skips the filter.
-    if g is not None and math.isfinite(g) and None not in obs.norms and 0.0 not in obs.norms:
-        pairs = list(zip(obs.layers, obs.norms))
-    else:
-        pairs = [(n, v) for n, v in zip(obs.layers, obs.norms) if v and 0 < v < _INF]
-    if len(pairs) < 4:
-        return []
-    ratio, quarter = vanishing_ratio(pairs)
-    bad = ratio < th["vanishing_gradients.ratio"]
-    if bad:
-        state["count"] = state.get("count", 0) + 1
-        if state["count"] == 1:
-            state["start"] = obs.step
-    else:
-        state["count"] = 0
-    confirmed = bad and (state["count"] >= th["vanishing_gradients.patience"] or state.get("open"))
-    if not episode(state, confirmed, th["vanishing_gradients.cooldown"]):
-        return []
-    weakest = [n for n, _ in sorted(pairs[:quarter], key=lambda p: p[1])]
-    return [
-        Alert(
-            "vanishing_gradients",
-            state["start"],
-            ratio,
-            "warning",
-            layer=weakest[0],
-            key="grad",
-            confirmed_step=obs.step,
-            message=(
-                f"Gradients vanish towards the input: the first layers' norms are {ratio:.1e} of the last "
-                f"layers' for {state['count']} steps since step {state['start']} (weakest: "
-                f"{names(weakest, 3)}). Try ReLU-family activations instead of sigmoid/tanh, residual "
-                "connections, normalization layers, or Kaiming/Xavier initialization."
-            ),
-        )
-    ]
+# -- the same rules over a whole batch (numpy) -------------------------------------------------------------
+def _grad_rows(n, gnorm, grad) -> np.ndarray:
+    """Which records carry gradient information (the rows the gradient rules run on)."""
+    has = np.zeros(n, dtype=bool)
+    if gnorm is not None:
+        has[gnorm[0]] = True
+    if grad is not None and grad[2].shape[1] > 0:
+        has[grad[1]] = True
+    return has
 
 
-def streaks(state: dict, obs: Observation, bad, patience: float, cooldown: float, any_bad: bool) -> list:
-    """Layers whose per-step condition has just held for ``patience`` steps in a row (each reported once
-    per episode; an episode ends after ``cooldown`` good steps)."""
-    counts = state.setdefault("counts", {})  # name -> (bad steps in a row, first bad step)
-    reported = state.setdefault("reported", {})  # name -> good steps in a row since reported
-    if not any_bad and not counts and not reported:
-        return []  # the common healthy step: nothing to count, nothing to reset
-    if obs.layers != state.get("layers"):  # the layout changed (e.g. layers frozen): forget the gone ones
-        state["layers"] = list(obs.layers)
-        alive = set(obs.layers)
-        for table in (counts, reported):
-            for name in [n for n in table if n not in alive]:
-                del table[name]
-    newly = []
-    for name, v in zip(obs.layers, obs.norms):
-        if bad(v):
-            n, start = counts.get(name, (0, obs.step))
-            counts[name] = (n + 1, start)
-            if name in reported:
-                reported[name] = 0
-            elif n + 1 >= patience:
-                reported[name] = 0
-                newly.append((start, name))
-        else:
-            counts.pop(name, None)
-            if name in reported:
-                reported[name] += 1
-                if reported[name] >= cooldown:
-                    del reported[name]
-    return newly
+def bulk_nonfinite_gradients(state: dict, cols: Columns) -> bool:
+    """No gradient of the batch is NaN/inf and no alert is held: only the last loss's verdict is kept."""
+    if state.get("pending") is not None:
+        return False
+    steps, gnorm, grad = cols.steps, cols.gnorm, cols.grad
+    n = len(steps)
+    bad = np.zeros(n, dtype=bool)
+    if grad is not None:
+        _, rows, values, present = grad
+        bad[rows] = (present & ~np.isfinite(values)).any(axis=1)
+    if gnorm is not None:
+        bad[gnorm[0]] = ~np.isfinite(gnorm[1])  # a record's global norm, when there, decides alone
+    if bad.any():
+        return False
+    last, last_bad = -1, False
+    for _, rows, vals in cols.losses:
+        if len(rows):
+            r = int(rows[-1])
+            here = bool((~np.isfinite(vals[rows == r])).any())
+            if r > last:
+                last, last_bad = r, here
+            elif r == last:
+                last_bad = last_bad or here
+    if last >= 0:
+        state["loss_bad"] = int(steps[last]) if last_bad else None
+    healthy_run(state, int(_grad_rows(n, gnorm, grad).sum()), cols.th["nonfinite_gradients.cooldown"])
+    return True
 
 
-def check_zero_gradients(state: dict, obs: Observation, th: dict) -> list[Alert]:
-    """Parameters whose gradient is exactly zero for many consecutive steps (dead or disconnected)."""
-    newly = streaks(
-        state, obs, lambda v: v == 0.0, th["zero_gradients.patience"], th["zero_gradients.cooldown"], 0.0 in obs.norms
+def bulk_exploding_gradients(state: dict, cols: Columns) -> bool:
+    """No finite global norm of the batch is past the ceiling or factor x a lower bound of its baseline."""
+    th, gnorm = cols.th, cols.gnorm
+    if gnorm is None:
+        return True
+    g = gnorm[1][np.isfinite(gnorm[1])]
+    if not len(g):
+        return True
+    W, mh = int(th["exploding_gradients.window"]), th["exploding_gradients.min_history"]
+    history = state.get("history") or ()
+    old = np.asarray(list(history), dtype=np.float64)
+    if (g > th["exploding_gradients.ceiling"]).any():
+        return False
+    # A lower bound of each value's baseline (the median of its window): the least value seen so far.
+    seen = np.concatenate([old, g])
+    low = (
+        np.minimum.accumulate(seen)[len(old) - 1 : -1]
+        if len(old)
+        else np.concatenate([[np.inf], np.minimum.accumulate(g)[:-1]])
     )
-    if not newly:
-        return []
-    patience = int(th["zero_gradients.patience"])
-    if obs.scalars.get(GLOBAL) == 0.0:
-        severity, message = (
-            "critical",
-            (
-                f"The global gradient norm has been exactly 0 for {patience} steps: the loss is not connected to "
-                "the parameters. Is the loss computed from the model output? Look for .detach(), "
-                "torch.no_grad(), .item() or a multiplication by zero on the path."
-            ),
-        )
-    else:
-        severity, message = (
-            "warning",
-            (
-                f"Exactly-zero gradients for {patience}+ steps in {names([n for _, n in newly])}. Likely dead ReLUs "
-                "(try LeakyReLU/lower LR), a multiplication by zero, or a constant path."
-            ),
-        )
-    return [
-        Alert(
-            "zero_gradients",
-            min(s for s, _ in newly),
-            0.0,
-            severity,
-            layer=newly[0][1],
-            key="grad",
-            confirmed_step=obs.step,
-            message=message,
-        )
-    ]
+    sizes = np.minimum(len(old) + np.arange(len(g)), W)
+    factor = np.where(sizes < mh, th["exploding_gradients.early_factor"], th["exploding_gradients.factor"])
+    has = sizes > 0
+    if not ((low[has] > 0) & (g[has] <= factor[has] * low[has])).all():
+        return False
+    if "history" not in state:
+        state["history"] = deque(maxlen=W)
+    state["history"].extend(g[-W:].tolist())
+    healthy_run(state, len(g), th["exploding_gradients.cooldown"])
+    return True
 
 
-def check_missing_gradients(state: dict, obs: Observation, th: dict) -> list[Alert]:
-    """Parameters that require grad but get no gradient at all (.grad is None) step after step."""
-    newly = streaks(
-        state,
-        obs,
-        lambda v: v is None,
-        th["missing_gradients.patience"],
-        th["missing_gradients.cooldown"],
-        None in obs.norms,
-    )
-    if not newly:
-        return []
-    prefixes = sorted({n.rsplit(".", 1)[0] if "." in n else n for _, n in newly})
-    return [
-        Alert(
-            "missing_gradients",
-            min(s for s, _ in newly),
-            float(len(newly)),
-            "warning",
-            layer=newly[0][1],
-            key="grad",
-            confirmed_step=obs.step,
-            message=(
-                f"{len(newly)} parameter(s) get no gradient (grad is None) in modules {names(prefixes)}. "
-                "The graph is cut before them (.detach(), torch.no_grad(), .item(), numpy round-trip) or "
-                "they are unused in forward. Parameters frozen with requires_grad=False are not counted."
-            ),
-        )
-    ]
+RULES = (
+    # Not needs_grads: it also follows the losses, to release an alert held for its step's loss.
+    Rule(
+        "nonfinite",
+        "nonfinite_gradients",
+        check_nonfinite_gradients,
+        bulk_nonfinite_gradients,
+        reads=frozenset({GLOBAL}),
+        losses=True,
+        nonfinite_value=True,
+        flush=flush_nonfinite,
+    ),
+    Rule(
+        "exploding",
+        "exploding_gradients",
+        check_exploding_gradients,
+        bulk_exploding_gradients,
+        reads=frozenset({GLOBAL}),
+        needs_grads=True,
+    ),
+)

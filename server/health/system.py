@@ -1,20 +1,32 @@
-"""Health rules on the machine: CUDA memory pressure and AMP loss-scale overflow."""
+"""Health rules on the machine: CUDA memory pressure and AMP loss-scale overflow (and out-of-memory crashes).
+
+Each rule has its per-record check and its numpy bulk check (see rule.py) here, declared in ``RULES``.
+"""
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 
-from gradwatch_server.health.common import Alert, Observation, episode, fmt
+from gradwatch_server.health.common import Alert, Observation, episode, fmt, healthy_run
+from gradwatch_server.health.rule import Columns, Rule
 
 TOTAL = "memory/cuda_total"
+RESERVED = "memory/cuda_reserved"
+SCALE = "amp/scale"
 
 
-def check_memory_pressure(state: dict, obs: Observation, th: dict, total: float | None) -> list[Alert]:
+def memory_start(meta: Mapping) -> dict:
+    """The device's capacity from the run's hello, until the watcher sends it as a scalar."""
+    return {"total": meta.get("cuda_total_memory")}
+
+
+def check_memory_pressure(state: dict, obs: Observation, th: dict) -> list[Alert]:
     """CUDA memory reserved close to the device's capacity: an OOM is near."""
     if obs.scalars.get(TOTAL):  # the device's capacity, sent once by the client's watcher
         state["total"] = obs.scalars[TOTAL]
-    total = state.get("total") or total
-    reserved = obs.scalars.get("memory/cuda_reserved")
+    total = state.get("total")
+    reserved = obs.scalars.get(RESERVED)
     if reserved is None or not total:
         return []
     frac = reserved / total
@@ -26,7 +38,7 @@ def check_memory_pressure(state: dict, obs: Observation, th: dict, total: float 
             obs.step,
             reserved,
             "warning",
-            key="memory/cuda_reserved",
+            key=RESERVED,
             message=(
                 f"CUDA memory at {frac:.0%} of the device ({reserved / 2**30:.1f} of {total / 2**30:.1f} GiB) at step "
                 f"{obs.step}. To make room: smaller batch with gradient accumulation, mixed precision (torch.autocast), "
@@ -45,7 +57,7 @@ def amp_drops(state: dict, th: dict) -> deque:
 
 def check_amp_overflow(state: dict, obs: Observation, th: dict) -> list[Alert]:
     """GradScaler keeps skipping steps (loss scale keeps dropping): fp16 overflow every few steps."""
-    scale = obs.scalars.get("amp/scale")
+    scale = obs.scalars.get(SCALE)
     if scale is None:
         return []
     drops = amp_drops(state, th)  # per scaler update: the step of a skipped one (the scale dropped), else None
@@ -67,7 +79,7 @@ def check_amp_overflow(state: dict, obs: Observation, th: dict) -> list[Alert]:
             first,
             scale,
             "warning",
-            key="amp/scale",
+            key=SCALE,
             confirmed_step=obs.step,
             message=(
                 f"The AMP GradScaler skipped {skipped} of the last {len(drops)} steps (loss scale now {fmt(scale)}): "
@@ -76,3 +88,60 @@ def check_amp_overflow(state: dict, obs: Observation, th: dict) -> list[Alert]:
             ),
         )
     ]
+
+
+def out_of_memory(error: dict) -> Alert | None:
+    """A critical memory_pressure alert with the memory state when the run's exception is an OOM, else None."""
+    text = f"{error.get('exc_type')}: {error.get('message')}"[:10000]
+    if "out of memory" not in text.lower() and "OutOfMemoryError" not in text:
+        return None
+    memory = error.get("memory") or {}
+    detail = ", ".join(
+        f"{k.split('/')[-1]}={v / 2**20:.0f} MiB" for k, v in memory.items() if isinstance(v, (int, float))
+    )
+    return Alert(
+        "memory_pressure",
+        error.get("step"),
+        memory.get(RESERVED),
+        "critical",
+        key=RESERVED,
+        message=(
+            "The training process ran out of memory"
+            + (f" ({detail})" if detail else "")
+            + ". Try a smaller batch with gradient accumulation, mixed precision, activation "
+            "checkpointing, or torch.cuda.empty_cache() between phases."
+        ),
+    )
+
+
+# -- the same rules over a whole batch (numpy) -------------------------------------------------------------
+def bulk_memory_pressure(state: dict, cols: Columns) -> bool:
+    """No reserved memory of the batch reaches the fraction (a batch with the capacity: record by record)."""
+    if TOTAL in cols.scalars:
+        return False
+    reserved, total = cols.scalars.get(RESERVED), state.get("total")
+    if reserved is None or not total:
+        return True
+    frac = reserved[1] / total
+    if (frac >= cols.th["memory_pressure.fraction"]).any():
+        return False
+    healthy_run(state, len(frac), cols.th["memory_pressure.cooldown"])
+    return True
+
+
+def bulk_amp_overflow(state: dict, cols: Columns) -> bool:
+    """A batch without a loss scale leaves the rule as it was; one with a scale goes record by record."""
+    return SCALE not in cols.scalars
+
+
+RULES = (
+    Rule(
+        "memory",
+        "memory_pressure",
+        check_memory_pressure,
+        bulk_memory_pressure,
+        reads=frozenset({RESERVED, TOTAL}),
+        start=memory_start,
+    ),
+    Rule("amp", "amp_overflow", check_amp_overflow, bulk_amp_overflow, reads=frozenset({SCALE})),
+)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from sqlalchemy import select, update
 
-from gradwatch import protocol
+from gradwatch import contract, protocol
 from gradwatch_server.health import monitor as health
 from gradwatch_server.health.alerts import AlertBook
 from gradwatch_server.health.diagnose import diagnose
@@ -29,8 +29,8 @@ from gradwatch_server.storage import chunks, db, rollup
 class Limits:
     """Per-run caps (server settings), each refusal explained in the run's alerts."""
 
-    max_keys: int = 10000
-    max_layers: int = 100000
+    max_keys: int = contract.MAX_KEYS_PER_RUN
+    max_layers: int = contract.MAX_LAYERS
 
 
 @dataclass
@@ -275,10 +275,10 @@ def _apply_event(state: RunState, ev, changes: dict) -> list:
     kind = ev.get("type")
     if kind == "status":
         status = ev.get("status")
-        if status not in ("running", "finished", "failed"):
+        if status not in contract.CLIENT_STATUSES:
             raise protocol.ProtocolError(f"unknown status {status!r}")
         changes["status"] = status
-        if status in ("finished", "failed"):
+        if status in contract.CLIENT_ENDINGS:
             changes["finished_at"] = changes["updated_at"]
             return state.monitor.flush()  # an alert held for its step's loss goes out now
         return []
@@ -310,4 +310,4 @@ def _apply_event(state: RunState, ev, changes: dict) -> list:
 
 
 def _short(value) -> str | None:
-    return None if value is None else str(value)[:256]
+    return None if value is None else str(value)[: contract.MAX_KEY_LEN]

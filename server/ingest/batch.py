@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradwatch import protocol
+from gradwatch import contract, protocol
 
 
 @dataclass
@@ -83,7 +83,7 @@ def _layouts(batch: Batch, layouts) -> None:
         if not isinstance(names, list):
             batch.problems.append(f"layout of {key!r} must be a list of names")
             continue
-        batch.layouts[key] = [protocol.clean_text(n)[:256] for n in names]
+        batch.layouts[key] = [protocol.clean_text(n)[: contract.MAX_KEY_LEN] for n in names]
 
 
 def _from_columns(batch: Batch, cols) -> None:

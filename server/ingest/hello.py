@@ -10,7 +10,7 @@ import time
 
 from sqlalchemy import select, update
 
-from gradwatch import protocol
+from gradwatch import contract, protocol
 from gradwatch_server.health import monitor as health
 from gradwatch_server.health.alerts import insert_alert
 from gradwatch_server.storage import db
@@ -61,7 +61,9 @@ def _skip_lost_batches(conn, opened: dict, resume_from: int, now: float) -> None
     opened.update(acked_seq=last_lost, skipped=last_lost - first_lost + 1)
 
 
-def ensure_layouts(conn, run_id: int, layouts: dict, max_keys: int = 10000, max_layers: int = 100000) -> list[str]:
+def ensure_layouts(
+    conn, run_id: int, layouts: dict, max_keys: int = contract.MAX_KEYS_PER_RUN, max_layers: int = contract.MAX_LAYERS
+) -> list[str]:
     """Create the vector keys a hello names that this run does not have yet (within the run's limits)."""
     known = {r.key for r in conn.execute(select(db.metric_keys.c.key).where(db.metric_keys.c.run_id == run_id))}
     added = []
@@ -73,7 +75,9 @@ def ensure_layouts(conn, run_id: int, layouts: dict, max_keys: int = 10000, max_
             continue  # over a limit: left to the batches, where the refusal is reported on the run
         conn.execute(
             db.metric_keys.insert().values(
-                run_id=run_id, key=key, layers=json.dumps([protocol.clean_text(n)[:256] for n in names])
+                run_id=run_id,
+                key=key,
+                layers=json.dumps([protocol.clean_text(n)[: contract.MAX_KEY_LEN] for n in names]),
             )
         )
         added.append(key)
@@ -85,9 +89,9 @@ def _create_run(conn, info: dict, server_alerts: dict, now: float) -> dict:
     result = conn.execute(
         db.runs.insert().values(
             uid=info["uid"],
-            project=protocol.clean_text(info.get("project") or "default")[:200],
+            project=protocol.clean_text(info.get("project") or "default")[: contract.MAX_NAME_LEN],
             secret=_secret_hash(info),
-            name=protocol.clean_text(info.get("name") or info["uid"][:8])[:200],
+            name=protocol.clean_text(info.get("name") or info["uid"][:8])[: contract.MAX_NAME_LEN],
             status="running",
             created_at=now,
             updated_at=now,

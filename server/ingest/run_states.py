@@ -6,6 +6,7 @@ import time
 
 from sqlalchemy import func, select, update
 
+from gradwatch.contract import ACTIVE_STATUSES
 from gradwatch_server.health import monitor as health
 from gradwatch_server.health.alerts import AlertBook
 from gradwatch_server.storage import db
@@ -26,7 +27,7 @@ def mark_crashed(conn, cutoff: float, now: float | None = None) -> list[int]:
     seen = func.coalesce(db.runs.c.seen_at, db.runs.c.updated_at)
     rows = conn.execute(
         update(db.runs)
-        .where(db.runs.c.status.in_(("running", "stalled")), seen < cutoff)
+        .where(db.runs.c.status.in_(ACTIVE_STATUSES), seen < cutoff)
         .values(status="crashed", updated_at=now or time.time())
         .returning(db.runs.c.id)
     ).all()

@@ -17,6 +17,8 @@ import uuid
 
 from sqlalchemy import text
 
+from gradwatch_server.live.hub import encode
+
 log = logging.getLogger("gradwatch.server")
 CHANNEL = "gradwatch_live"
 MAX_PAYLOAD = 7500
@@ -43,18 +45,26 @@ class PgFanout:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def payload(self, channel, message: dict | None = None, ref: dict | None = None) -> str:
-        """The NOTIFY text: the message itself, or a reference to it (when it is too big, or given)."""
+    def payload(self, channel, message: dict | None = None, ref: dict | None = None, encoded: str | None = None) -> str:
+        """The NOTIFY text: the message itself, or a reference to it (when it is too big, or given).
+
+        ``encoded``: the message as the hub already encoded it for this process's pages, reused as is.
+        """
         if message is not None:
-            body = json.dumps({"o": self.origin, "c": channel, "m": message}, allow_nan=False)
+            head = json.dumps({"o": self.origin, "c": channel})
+            body = f'{head[:-1]}, "m": {encode(message) if encoded is None else encoded}}}'
             if len(body.encode()) <= MAX_PAYLOAD:
                 return body
             ref = reference(message)
         return json.dumps({"o": self.origin, "c": channel, "r": ref})
 
-    def send(self, conn, channel, message: dict | None = None, ref: dict | None = None) -> None:
+    def send(
+        self, conn, channel, message: dict | None = None, ref: dict | None = None, encoded: str | None = None
+    ) -> None:
         """NOTIFY the other processes (on a worker thread: a database round trip)."""
-        conn.execute(text("SELECT pg_notify(:c, :p)"), {"c": CHANNEL, "p": self.payload(channel, message, ref)})
+        conn.execute(
+            text("SELECT pg_notify(:c, :p)"), {"c": CHANNEL, "p": self.payload(channel, message, ref, encoded)}
+        )
 
     def _listen(self) -> None:
         while not self._stop.is_set():
@@ -113,12 +123,13 @@ def reference(message: dict) -> dict:
         "keys": keys,
         "lo": min(steps) if steps else None,
         "hi": max(steps) if steps else None,
+        "last_step": message.get("last_step"),
     }
 
 
-def stored_reference(run_id: int, stored: dict) -> dict:
+def stored_reference(run_id: int, stored: dict, last_step: int | None = None) -> dict:
     """A reference to a committed batch's points (ingest's ``stored``), without building the push."""
     steps = [s for _kind, s, _walls, _col in stored.values() if len(s)]
     lo = min(int(s.min()) for s in steps) if steps else None
     hi = max(int(s.max()) for s in steps) if steps else None
-    return {"type": "points", "run_id": run_id, "keys": sorted(stored), "lo": lo, "hi": hi}
+    return {"type": "points", "run_id": run_id, "keys": sorted(stored), "lo": lo, "hi": hi, "last_step": last_step}

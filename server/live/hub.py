@@ -1,24 +1,40 @@
-"""Fan-out of committed data to open browser pages (one asyncio queue per page)."""
+"""Fan-out of committed data to open browser pages (one asyncio queue per page, of text encoded once)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 
 import numpy as np
 
 from gradwatch import protocol
 
+log = logging.getLogger("gradwatch.server")
 RUNS_CHANNEL = "runs"
 QUEUE_LIMIT = 1000
 
 
+def encode(message: dict) -> str:
+    """A push as the text every page receives: strict, compact JSON (non-finite floats travel as strings)."""
+    return protocol.dumps(message)
+
+
+RESYNC = encode({"type": "resync"})
+
+
 class Hub:
-    """Channels are a run id (its points, alerts, status) or "runs" (the runs list)."""
+    """Channels are a run id (its points, alerts, status) or "runs" (the runs list).
+
+    A message is encoded to text once per publish, however many pages listen: each page's queue
+    holds the same string, and its websocket sends it as is.
+    """
 
     def __init__(self):
         self._subs: dict = {}
-        self.forward = None  # set with several server processes: also send every message to the others
+        # Set with several server processes: forward(channel, message, text) also sends every
+        # message to the others (text: the encoded message, None when no page here listens).
+        self.forward = None
 
     def has(self, channel) -> bool:
         """Whether any page listens on ``channel`` (pushes are only built for those)."""
@@ -32,6 +48,7 @@ class Hub:
         return sum(1 for queues in self._subs.values() if queues)
 
     def subscribe(self, channel) -> asyncio.Queue:
+        """A page's queue of pushes on ``channel``, each already encoded text."""
         queue: asyncio.Queue = asyncio.Queue(QUEUE_LIMIT)
         self._subs.setdefault(channel, set()).add(queue)
         return queue
@@ -41,30 +58,46 @@ class Hub:
 
     def publish(self, channel, message: dict) -> None:
         """Deliver to this process's pages, and to the other processes' (fanout.py) when there are any."""
-        self.deliver(channel, message)
+        text = self._encoded(message) if self.has(channel) else None
+        if text is not None:
+            self.deliver_text(channel, text)
         if self.forward is not None:
-            self.forward(channel, message)
+            self.forward(channel, message, text)
 
     def deliver(self, channel, message: dict) -> None:
-        """Deliver on the event loop; a page too slow to keep up is told to reload its data."""
+        """Deliver a message (from another process) to this process's pages only."""
+        if self.has(channel):
+            self.deliver_text(channel, self._encoded(message))
+
+    def deliver_text(self, channel, text: str) -> None:
+        """Deliver encoded text on the event loop; a page too slow to keep up is told to reload its data."""
         for queue in list(self._subs.get(channel, ())):
             try:
-                queue.put_nowait(message)
+                queue.put_nowait(text)
             except asyncio.QueueFull:
                 while not queue.empty():
                     queue.get_nowait()
-                queue.put_nowait({"type": "resync"})
+                queue.put_nowait(RESYNC)
+
+    @staticmethod
+    def _encoded(message: dict) -> str:
+        try:
+            return encode(message)
+        except (TypeError, ValueError) as exc:  # never let one bad push fail an ingest: pages reload instead
+            log.warning("gradwatch: a live push could not be encoded (%r); pages resync", exc)
+            return RESYNC
 
 
 LIVE_POINTS_MAX = 5000  # per key and batch; a bigger push tells the page to refetch instead
 
 
-def points_message(stored: dict) -> dict:
-    """A committed batch as the page push: scalars as lists, vectors one base64 float64 row per step."""
+def points_message(run_id: int, stored: dict, last_step: int | None) -> dict:
+    """A committed batch as the page push (docs/api.md): scalars as lists, vectors one base64 float64 row
+    per step, and the run's newest step; ``{"type": "resync"}`` when a key holds too many points."""
     series, vectors = {}, {}
     for key, (kind, steps, walls, column) in stored.items():
         if len(steps) > LIVE_POINTS_MAX:
-            return {"series": {}, "vectors": {}, "resync": True}
+            return {"type": "resync"}
         if kind == "scalar":
             series[key] = {
                 "steps": steps.tolist(),
@@ -72,8 +105,8 @@ def points_message(stored: dict) -> dict:
                 "wall_times": walls.tolist(),
             }
         else:
-            vectors[key] = {"steps": steps.tolist(), "values": [_vector_row(column, i) for i in range(len(steps))]}
-    return {"series": series, "vectors": vectors}
+            vectors[key] = {"steps": steps.tolist(), "values": _vector_rows(column)}
+    return {"type": "points", "run_id": run_id, "series": series, "vectors": vectors, "last_step": last_step}
 
 
 def _json_floats(values: np.ndarray) -> list:
@@ -82,8 +115,13 @@ def _json_floats(values: np.ndarray) -> list:
     return [protocol.encode_float(v) for v in values.tolist()]
 
 
-def _vector_row(column, i: int) -> dict:
-    out: dict = {"f64": base64.b64encode(np.ascontiguousarray(column.values[i], dtype="<f8").tobytes()).decode()}
-    if column.missing is not None and column.missing[i].any():
-        out["missing"] = np.flatnonzero(column.missing[i]).tolist()
-    return out
+def _vector_rows(column) -> list[dict]:
+    """Each step's row as {"f64": base64 little-endian float64[, "missing": [slots]]}: one conversion
+    of the whole column, then a slice of its bytes per row."""
+    raw = np.ascontiguousarray(column.values, dtype="<f8").tobytes()
+    width = column.values.shape[1] * 8
+    rows = [{"f64": base64.b64encode(raw[i : i + width]).decode()} for i in range(0, len(raw), width)]
+    if column.missing is not None:
+        for i in np.flatnonzero(column.missing.any(axis=1)).tolist():
+            rows[i]["missing"] = np.flatnonzero(column.missing[i]).tolist()
+    return rows

@@ -1,4 +1,4 @@
-"""Database schema and engine (SQLAlchemy Core; SQLite by default, PostgreSQL compatible).
+"""Database schema (SQLAlchemy Core; SQLite by default, PostgreSQL compatible); the engine is database.py's.
 
 Storage notes (the measurements behind them are in docs/storage.md):
 - ``chunks`` holds a key's points in blocks: one row per key per up to ``CHUNK_POINTS`` steps,
@@ -15,7 +15,6 @@ Storage notes (the measurements behind them are in docs/storage.md):
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 from sqlalchemy import (
     BigInteger,
@@ -30,10 +29,9 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
-    create_engine,
-    event,
 )
-from sqlalchemy.engine import Engine
+
+from gradwatch.contract import MAX_KEY_LEN, MAX_NAME_LEN
 
 metadata = MetaData()
 
@@ -43,8 +41,8 @@ runs = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("uid", String(64), nullable=False, unique=True),
     Column("secret", String(64)),  # sha256 of the client's per-run secret: only that client may resume the run
-    Column("project", String(200), nullable=False, index=True),
-    Column("name", String(200), nullable=False),
+    Column("project", String(MAX_NAME_LEN), nullable=False, index=True),
+    Column("name", String(MAX_NAME_LEN), nullable=False),
     Column("status", String(16), nullable=False),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),  # the last data (or status change)
@@ -65,7 +63,7 @@ metric_keys = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
-    Column("key", String(256), nullable=False),
+    Column("key", String(MAX_KEY_LEN), nullable=False),
     Column("layers", Text),  # JSON list of slot names for vector keys, NULL for scalars
     UniqueConstraint("run_id", "key", name="uq_metric_keys_run_key"),
 )
@@ -106,62 +104,14 @@ alerts = Table(
     Column("last_step", BigInteger),  # the latest step it recurred at
     Column("confirmed_step", BigInteger),  # where the rule became sure (after its patience)
     Column("count", Integer, nullable=False, default=1, server_default="1"),  # times it fired (recurrences merge)
-    Column("key", String(256)),
-    Column("layer", String(256)),
+    Column("key", String(MAX_KEY_LEN)),
+    Column("layer", String(MAX_KEY_LEN)),
     Column("value", Float),
     Column("severity", String(16), nullable=False),
     Column("message", Text, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float),
 )
-
-
-SYNCHRONOUS = ("full", "normal")
-
-
-def make_engine(url: str, synchronous: str = "full") -> Engine:
-    """Create the engine and the tables; SQLite gets WAL mode and a busy timeout.
-
-    ``synchronous="full"``: every commit reaches the disk before the batch is acked, so an ack
-    survives a power loss or kernel crash; "normal" survives a crash of the server process only
-    (the cost is measured in docs/storage.md).
-    """
-    if synchronous not in SYNCHRONOUS:
-        raise ValueError(f"synchronous must be one of {SYNCHRONOUS}, got {synchronous!r}")
-    if url.startswith("sqlite"):
-        path = url.split("///", 1)[1] if "///" in url else ""
-        if path and path != ":memory:":
-            Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-
-        @event.listens_for(engine, "connect")
-        def _pragmas(dbapi_conn, _record):
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute(f"PRAGMA synchronous={synchronous.upper()}")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.close()
-    else:
-        driver_url = _postgres_driver(url)
-        # psycopg2 runs an UPDATE executemany as one round trip per row; batch them (the rollup
-        # recounts of a batch are hundreds of rows). INSERTs are multi-row VALUES either way.
-        extra = {"executemany_mode": "values_plus_batch"} if driver_url.startswith("postgresql+psycopg2") else {}
-        engine = create_engine(driver_url, pool_pre_ping=True, **extra)
-    from gradwatch_server.storage.migrate import upgrade
-
-    upgrade(engine)
-    return engine
-
-
-def _postgres_driver(url: str) -> str:
-    """Plain postgresql:// uses whichever driver is installed (psycopg 3, else psycopg2)."""
-    if not url.startswith(("postgresql://", "postgres://")):
-        return url
-    import importlib.util
-
-    rest = url.split("://", 1)[1]
-    driver = "psycopg" if importlib.util.find_spec("psycopg") else "psycopg2"
-    return f"postgresql+{driver}://{rest}"
 
 
 def to_db_float(value: float) -> float | None:

@@ -7,6 +7,7 @@ import json
 from sqlalchemy import delete, select, update
 
 from gradwatch import protocol
+from gradwatch.contract import MAX_NAME_LEN
 from gradwatch_server.storage import chunks, db
 from gradwatch_server.storage.store import NotFound
 
@@ -24,8 +25,8 @@ def check_changes(body: dict) -> dict:
             raise ValueError(f"{field} is not valid Unicode text (it holds a lone surrogate)")
     changes = {}
     if "name" in body:
-        if not isinstance(body["name"], str) or not body["name"].strip() or len(body["name"]) > 200:
-            raise ValueError("name must be a non-empty string of at most 200 characters")
+        if not isinstance(body["name"], str) or not body["name"].strip() or len(body["name"]) > MAX_NAME_LEN:
+            raise ValueError(f"name must be a non-empty string of at most {MAX_NAME_LEN} characters")
         changes["name"] = body["name"].strip()
     if "tags" in body:
         tags = body["tags"]

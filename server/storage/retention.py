@@ -18,12 +18,13 @@ from dataclasses import dataclass
 
 from sqlalchemy import delete, func, select, text
 
-from gradwatch_server.storage import db, edits
+from gradwatch.contract import ACTIVE_STATUSES
+from gradwatch_server.storage import database, db, edits
 from gradwatch_server.storage.store import NotFound
 
 log = logging.getLogger("gradwatch.server")
 
-ACTIVE = ("running", "stalled")  # never collected: a training job may still be writing to them
+ACTIVE = ACTIVE_STATUSES  # never collected: a training job may still be writing to them
 # One slice, measured on SQLite (benchmarks/bench_retention.py), takes a few ms: 32 chunk rows
 # (up to 2,048 values each, ~48 KiB) or rollup rows holding ~32k slot summaries (a rollup row
 # keeps ~64 bytes per slot: tiny for a scalar, ~19 KiB for a 300-layer vector).
@@ -103,9 +104,8 @@ def _points(conn, run_ids: list[int]) -> dict:
 
 
 # -- deleting one run in slices (every function taking ``conn`` runs on the writer thread) ------------
-def _begin(conn, states: dict, run_id: int, policy: Policy | None) -> list[tuple[int, int]] | None:
+def _begin(conn, run_id: int, policy: Policy | None) -> list[tuple[int, int]] | None:
     """The run's (key id, slots), or None when it no longer matches the policy; NotFound when gone."""
-    states.pop(run_id, None)  # its cached ingest state must not outlive the rows being deleted
     r = db.runs.c
     row = conn.execute(select(r.status, r.updated_at, r.tags).where(r.id == run_id)).first()
     if row is None:
@@ -119,9 +119,8 @@ def _begin(conn, states: dict, run_id: int, policy: Policy | None) -> list[tuple
     ]
 
 
-def _chunk_slice(conn, states: dict, run_id: int, keys: list[tuple[int, int]], limit: int) -> list[int]:
+def _chunk_slice(conn, run_id: int, keys: list[tuple[int, int]], limit: int) -> list[int]:
     """Delete up to ``limit`` chunk rows of these keys; the keys found empty."""
-    states.pop(run_id, None)
     c = db.chunks.c
     deleted, emptied = 0, []
     for key_id, _slots in keys:
@@ -137,9 +136,8 @@ def _chunk_slice(conn, states: dict, run_id: int, keys: list[tuple[int, int]], l
     return emptied
 
 
-def _rollup_slice(conn, states: dict, run_id: int, keys: list[tuple[int, int]], budget: int) -> list[int]:
+def _rollup_slice(conn, run_id: int, keys: list[tuple[int, int]], budget: int) -> list[int]:
     """Delete rollup rows of these keys worth ``budget`` slot summaries, in index order; the keys found empty."""
-    states.pop(run_id, None)
     c = db.rollups.c
     emptied = []
     for key_id, slots in keys:
@@ -163,10 +161,17 @@ def _rollup_slice(conn, states: dict, run_id: int, keys: list[tuple[int, int]], 
     return emptied
 
 
-def _finish(conn, states: dict, run_id: int) -> None:
+def _finish(conn, run_id: int) -> None:
     """The rest (keys, alerts, the run, and any rows written since the slices began) in one small job."""
-    states.pop(run_id, None)
     edits.delete_run(conn, run_id)
+
+
+def _sliced(conn, pipeline, fn, run_id: int, *args):
+    """One slice job: the run's cached ingest state is dropped first (it must not outlive the rows
+    being deleted; a batch committed between two slices may have cached it again)."""
+    if pipeline is not None:
+        pipeline.invalidate(run_id)
+    return fn(conn, run_id, *args)
 
 
 async def delete_run_in_slices(
@@ -186,7 +191,7 @@ async def delete_run_in_slices(
     """
 
     async def job(fn, *args):
-        return await asyncio.wrap_future(services.writer.submit(fn, services.states, run_id, *args))
+        return await asyncio.wrap_future(services.writer.submit(_sliced, services.pipeline, fn, run_id, *args))
 
     keys = await job(_begin, policy)
     if keys is None:
@@ -198,12 +203,8 @@ async def delete_run_in_slices(
             left = [k for k in left if k[0] not in done]
             await asyncio.sleep(pause)  # yield: let queued ingest jobs reach the writer first
     await job(_finish)
-    hub = getattr(services, "hub", None)
-    if hub is not None:
-        from gradwatch_server.live.hub import RUNS_CHANNEL
-
-        hub.publish(RUNS_CHANNEL, {"type": "deleted", "id": run_id})
-        hub.publish(run_id, {"type": "deleted", "id": run_id})
+    if services.publisher is not None:
+        services.publisher.deleted(run_id)  # open runs lists and run pages drop it live
     return True
 
 
@@ -243,7 +244,7 @@ async def run_on_schedule(services, every: float = SCHEDULE_EVERY) -> None:
     keep_tagged = bool(getattr(services.settings, "retention_keep_tagged", True))
     while True:
         try:
-            deleted = await _one_pass(services, days * 86400, keep_tagged)
+            deleted = await one_pass(services, days * 86400, keep_tagged)
             if deleted:
                 log.warning(
                     "gradwatch: retention deleted %d run(s) not updated for %g days: %s",
@@ -260,19 +261,19 @@ async def run_on_schedule(services, every: float = SCHEDULE_EVERY) -> None:
 LOCK_KEY = 0x67776763
 
 
-async def _one_pass(services, older_than: float, keep_tagged: bool) -> list[dict]:
+async def one_pass(services, older_than: float, keep_tagged: bool) -> list[dict]:
     """One collection; with several server processes on PostgreSQL, only the one that gets the lock runs it."""
-    lock = await asyncio.to_thread(_try_lock, services.engine)
+    lock = await asyncio.to_thread(try_lock, services.engine)
     if lock is False:
         return []  # another process is collecting right now
     try:
         return await collect(services, older_than, keep_tagged)
     finally:
         if lock is not None:
-            await asyncio.to_thread(_unlock, lock)
+            await asyncio.to_thread(unlock, lock)
 
 
-def _try_lock(engine):
+def try_lock(engine):
     """None on SQLite (one process), False when another process holds the lock, else the holding connection."""
     if engine.dialect.name != "postgresql":
         return None
@@ -284,7 +285,7 @@ def _try_lock(engine):
     return False
 
 
-def _unlock(conn) -> None:
+def unlock(conn) -> None:
     try:
         conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LOCK_KEY})
         conn.commit()
@@ -295,14 +296,14 @@ def _unlock(conn) -> None:
 class Offline:
     """What ``collect`` and ``delete_run_in_slices`` need, without a server: for ``gradwatch gc``."""
 
-    hub = None
+    pipeline = None  # no ingest here: no cached run state to drop
+    publisher = None  # and no open pages to tell
 
     def __init__(self, url: str):
         from gradwatch_server.ingest.writer import Writer
 
-        self.engine = db.make_engine(url)
+        self.engine = database.make_engine(url)
         self.writer = Writer(self.engine)
-        self.states: dict = {}
 
     def read(self, fn, *args):
         with self.engine.connect() as conn:

@@ -7,8 +7,6 @@ import json
 from sqlalchemy import func, select
 
 from gradwatch import protocol
-from gradwatch_server.ingest.batch import Column
-from gradwatch_server.live import hub as live
 from gradwatch_server.storage import chunks, db, series
 
 
@@ -148,7 +146,8 @@ def get_series(
 
 
 def points_between(conn, run_id: int, keys: list[str], lo: int, hi: int) -> dict:
-    """The points of some keys between two steps, shaped like a live push (``live.points_message``)."""
+    """The points of some keys between two steps: key -> (kind, steps, walls, points), the shape of ingest's
+    ``stored`` (what ``live.hub.points_message`` turns into a push)."""
     rows = {
         r.key: r
         for r in conn.execute(
@@ -159,13 +158,8 @@ def points_between(conn, run_id: int, keys: list[str], lo: int, hi: int) -> dict
     for key, row in rows.items():
         slots = len(json.loads(row.layers)) if row.layers is not None else 1
         p = chunks.read(conn, row.id, lo, hi, slots)
-        stored[key] = (
-            "scalar" if row.layers is None else "vector",
-            p.steps,
-            p.walls,
-            Column(None, p.values, p.missing),
-        )
-    return live.points_message(stored)
+        stored[key] = ("scalar" if row.layers is None else "vector", p.steps, p.walls, p)
+    return stored
 
 
 def get_heatmap(

@@ -14,7 +14,6 @@ import logging
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
 from gradwatch import protocol
-from gradwatch_server.ingest import batch as batches
 
 router = APIRouter()
 log = logging.getLogger("gradwatch.ingest")
@@ -43,11 +42,12 @@ async def _receive(ws: WebSocket) -> str:
 async def ingest(ws: WebSocket) -> None:
     """Hello, welcome, then batches acked once committed; duplicates acked, not stored twice."""
     services = ws.app.state.services
+    pipeline = services.pipeline
     await ws.accept()
     try:
         hello = protocol.loads(await _receive(ws))
         info = protocol.check_hello(hello)
-        opened = await services.open_run(info, _resume_from(hello), protocol.hello_layouts(hello))
+        opened = await pipeline.open_run(info, _resume_from(hello), protocol.hello_layouts(hello))
     except protocol.ProtocolError as exc:
         code = protocol.CLOSE_PROTOCOL_MISMATCH if "version" in str(exc) else protocol.CLOSE_BAD_MESSAGE
         await _refuse(ws, str(exc), code)
@@ -55,10 +55,10 @@ async def ingest(ws: WebSocket) -> None:
     except WebSocketDisconnect:
         return
     run_id = opened["run_id"]
-    services.connect(run_id)
+    services.liveness.connect(run_id)
     replies: asyncio.Queue = asyncio.Queue(IN_FLIGHT)
     budget = Budget(services.settings.max_buffered_bytes)
-    answering = asyncio.ensure_future(_answer(ws, services, run_id, replies, budget))
+    answering = asyncio.ensure_future(_answer(ws, pipeline, run_id, replies, budget))
     try:
         await ws.send_text(
             protocol.dumps(
@@ -77,8 +77,8 @@ async def ingest(ws: WebSocket) -> None:
             # Past max_buffered_bytes, stop reading: the client's window waits. If the answers stop (the run
             # was deleted, the database failed a batch), stop waiting too: the connection is over.
             await _unless_done(answering, budget.take(len(text)))
-            message = await asyncio.to_thread(_decode, text) if len(text) > BIG_FRAME else _decode(text)
-            await _unless_done(answering, replies.put((message.seq, services.submit_batch(run_id, message), len(text))))
+            batch = await asyncio.to_thread(pipeline.decode, text) if len(text) > BIG_FRAME else pipeline.decode(text)
+            await _unless_done(answering, replies.put((batch.seq, pipeline.submit(run_id, batch), len(text))))
     except (WebSocketDisconnect, RuntimeError, _Over):
         pass
     except protocol.ProtocolError as exc:
@@ -86,7 +86,7 @@ async def ingest(ws: WebSocket) -> None:
         if not answering.done():
             await replies.put((None, exc, 0))
     finally:
-        services.disconnect(run_id)
+        services.liveness.disconnect(run_id)
         if not answering.done():
             await replies.put(None)
         await asyncio.gather(answering, return_exceptions=True)
@@ -102,10 +102,6 @@ async def _unless_done(answering: asyncio.Future, awaitable) -> None:
     if not waiting.done():
         waiting.cancel()
         raise _Over
-
-
-def _decode(text: str) -> batches.Batch:
-    return batches.decode(protocol.loads(text))
 
 
 def _resume_from(hello: dict) -> int | None:
@@ -131,7 +127,7 @@ class Budget:
         self._freed.set()
 
 
-async def _answer(ws: WebSocket, services, run_id: int, replies: asyncio.Queue, budget: Budget) -> None:
+async def _answer(ws: WebSocket, pipeline, run_id: int, replies: asyncio.Queue, budget: Budget) -> None:
     """Send each batch's answer in order, once the writer has dealt with it."""
     while True:
         item = await replies.get()
@@ -163,7 +159,7 @@ async def _answer(ws: WebSocket, services, run_id: int, replies: asyncio.Queue, 
                 continue
             ack = {"type": "ack", "seq": seq}
             if "duplicate" not in result:
-                services.after_batch(run_id, result)
+                pipeline.publish(run_id, result)
                 if result.get("refused"):
                     ack["refused"] = result["refused"]
             await ws.send_text(protocol.dumps(ack))

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
-from gradwatch_server.live.hub import RUNS_CHANNEL
+from gradwatch_server.live.hub import RUNS_CHANNEL, encode
 
 router = APIRouter()
 
@@ -20,14 +19,14 @@ async def _pump(ws: WebSocket, channel) -> None:
     # ends this loop at once instead of when the next send fails.
     closed = asyncio.ensure_future(_until_closed(ws))
     try:
-        await ws.send_text(json.dumps({"type": "subscribed", "channel": channel}))
+        await ws.send_text(encode({"type": "subscribed", "channel": channel}))
         while True:
             get = asyncio.ensure_future(queue.get())
             await asyncio.wait({get, closed}, return_when=asyncio.FIRST_COMPLETED)
             if closed.done():
                 get.cancel()
                 return
-            await ws.send_text(json.dumps(get.result(), allow_nan=False))
+            await ws.send_text(get.result())  # encoded once by the hub, for every page
     except (WebSocketDisconnect, RuntimeError):
         pass
     finally:

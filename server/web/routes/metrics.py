@@ -17,7 +17,7 @@ router = APIRouter()
 def gauges(services) -> dict:
     """The server's live numbers, read from what the services already hold."""
     return {
-        "connected_clients": sum(n for n in services.connected.values() if n > 0),
+        "connected_clients": services.liveness.connected_clients(),
         "writer_queue_depth": services.writer.depth(),
         "live_subscribers": services.hub.subscribers(),
         "live_channels": services.hub.channels(),

@@ -6,7 +6,9 @@ import importlib.util
 from pathlib import Path
 
 from fastapi import APIRouter, HTTPException
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
+
+from gradwatch import contract
 
 router = APIRouter()
 
@@ -53,14 +55,20 @@ def compare_page() -> FileResponse:
 @router.get("/favicon.ico", include_in_schema=False)
 def favicon() -> FileResponse:
     """Browsers ask for /favicon.ico on every page; an SVG answers (a 404 was a console error everywhere)."""
-    return FileResponse(frontend_dir() / "favicon.svg", media_type="image/svg+xml",
-                        headers={"Cache-Control": "max-age=86400"})
+    return FileResponse(
+        frontend_dir() / "favicon.svg", media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"}
+    )
 
 
 @router.get("/static/vendor/plotly.min.js", include_in_schema=False)
 def plotly() -> FileResponse:
-    return FileResponse(plotly_js(), media_type="application/javascript",
-                        headers={"Cache-Control": "max-age=86400"})
+    return FileResponse(plotly_js(), media_type="application/javascript", headers={"Cache-Control": "max-age=86400"})
+
+
+@router.get("/contract.js", include_in_schema=False)
+def contract_js() -> Response:
+    """The facts pages share with the server (statuses, alert kinds, float codec), generated from gradwatch.contract."""
+    return Response(contract.es_module(), media_type="application/javascript", headers={"Cache-Control": "no-cache"})
 
 
 @router.get("/static/{name}", include_in_schema=False)
@@ -69,5 +77,6 @@ def static(name: str) -> FileResponse:
     if path.parent != frontend_dir().resolve() or not path.is_file():
         raise HTTPException(404, "no such file")
     types = {".js": "application/javascript", ".css": "text/css", ".svg": "image/svg+xml", ".html": "text/html"}
-    return FileResponse(path, media_type=types.get(path.suffix, "application/octet-stream"),
-                        headers={"Cache-Control": "no-cache"})
+    return FileResponse(
+        path, media_type=types.get(path.suffix, "application/octet-stream"), headers={"Cache-Control": "no-cache"}
+    )

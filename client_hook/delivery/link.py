@@ -7,7 +7,7 @@ than chained, so their tracebacks (and the frames they hold) never outlive the f
 
 from __future__ import annotations
 
-from . import protocol
+from gradwatch import protocol
 
 RUN_DELETED = "run_deleted"
 

@@ -8,7 +8,10 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from . import protocol, spool
+from gradwatch import protocol
+from gradwatch.contract import OUTBOX_MEMORY_BYTES
+from gradwatch.delivery import spool
+from gradwatch.delivery.gaps import gap_alert
 
 # After a failed write (disk full, quota, file size limit) the disk is left alone this long, so a
 # full disk costs one failed write a second, never a loop of them.
@@ -24,7 +27,14 @@ class Outbox:
     the caller stops adding (and counts what it could not keep) instead of growing.
     """
 
-    def __init__(self, spool_dir: Path, max_memory_bytes: int = 32 << 20, run_info: dict | None = None):
+    def __init__(
+        self,
+        spool_dir: Path,
+        max_memory_bytes: int = OUTBOX_MEMORY_BYTES,
+        run_info: dict | None = None,
+        *,
+        resume: bool = False,
+    ):
         self.spool_dir = Path(spool_dir)
         self.max_memory_bytes = max_memory_bytes
         self.run_info = run_info  # written to run.json when the first batch goes to disk
@@ -38,6 +48,10 @@ class Outbox:
         self.disk_error: str | None = None  # the last write failure, for the user
         self.spilled_total = 0
         self.pending_records = 0
+        if resume:  # batches an earlier process left on disk: they are sent from there
+            self._disk_ready = True
+            for path in spool.batch_files(self.spool_dir):
+                self._items[int(path.stem)] = None
 
     def __len__(self) -> int:
         with self._lock:
@@ -175,25 +189,9 @@ class Outbox:
         self._dir_lock.forget()
 
     @classmethod
-    def load(cls, spool_dir: Path, max_memory_bytes: int = 32 << 20) -> Outbox:
+    def load(cls, spool_dir: Path, max_memory_bytes: int = OUTBOX_MEMORY_BYTES) -> Outbox:
         """Rebuild an outbox from batches left on disk by an earlier process (the caller locks it)."""
-        box = cls(spool_dir, max_memory_bytes)
-        box._disk_ready = True
-        for path in spool.batch_files(spool_dir):
-            box._items[int(path.stem)] = None
-        return box
-
-
-def gap_alert(records: int, first_step: int | None, last_step: int | None, why: str) -> dict:
-    """The event that tells the server (and the user) what could not be kept."""
-    where = f" (steps {first_step}-{last_step})" if first_step is not None else ""
-    return {
-        "type": "alert",
-        "kind": "data_gap",
-        "severity": "warning",
-        "step": first_step,
-        "message": f"gradwatch dropped {records} record(s){where} in the training process: {why}",
-    }
+        return cls(spool_dir, max_memory_bytes, resume=True)
 
 
 def _unlink(path: Path) -> None:

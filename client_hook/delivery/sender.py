@@ -20,11 +20,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .gaps import Gaps
-from .link import Link, LinkClosed, Refused
-from .outbox import Outbox
-from .progress import Progress
-from .values import MAX_FRAME_BYTES, TARGET_BATCH_BYTES, Encoder, item_bytes
+from gradwatch.contract import OUTBOX_MEMORY_BYTES
+from gradwatch.delivery.gaps import Gaps
+from gradwatch.delivery.link import Link, LinkClosed, Refused
+from gradwatch.delivery.outbox import Outbox
+from gradwatch.delivery.progress import Patience, Progress
+from gradwatch.values import MAX_FRAME_BYTES, TARGET_BATCH_BYTES, Encoder, item_bytes
 
 WINDOW = 8  # batches sent and not yet acked, at most (flow control)
 # An idle link sends a record at once, but not more often than this: a loop logging hundreds of
@@ -35,7 +36,6 @@ MIN_GAP = 0.02
 # ~1M steps faster than they can be encoded: ~300 MB at peak); past it records are dropped and counted.
 MAX_QUEUE_BYTES = 384 << 20
 DRAIN_ITEMS = 50000  # items encoded per pass, so acks are read between passes of a backlog
-MAX_HELD_EVENTS = 1000  # run events kept aside while the disk is full
 
 
 class Sender(threading.Thread):
@@ -53,7 +53,7 @@ class Sender(threading.Thread):
         spool_dir: Path,
         *,
         flush_interval: float = 0.2,
-        max_memory_bytes: int = 32 << 20,
+        max_memory_bytes: int = OUTBOX_MEMORY_BYTES,
         inspect: Callable | None = None,
         outbox: Outbox | None = None,
         token: str | None = None,
@@ -74,15 +74,11 @@ class Sender(threading.Thread):
         # Written by the training thread only (read here): no lock needed for plain counters.
         self._queue: collections.deque = collections.deque()
         self._put_bytes = self._put_count = self._put_records = 0
-        self._dropped = 0
-        self._drop_steps: list = [None, None]
         self._idle = False
         self.closed_for_puts = False
         # Written by this thread (or by close() once it stopped).
         self._taken_bytes = self._taken_count = self._taken_records = 0
-        self._dropped_seen = 0
-        self._gaps = Gaps()
-        self._held_events: list = []
+        self._gaps = Gaps()  # what could not be kept, and events held back (its drop() runs on the training thread)
         self._seq = self.outbox.last() or 0
         self._acked = self._sent_upto = 0
         self.acked_records = 0
@@ -102,9 +98,22 @@ class Sender(threading.Thread):
     fatal = property(lambda self: self.link.fatal)
     features = property(lambda self: self.link.features)
 
+    @property
+    def dropped(self) -> int:
+        """Records ``put`` refused because the hand-off queue was full (each reported in a data_gap alert)."""
+        return self._gaps.dropped
+
     def pending_records(self) -> int:
         """Records logged and not yet acked (queued or in the outbox)."""
-        return self._put_records - self._dropped - self.acked_records
+        return self._put_records - self._gaps.dropped - self.acked_records
+
+    def queued(self) -> int:
+        """Items handed over and not yet taken into a batch."""
+        return len(self._queue)
+
+    def unacked(self) -> int:
+        """Batches sent and not yet acked (at most ``WINDOW``)."""
+        return self._sent_upto - self._acked
 
     # -- called from the training thread ------------------------------------------------
     def put(self, item: tuple) -> None:
@@ -115,10 +124,7 @@ class Sender(threading.Thread):
         if item[0] == "rec":
             self._put_records += 1
             if self._put_bytes - self._taken_bytes + size > self.max_queue_bytes:
-                self._dropped += 1  # the sender is stuck: count it (reported as a gap), never grow
-                if self._drop_steps[0] is None:
-                    self._drop_steps[0] = item[1]
-                self._drop_steps[1] = item[1]
+                self._gaps.drop(item[1])  # the sender is stuck: count it (reported as a gap), never grow
                 return
         self._put_bytes += size
         self._put_count += 1
@@ -137,35 +143,25 @@ class Sender(threading.Thread):
         Gives up after ``patience`` s without an ack advancing, ``grace`` s without a connection,
         or ``cap`` s in all. ``progress`` prints a progress line when it takes more than ~2 s.
         """
-        start = last_progress = time.monotonic()
-        wanted, target = self._put_count, None
-        last_acked, unreachable_since, failures = self._acked, None, self.failures
+        wanted, target, failures = self._put_count, None, self.failures
+        wait = Patience(patience, grace, cap, self._acked)
         # A run's own finish counts steps; `gradwatch sync` of a spool left on disk counts batches.
         left = self.pending_records if self._put_records else lambda: len(self.outbox)
         meter = Progress(left(), "steps" if self._put_records else "batches") if progress else None
         try:
             while True:
                 self._wake.set()
-                if target is None and self._taken_count >= wanted and not self._unbatched():
+                # All taken into batches (held events and unreported gaps too): wait for the last one's ack.
+                if target is None and self._taken_count >= wanted and not self._gaps:
                     target = self._seq
                 if target is not None and self._acked >= target:
                     return True
-                if self.fatal or not self.is_alive():
-                    return False
-                now = time.monotonic()
-                if self._acked != last_acked:
-                    last_acked, last_progress = self._acked, now
                 # Unreachable: not connected although an attempt failed since we began waiting.
                 unreachable = not self.connected and self.failures > failures
-                unreachable_since = (unreachable_since or now) if unreachable else None
-                if (
-                    (unreachable_since and now - unreachable_since > grace)
-                    or now - last_progress > patience
-                    or (cap is not None and now - start > cap)
-                ):
+                if self.fatal or not self.is_alive() or wait.over(self._acked, unreachable):
                     return False
                 if meter is not None:
-                    meter.show(now - start, left())
+                    meter.show(wait.elapsed(), left())
                 time.sleep(0.01)
         finally:
             if meter is not None:
@@ -221,15 +217,15 @@ class Sender(threading.Thread):
             if self.link.conn is None:
                 # Keep the hand-off queue short (it may hold device tensors): encode and spill.
                 if self._work() and (now - self._last_drain >= self.flush_interval or self._backlog()):
-                    self._drain()
+                    self.drain()
                 self._wait(self.flush_interval)
             return
-        inflight = self._sent_upto - self._acked
+        inflight = self.unacked()
         since = now - self._last_drain
         if self._work() and ((inflight == 0 and since >= MIN_GAP) or since >= self.flush_interval or self._backlog()):
-            self._drain()
+            self.drain()
         self._send_window()
-        if self._sent_upto > self._acked:
+        if self.unacked() > 0:
             due = self._last_drain + self.flush_interval - time.monotonic() if self._queue else self.flush_interval
             self._receive(max(0.001, due))
         else:
@@ -240,12 +236,8 @@ class Sender(threading.Thread):
             else:
                 self._wait(self.flush_interval)
 
-    def _unbatched(self) -> bool:
-        """Events held back or a gap not yet reported: they still need a batch."""
-        return bool(self._held_events or self._gaps or self._dropped > self._dropped_seen)
-
     def _work(self) -> bool:
-        return bool(self._queue) or self._unbatched()
+        return bool(self._queue) or bool(self._gaps)
 
     def _backlog(self) -> bool:
         return self._put_bytes - self._taken_bytes > TARGET_BATCH_BYTES
@@ -305,7 +297,7 @@ class Sender(threading.Thread):
 
     def _send_window(self) -> None:
         """Send unsent batches while fewer than WINDOW are unacked."""
-        while self._sent_upto - self._acked < WINDOW:
+        while self.unacked() < WINDOW:
             seq = self.outbox.next_after(self._sent_upto)
             if seq is None:
                 return
@@ -345,8 +337,8 @@ class Sender(threading.Thread):
             self._acked = seq
 
     # -- encoding --------------------------------------------------------------------------
-    def _drain(self) -> None:
-        """Move queued items into numbered batches in the outbox."""
+    def drain(self) -> None:
+        """Move queued items into numbered batches in the outbox (the thread does this; a test may too)."""
         with self._drain_lock:  # close() may drain from the caller's thread while this one still runs
             self._drain_locked()
 
@@ -361,39 +353,21 @@ class Sender(threading.Thread):
             self._taken_records += item[0] == "rec"
         try:
             if self.outbox.full():  # the disk refuses writes too: count what cannot be kept, never grow
-                self._discard(items, f"disk full: {self.outbox.disk_error}")
+                self._gaps.discard(items, f"disk full: {self.outbox.disk_error}", self.encoder.layouts)
             else:
-                events, self._held_events = self._held_events + self._gap_events(), []
+                events = self._gaps.events(self.notify)
                 try:
-                    self._encode(items, events)
+                    batches = self.encoder.encode(items, self._seq + 1, self.features, events)
                 except Exception:  # one bad record must not take the others with it
-                    self._encode_each(items, events)
+                    batches = self.encoder.encode_each(items, self._seq + 1, self.features, events, self._unencodable)
+                for seq, text, records in batches:
+                    self.outbox.add(seq, text, records)
+                    self._seq = seq
         finally:
             self._taken_count += len(items)  # only now: deliver() reads _seq once this covers its items
 
-    def _encode(self, items: list, events: list) -> None:
-        for seq, text, records in self.encoder.encode(items, self._seq + 1, self.features, events):
-            self.outbox.add(seq, text, records)
-            self._seq = seq
-
-    def _encode_each(self, items: list, events: list) -> None:
-        """Encoding a drain failed: encode item by item, and count the ones that cannot be (a gap)."""
-        self._encode([], events)
-        for item in items:
-            try:
-                self._encode([item], [])
-            except Exception as exc:
-                self._discard([item], f"could not be encoded ({type(exc).__name__}: {exc})"[:300])
-                del exc
-
-    def _discard(self, items: list, why: str) -> None:
-        for item in items:
-            if item[0] == "rec":
-                self._gaps.note(1, item[1], item[1], why)
-            elif item[0] == "layout":
-                self.encoder.layouts[item[1]] = list(item[2])  # still sent in every hello
-            elif len(self._held_events) < MAX_HELD_EVENTS:
-                self._held_events.append(item[1])
+    def _unencodable(self, item: tuple, why: str) -> None:
+        self._gaps.discard([item], why, self.encoder.layouts)
 
     def _discard_all(self) -> None:
         """The run was deleted on the server: nothing of it is kept or sent any more."""
@@ -412,16 +386,6 @@ class Sender(threading.Thread):
         if kind not in self._told and not self.quiet:
             self._told.add(kind)
             print(text, file=sys.stderr, flush=True)
-
-    def _gap_events(self) -> list:
-        """Alerts for what could not be kept since the last batch (training-side drops included)."""
-        dropped = self._dropped - self._dropped_seen
-        if dropped:
-            self._dropped_seen += dropped
-            first, last = self._drop_steps
-            self._drop_steps[0] = None
-            self._gaps.note(dropped, first, last, "the sender fell behind (queue over its memory bound)")
-        return self._gaps.events(self.notify)
 
 
 def _quietly(fn) -> None:

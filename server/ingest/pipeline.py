@@ -1,0 +1,139 @@
+"""The ingest pipeline: a batch decoded, its sequence number claimed, applied, and published once committed.
+
+One object owns the writer-side cache of every run (``RunState``: key ids, chunk tails, rollups,
+the health monitor, the last committed seq). The cache lives on the writer thread; whatever
+changes a run's rows outside a batch (an edit, a deletion, a failed group commit) calls
+``invalidate`` (or ``invalidate_all``) from its own writer job, and the next batch of that run
+reloads it from the database. Nothing else touches the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from gradwatch import protocol
+from gradwatch.contract import CLIENT_ENDINGS
+from gradwatch_server.ingest import apply, hello, run_states
+from gradwatch_server.ingest.activity import Activity
+from gradwatch_server.ingest.batch import Batch, decode
+from gradwatch_server.ingest.stats import IngestStats, batch_points
+from gradwatch_server.ingest.writer import Writer
+from gradwatch_server.live.publisher import Publisher
+
+
+class Pipeline:
+    """decode -> claim -> apply (on the writer thread) -> publish (on the event loop), for every run."""
+
+    def __init__(
+        self,
+        writer: Writer,
+        publisher: Publisher,
+        activity: Activity,
+        stats: IngestStats,
+        limits: apply.Limits | None = None,
+        alert_overrides: dict | None = None,
+    ):
+        self.writer = writer
+        self.publisher = publisher
+        self.activity = activity
+        self.stats = stats
+        self.limits = limits or apply.Limits()
+        self.alert_overrides = alert_overrides or {}
+        self._states: dict[int, apply.RunState] = {}  # touched only on the writer thread
+
+    # -- the cache -----------------------------------------------------------------------------
+    def invalidate(self, run_id: int) -> None:
+        """Drop a run's cached state: its rows changed outside a batch. Call from a writer job."""
+        self._states.pop(run_id, None)
+
+    def invalidate_all(self) -> None:
+        """Drop every run's cached state (a failed group commit rolled back: caches may be ahead)."""
+        self._states.clear()
+
+    def cached(self, run_id: int) -> bool:
+        """Whether a run's state is cached (for tests and diagnostics)."""
+        return run_id in self._states
+
+    # -- a connection's hello ------------------------------------------------------------------
+    async def open_run(self, info: dict, resume_from: int | None = None, layouts: dict | None = None) -> dict:
+        """Create or resume the run of a checked hello; returns run_id and acked_seq (hello.open_run)."""
+        result = await asyncio.wrap_future(self.writer.submit(self._open, info, resume_from, layouts))
+        await self.publisher.run_changed(result["run_id"])
+        return result
+
+    def _open(self, conn, info: dict, resume_from: int | None, layouts: dict | None) -> dict:
+        result = hello.open_run(conn, info, self.alert_overrides, resume_from=resume_from)
+        added = hello.ensure_layouts(
+            conn, result["run_id"], layouts or {}, self.limits.max_keys, self.limits.max_layers
+        )
+        if result.get("skipped") or added or not result["created"]:
+            self.invalidate(result["run_id"])  # its cached seq / keys may be behind the database now
+        return result
+
+    # -- a batch -------------------------------------------------------------------------------
+    @staticmethod
+    def decode(text: str) -> Batch:
+        """A batch frame as a Batch (ProtocolError when it is not a batch at all)."""
+        return decode(protocol.loads(text))
+
+    def submit(self, run_id: int, batch: Batch) -> asyncio.Future:
+        """Queue one decoded batch for the writer (group-committed with others waiting).
+
+        The future resolves to the apply result, or to ``{"duplicate": True}``, ``{"expected": seq}``
+        (a gap) or ``{"deleted": True}`` (the run is gone); hand a stored result to ``publish``.
+        """
+        return asyncio.wrap_future(self.writer.submit(self.claim_and_apply, run_id, batch, group=True))
+
+    def claim_and_apply(self, conn, run_id: int, batch: Batch) -> dict:
+        """Store a batch if its seq is the run's next (a writer job; see ``submit`` for the results)."""
+        # Checked here, in the batch's own transaction, not per connection: after a reconnect the old
+        # and the new connection of a run (maybe on two server processes) may both hold the same
+        # batch, and only one may store it (apply.claim_seq).
+        state = self._states.get(run_id)
+        if state is None or batch.seq != state.last_seq + 1 or not apply.claim_seq(conn, run_id, batch.seq):
+            state = self._claim_uncached(conn, run_id, batch.seq)
+            if isinstance(state, dict):
+                return state
+        try:
+            result = apply.apply_batch(conn, state, batch, limits=self.limits)
+            if run_id in self.activity.stalled:
+                result["resumed"] = run_states.resume_stalled(conn, run_id)
+        except BaseException:
+            self.invalidate(run_id)  # the transaction rolls back; so must the cache
+            raise
+        if result["status"] in CLIENT_ENDINGS:
+            self.invalidate(run_id)  # release per-run state when a run ends
+        return result
+
+    def _claim_uncached(self, conn, run_id: int, seq: int) -> apply.RunState | dict:
+        """The claim when the cache is missing or behind: the run's state, reloaded, or why not to store."""
+        committed = apply.committed_seq(conn, run_id)
+        if committed is None:
+            self.invalidate(run_id)
+            return {"deleted": True}
+        if seq <= committed:
+            return {"duplicate": True}
+        if seq != committed + 1:
+            return {"expected": committed + 1}
+        if not apply.claim_seq(conn, run_id, seq):  # another process stored it meanwhile
+            committed = apply.committed_seq(conn, run_id) or 0
+            return {"duplicate": True} if seq <= committed else {"expected": committed + 1}
+        # Our cache was missing or behind (another process stored batches of this run): reload it.
+        state = self._states[run_id] = apply.load_state(conn, run_id)
+        state.last_seq = seq - 1
+        return state
+
+    def publish(self, run_id: int, result: dict) -> None:
+        """Tell open pages (and the webhook) about a stored batch, after its commit."""
+        self.stats.add(batch_points(result))
+        if result["status"] in CLIENT_ENDINGS:
+            self.activity.forget(run_id)
+        else:
+            self.activity.saw(run_id)
+        self.publisher.points(run_id, result["stored"], result["last_step"])
+        for alert in result["alerts"]:
+            self.publisher.alert(run_id, alert)
+        if result["alerts"] or result["status"] or result.get("resumed"):
+            asyncio.ensure_future(self.publisher.run_changed(run_id))
+        else:
+            self.publisher.progress(run_id, result["last_step"])

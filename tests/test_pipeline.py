@@ -1,0 +1,183 @@
+"""The ingest pipeline without HTTP: the seq claim (stored, duplicate, gap, deleted), the run cache and its
+invalidation, and the pushes it publishes (encoded once, with the run's last step)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import math
+import threading
+
+import numpy as np
+from conftest import run_async
+
+from gradwatch import protocol
+from gradwatch_server.ingest.batch import Column, decode
+from gradwatch_server.live.fanout import MAX_PAYLOAD, PgFanout
+from gradwatch_server.live.hub import points_message
+from gradwatch_server.services import Services
+from gradwatch_server.settings import Settings
+from gradwatch_server.storage import edits, retention, store
+
+
+def _batch(seq: int, steps, loss: float = 0.5):
+    records = [(s, 1000.0 + s, {"loss": loss}, {}) for s in steps]
+    return decode({"type": "batch", "seq": seq, "columns": protocol.encode_columns(records)})
+
+
+def _services(tmp_path) -> Services:
+    return Services(Settings(db=f"sqlite:///{tmp_path / 'pipeline.db'}"))
+
+
+async def _open(services: Services, uid: str = "u") -> int:
+    return (await services.pipeline.open_run({"uid": uid, "project": "p", "name": "n"}))["run_id"]
+
+
+def _loss_steps(services: Services, run_id: int) -> list:
+    return services.read(store.get_series, run_id, "loss")["steps"]
+
+
+def test_a_batch_is_claimed_once_duplicates_and_gaps_are_answered(tmp_path):
+    async def scenario():
+        services = _services(tmp_path)
+        try:
+            pipeline = services.pipeline
+            run_id = await _open(services)
+            first = await pipeline.submit(run_id, _batch(1, range(3)))
+            assert first["last_step"] == 2 and first["refused"] is None and pipeline.cached(run_id)
+            assert await pipeline.submit(run_id, _batch(1, range(3))) == {"duplicate": True}
+            assert await pipeline.submit(run_id, _batch(3, [9])) == {"expected": 2}
+            assert (await pipeline.submit(run_id, _batch(2, [3, 4])))["last_step"] == 4
+            assert _loss_steps(services, run_id) == [0, 1, 2, 3, 4]
+        finally:
+            services.close()
+
+    run_async(scenario())
+
+
+def test_an_edit_invalidates_the_run_and_the_next_batch_reloads_it(tmp_path):
+    async def scenario():
+        services = _services(tmp_path)
+        try:
+            pipeline = services.pipeline
+            run_id = await _open(services)
+            await pipeline.submit(run_id, _batch(1, range(3)))
+            await services.write(edits.update_run, run_id, {"name": "renamed"})
+            assert not pipeline.cached(run_id)
+            assert (await pipeline.submit(run_id, _batch(2, [3])))["last_step"] == 3  # reloaded, seq 1 known
+            assert pipeline.cached(run_id) and _loss_steps(services, run_id) == [0, 1, 2, 3]
+            await asyncio.wrap_future(services.writer.submit(lambda _conn: pipeline.invalidate_all()))
+            assert not pipeline.cached(run_id)
+        finally:
+            services.close()
+
+    run_async(scenario())
+
+
+def test_a_cache_behind_another_process_is_noticed_not_stored_twice(tmp_path):
+    async def scenario():
+        here, there = _services(tmp_path), _services(tmp_path)  # two server processes, one database
+        try:
+            run_id = await _open(here)
+            await here.pipeline.submit(run_id, _batch(1, [0]))
+            assert (await there.pipeline.submit(run_id, _batch(2, [1])))["last_step"] == 1
+            # This process's cache still says seq 1: the claim finds seq 2 taken.
+            assert await here.pipeline.submit(run_id, _batch(2, [1])) == {"duplicate": True}
+            assert (await here.pipeline.submit(run_id, _batch(3, [2])))["last_step"] == 2
+            assert _loss_steps(here, run_id) == [0, 1, 2]
+        finally:
+            here.close()
+            there.close()
+
+    run_async(scenario())
+
+
+def test_a_deleted_run_is_invalidated_and_its_batches_refused(tmp_path):
+    async def scenario():
+        services = _services(tmp_path)
+        try:
+            run_id = await _open(services)
+            await services.pipeline.submit(run_id, _batch(1, [0]))
+            assert await retention.delete_run_in_slices(services, run_id)
+            assert not services.pipeline.cached(run_id)
+            assert await services.pipeline.submit(run_id, _batch(2, [1])) == {"deleted": True}
+        finally:
+            services.close()
+
+    run_async(scenario())
+
+
+def test_a_failed_group_commit_drops_every_cache_and_stores_the_good_batch_once(tmp_path):
+    async def scenario():
+        services = _services(tmp_path)
+        try:
+            pipeline, writer = services.pipeline, services.writer
+            run_id = await _open(services)
+            await pipeline.submit(run_id, _batch(1, [0]))
+            assert writer.on_group_failure == pipeline.invalidate_all  # the composition root's wiring
+            failures = []
+            writer.on_group_failure = lambda: (failures.append(1), pipeline.invalidate_all())
+            hold = threading.Event()
+            writer.submit(lambda _conn: hold.wait(10))  # the writer waits: the next two form one group
+            good = pipeline.submit(run_id, _batch(2, [1]))
+
+            def bad(_conn):
+                raise RuntimeError("a batch the database refuses")
+
+            failing = asyncio.wrap_future(writer.submit(bad, group=True))
+            hold.set()
+            assert (await good)["last_step"] == 1
+            assert isinstance((await asyncio.gather(failing, return_exceptions=True))[0], RuntimeError)
+            assert failures == [1] and _loss_steps(services, run_id) == [0, 1]
+            assert await pipeline.submit(run_id, _batch(3, [2])) is not None
+            assert _loss_steps(services, run_id) == [0, 1, 2]
+        finally:
+            services.close()
+
+    run_async(scenario())
+
+
+def test_a_points_push_is_encoded_once_and_carries_the_runs_last_step(tmp_path):
+    async def scenario():
+        services = _services(tmp_path)
+        try:
+            run_id = await _open(services)
+            pages = [services.hub.subscribe(run_id) for _ in range(3)]
+            result = await services.pipeline.submit(run_id, _batch(1, [5, 2, 7], loss=math.nan))
+            services.pipeline.publish(run_id, result)
+            texts = [page.get_nowait() for page in pages]
+            return texts
+        finally:
+            services.close()
+
+    texts = run_async(scenario())
+    assert all(t is texts[0] for t in texts)  # one string for every page
+    push = json.loads(texts[0])
+    assert push["type"] == "points" and push["last_step"] == 7
+    assert push["series"]["loss"] == {
+        "steps": [5, 2, 7],
+        "values": ["NaN", "NaN", "NaN"],
+        "wall_times": [1005.0, 1002.0, 1007.0],
+    }
+
+
+def test_vector_rows_are_base64_float64_with_their_missing_slots():
+    values = np.array([[1.0, 2.0, 3.0], [4.0, math.nan, 6.0]])
+    missing = np.array([[False, False, False], [False, True, True]])
+    stored = {"grad": ("vector", np.array([3, 4]), np.array([1.0, 2.0]), Column(None, values, missing))}
+    push = points_message(1, stored, 4)
+    rows = push["vectors"]["grad"]["values"]
+    assert [np.frombuffer(base64.b64decode(r["f64"]), "<f8").tolist()[0] for r in rows] == [1.0, 4.0]
+    assert "missing" not in rows[0] and rows[1]["missing"] == [1, 2]
+    assert push["vectors"]["grad"]["steps"] == [3, 4] and push["last_step"] == 4
+
+
+def test_a_push_travels_to_other_processes_as_encoded_or_by_reference():
+    fanout = PgFanout(None, None)
+    message = {"type": "points", "run_id": 3, "series": {"loss": {"steps": [1, 2]}}, "vectors": {}, "last_step": 2}
+    note = json.loads(fanout.payload(3, message, encoded=json.dumps(message)))
+    assert note == {"o": fanout.origin, "c": 3, "m": message}
+    big = {**message, "series": {"loss": {"steps": list(range(MAX_PAYLOAD))}}}
+    ref = json.loads(fanout.payload(3, big, encoded=json.dumps(big)))["r"]
+    assert ref == {"type": "points", "run_id": 3, "keys": ["loss"], "lo": 0, "hi": MAX_PAYLOAD - 1, "last_step": 2}
