@@ -10,6 +10,8 @@
 2. CUDA memory tracking: memory/cuda_allocated, _reserved, _peak as stored by the server
    match torch.cuda's own counters at the same steps.
 3. Overhead: median step time with and without watch+log, side by side.
+4. Layer signals (update ratio, output RMS) and system metrics (NVML) stored, and their cost per sampling setting.
+   The no-sync check in 1 runs with the layer signals on (watch's default).
 Exits non-zero on any failure.
 """
 
@@ -50,6 +52,34 @@ def no_context_at_init(url: str) -> list[str]:
         print("OK   init() creates no CUDA context")
         return []
     return [f"init() initialised CUDA (stdout {out.stdout.strip()!r}, stderr {out.stderr[-300:]!r})"]
+
+
+def signals_and_system(url: str, get, model, opt, timed) -> list[str]:
+    """4. Layer signals and system metrics on the GPU: keys stored, NVML counters present, cost per setting."""
+    failures = []
+    costs = {}
+    for name, kwargs in (("no signals", {"signals": False}), ("every 1", {}), ("every 10", {"signals_every": 10})):
+        run = gradwatch.init(project="gpu", name=f"signals-{name}", server=url)
+        run.watch(model, opt, system_every=0.5, **kwargs)
+        costs[name] = timed(run)
+        run.finish(timeout=60)
+        keys = get(f"/api/runs/{run.id}/keys")
+        if name == "every 1":
+            wanted = ["update_ratio/0.weight", "act_rms/0", "perf/step_time", "system/cpu_percent"]
+            try:
+                import pynvml  # noqa: F401
+
+                wanted += ["system/gpu0/util", "system/gpu0/power_w", "system/gpu0/temperature_c"]
+            except ImportError:
+                print("     (nvidia-ml-py not installed: GPU counters not checked; pip install gradwatch[system])")
+            missing = [k for k in wanted if k not in keys]
+            if missing:
+                failures.append(f"layer signals / system metrics missing keys {missing}")
+            else:
+                print(f"OK   layer signals and system metrics stored ({', '.join(wanted)})")
+    base = costs["no signals"]
+    print("     signals cost: " + ", ".join(f"{k} {v * 1e3:.3f} ms ({v / base:.3f}x)" for k, v in costs.items()))
+    return failures
 
 
 def main() -> int:
@@ -149,6 +179,7 @@ def main() -> int:
             f"     step {plain * 1e3:.3f} ms plain, {watched * 1e3:.3f} ms watched (ratio {watched / plain:.3f}x) "
             f"on {torch.cuda.get_device_name()}"
         )
+        failures += signals_and_system(server.url, get, model, opt, timed)
         server.stop()
     for f in failures:
         print("FAIL", f)

@@ -16,12 +16,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gradwatch.api import Api
 from gradwatch.distributed import NoopRun
 from gradwatch.protocol import PROTOCOL_VERSION
 from gradwatch.run import Run, TrainingDiverged
 
 __version__ = "0.1.0"
-__all__ = ["init", "watch", "log", "finish", "lr_find", "Run", "NoopRun", "TrainingDiverged", "PROTOCOL_VERSION", "run"]
+__all__ = [
+    "Api",
+    "init",
+    "watch",
+    "log",
+    "finish",
+    "lr_find",
+    "Run",
+    "NoopRun",
+    "TrainingDiverged",
+    "PROTOCOL_VERSION",
+    "run",
+]
 
 run: Run | NoopRun | None = None
 

@@ -36,9 +36,14 @@ RULE_KINDS = (
     "missing_gradients",
     "memory_pressure",
     "amp_overflow",
+    "loss_plateau",
+    "instability_warning",
+    "throughput_drop",
 )
-SERVER_KINDS = ("data_gap", "data_refused", "stalled")  # raised by the server about the data itself
-CLIENT_KINDS = ("missing_gradients", "data_gap", "lr_suggestion")  # sent by the client as alert events
+# raised by the server about the data itself; custom_rule: a project's own rule on any metric (server/rules/)
+SERVER_KINDS = ("data_gap", "data_refused", "stalled", "custom_rule")
+# sent by the client as alert events (nan_provenance: where the first NaN/inf was born, capture/layer_signals.py)
+CLIENT_KINDS = ("missing_gradients", "data_gap", "lr_suggestion", "nan_provenance")
 ALERT_KINDS = tuple(dict.fromkeys(RULE_KINDS + SERVER_KINDS + CLIENT_KINDS))  # every kind an alert can have
 SEVERITIES = ("info", "warning", "critical")
 
@@ -51,6 +56,13 @@ MAX_STEP = (1 << 63) - 1  # steps are stored as signed 64-bit integers
 OUTBOX_MEMORY_BYTES = 32 << 20  # default memory for unacked batches before the client spools to disk
 MAX_KEYS_PER_RUN = 10000  # default: most distinct metric keys one run may create
 MAX_LAYERS = 100000  # default: most slots (layers) in one per-layer vector key
+# What one client may make the server hold or do (docs/security.md lists each and what happens past it).
+MAX_DOC_BYTES = 1 << 20  # a run's config or meta, as JSON: a bigger hello is refused
+MAX_DOC_DEPTH = 32  # nesting of a run's config or meta (a deeper hello is refused)
+MAX_TAGS = 100  # tags on one run (a hello or an edit with more is refused)
+MAX_TAG_LEN = 64  # characters in one tag
+MAX_ALERT_EVENTS_PER_BATCH = 100  # client alert events one batch may raise; the rest are refused
+MAX_ALERTS_PER_RUN = 1000  # distinct alerts one run may hold; new ones past it are refused (recurrences count on)
 
 NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
@@ -62,6 +74,19 @@ class ProtocolError(ValueError):
 def is_loss_key(key: str) -> bool:
     """Keys whose last path part mentions 'loss' are the ones watched for NaN/inf and spikes."""
     return "loss" in key.rsplit("/", 1)[-1].lower()
+
+
+# "The loss" of a run (runs list column, sparkline, last/best loss on compare): the key the run
+# declared (``init(loss_key=...)``, set by the integrations), else the first of these it logged.
+LOSS_KEYS = ("loss", "train_loss", "train/loss", "loss/train", "training_loss", "train_loss_step", "train_loss_epoch")
+
+
+def main_loss_key(keys, declared: str | None = None) -> str | None:
+    """The run's loss: ``declared`` when it logged it, else the first usual name it logged, else None."""
+    keys = set(keys)
+    if declared and declared in keys:
+        return declared
+    return next((k for k in LOSS_KEYS if k in keys), None)
 
 
 def encode_float(value: float | None) -> float | str | None:
@@ -107,6 +132,7 @@ def shared_constants() -> dict:
         "ALERT_KINDS": list(ALERT_KINDS),
         "SEVERITIES": list(SEVERITIES),
         "MAX_KEY_LEN": MAX_KEY_LEN,
+        "LOSS_KEYS": list(LOSS_KEYS),
     }
 
 
@@ -114,6 +140,11 @@ def shared_constants() -> dict:
 # so decodeFloat passes anything it does not know through unchanged instead of raising.
 _JS_FUNCTIONS = """
 export const isLossKey = (key) => key.split("/").pop().toLowerCase().includes("loss");
+export function mainLossKey(keys, declared) {
+  const have = new Set(keys);
+  if (declared && have.has(declared)) return declared;
+  return LOSS_KEYS.find((k) => have.has(k)) ?? null;
+}
 export const decodeFloat = (v) => (NONFINITE.has(v) ? NONFINITE.get(v) : v);
 export function encodeFloat(v) {
   if (typeof v !== "number" || isFinite(v)) return v;

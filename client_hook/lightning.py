@@ -22,8 +22,11 @@ class GradwatchCallback(pl.Callback):
     Records the LightningModule's hyperparameters as the config, every metric logged with
     ``self.log`` at its step (step values at each optimizer step, epoch values at epoch end),
     gradient norms per layer and global, the LR of every optimizer and memory, captured in
-    ``on_before_optimizer_step`` (after AMP unscaling, before the step). The run ends finished, or
-    failed with the exception.
+    ``on_before_optimizer_step`` (after AMP unscaling, BEFORE Lightning clips with
+    ``gradient_clip_val``; the clipped global norm goes beside it as ``grad/global_norm_clipped``).
+    The run's loss key defaults to ``train_loss`` (pass ``loss_key=`` for another name). The run
+    ends finished, or failed with the exception. Checkpoints keep the run's uid: ``fit(ckpt_path=...)``
+    on the same machine continues the same run.
 
     Args:
         project, name, config, **kwargs: passed to ``gradwatch.init`` (server, alerts, tags,
@@ -45,18 +48,30 @@ class GradwatchCallback(pl.Callback):
         **kwargs,
     ):
         super().__init__()
-        self.init_args = dict(project=project, name=name, on_nan=on_nan, **kwargs)
+        self.init_args = dict(project=project, name=name, on_nan=on_nan, **{"loss_key": "train_loss", **kwargs})
         self.extra_config = dict(config or {})
         self.watch_gradients = watch_gradients
         self.run = None
         self._watcher = None
         self._seen: dict = {}
         self._batch_step = 0
+        self._resume_uid: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
     def on_fit_start(self, trainer, pl_module) -> None:
         self._seen = {}
-        self.run = gradwatch.init(config=self._config(trainer, pl_module), **self.init_args)
+        args = dict(self.init_args)
+        if self._resume_uid and "id" not in args:  # fit(ckpt_path=...): continue the run the checkpoint came from
+            args.update(id=self._resume_uid, resume="allow")
+        self.run = gradwatch.init(config=self._config(trainer, pl_module), **args)
+        self._resume_uid = getattr(self.run, "uid", None)  # None: a NoopRun (another rank)
+
+    def state_dict(self) -> dict:
+        """Saved in every checkpoint: the run's uid, so a fit resumed from it continues the same run."""
+        return {"uid": self._resume_uid} if self._resume_uid else {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._resume_uid = state_dict.get("uid")
 
     def on_train_start(self, trainer, pl_module) -> None:
         if self.run is None or not self.watch_gradients or self.run.recorder is None:  # None: a NoopRun
@@ -99,6 +114,8 @@ class GradwatchCallback(pl.Callback):
         # Like Lightning's own loggers: step metrics go out on the batch that stepped the optimizer.
         if self.run is None or trainer.global_step == self._batch_step and pl_module.automatic_optimization:
             return
+        if self._watcher is not None and trainer.gradient_clip_val:  # the gradients the optimizer just used
+            self._watcher.record_clipped(self._batch_step)
         self._log(_fresh_metrics(trainer, True, self._seen), self._batch_step)
         if getattr(self.run, "should_stop", False):
             trainer.should_stop = True

@@ -17,6 +17,7 @@ from typing import Any
 from gradwatch import distributed, metadata, protocol, signals
 from gradwatch.contract import OUTBOX_MEMORY_BYTES
 from gradwatch.delivery import pending as delivery
+from gradwatch.delivery import resume as resuming
 from gradwatch.delivery import spool
 from gradwatch.delivery.sender import Sender
 from gradwatch.recorder import Recorder
@@ -59,6 +60,14 @@ class Run:
         max_memory_bytes: memory for unacked batches before they go to disk.
         all_ranks: in a torch.distributed job, this rank streams a run of its own, named
             ``name [rank k]`` and grouped with the other ranks' runs (see gradwatch.distributed).
+        loss_key: the key that is "the loss" of this run (runs list, compare); default: the first
+            of ``gradwatch.contract.LOSS_KEYS`` it logs. The integrations set it.
+        id: a run id of your choosing (letters, digits, - and _): the run's uid. When this machine
+            started that run before, this process continues it (same server run, steps on).
+        resume: "allow" (continue ``id``, or this project's latest run, if there is one), "must"
+            (the same, or ValueError), the server's run id (int) or the run's uid (str). Only
+            runs started on this machine can be continued: their secret is kept in
+            ``~/.cache/gradwatch/runs`` (see gradwatch.delivery.resume).
 
     Raises:
         ValueError, TypeError: bad ``on_nan``, ``alerts``, ``tags`` or ``config`` (at once, not at
@@ -83,33 +92,42 @@ class Run:
         max_memory_bytes: int = OUTBOX_MEMORY_BYTES,
         token: str | None = None,
         all_ranks: bool = False,
+        loss_key: str | None = None,
+        id: str | None = None,  # noqa: A002 - the name users know from other trackers
+        resume: str | int | bool | None = None,
     ):
         if on_nan not in ON_NAN_MODES:
             raise ValueError(f"on_nan must be one of {ON_NAN_MODES}, got {on_nan!r}")
         alerts, tags = _check_alerts(alerts), _check_tags(tags)
-        self.uid = uuid.uuid4().hex
         self.project = str(project)
+        prior = resuming.find(resume, id, self.project, name)
+        self.resumed = prior is not None
+        self.uid = prior["uid"] if prior else (resuming.check_id(id) if id is not None else uuid.uuid4().hex)
+        name = name or (prior or {}).get("name")
         self.name = str(name) if name else f"run-{self.uid[:6]}"
         job = distributed.describe(all_ranks, self.uid, self.project, self.name)
         if "group" in job:
             self.name = f"{self.name} [rank {job['rank']}]"
         self.config = dict(config or {})
+        self.loss_key = protocol.check_key(loss_key) if loss_key is not None else None
         self.on_nan = on_nan
         self.server = (server or os.environ.get("GRADWATCH_SERVER") or protocol.DEFAULT_SERVER).rstrip("/")
         self.should_stop = False
         self.diverged: tuple | None = None
         self._raise_pending: str | None = None
         self._watcher = None
+        self._optimizer_steps: int | None = None  # counted once watch() knows the optimizer
+        self._step_hook = None
         self._key_is_loss: dict[str, bool] = {}  # keys already validated -> is it a loss?
         self._pid = os.getpid()
         # The secret proves to the server that a reconnect (or `gradwatch sync` of the spool) is this run's.
         info = {
             "uid": self.uid,
-            "secret": secrets.token_hex(16),
+            "secret": prior["secret"] if prior else secrets.token_hex(16),
             "project": self.project,
             "name": self.name,
             "config": _jsonable(self.config),
-            "meta": {**metadata.collect(), **job},
+            "meta": {**metadata.collect(), **job, **({"loss_key": self.loss_key} if self.loss_key else {})},
             "alerts": alerts,
             "tags": tags,
         }
@@ -123,13 +141,18 @@ class Run:
             max_memory_bytes=max_memory_bytes,
             inspect=self._inspect_resolved,
             token=self._token,
+            start_seq=int((prior or {}).get("seq", 0)),  # a continued run numbers its batches on
         )
+        resuming.remember(self.uid, secret=info["secret"], project=self.project, name=self.name, server=self.server)
         if not spool_dir:  # once this run reaches the server, spools that older runs left behind go too
             self._sender.on_connected = lambda: delivery.deliver_pending(
                 default_spool_root(), self.server, self._token, skip=where
             )
         # What the watchers, integrations and importers record through (see gradwatch.recorder).
         self.recorder = Recorder(self._sender)
+        self._first_step = int((prior or {}).get("step", 0))  # where a continued run's steps go on from
+        if self._first_step:
+            self.recorder.claim_step(self._first_step - 1)
         self.recorder.put_event({"type": "status", "status": "running"})
         self._sender.start()
         signals.track(self)
@@ -161,7 +184,9 @@ class Run:
 
         Args:
             data: metric name -> Python number or single-value tensor (any device, any dtype).
-            step: explicit step; default is one more than the previous step (from 0).
+            step: explicit step. Default: once ``watch`` knows the optimizer, the latest optimizer
+                step (so an eval metric logged between steps does not shift later steps);
+                otherwise one more than the previous step (from 0).
 
         Raises:
             TrainingDiverged: only with on_nan="raise", once a loss is NaN/inf.
@@ -176,7 +201,19 @@ class Run:
             message, self._raise_pending = self._raise_pending, None
             raise TrainingDiverged(message)
 
-    def watch(self, model, optimizer=None, scaler=None, every: int = 1) -> Run:
+    def watch(
+        self,
+        model,
+        optimizer=None,
+        scaler=None,
+        every: int = 1,
+        *,
+        signals: bool = True,
+        signals_every: int | None = None,
+        on_nan: str | None = None,
+        batch_size: int | None = None,
+        system_every: float | None = 5.0,
+    ) -> Run:
         """Record gradient norms (global and per parameter), missing grads, LR and memory.
 
         Args:
@@ -186,16 +223,47 @@ class Run:
             scaler: a ``torch.amp.GradScaler``, to record the loss scale and skipped steps.
             every: capture every N-th step (1 = all). Norms read every gradient once, which on
                 a CPU-only run costs about one memory pass over the gradients.
+            signals: with an optimizer, also record per-layer update/weight ratios (``update_ratio``) and
+                module output RMS (``act_rms``), which the ``instability_warning`` rule reads, and name the
+                module where a NaN/inf was born (a ``nan_provenance`` alert). See docs/alerts.md.
+            signals_every: sample those signals every N-th optimizer step (default: ``every``).
+            on_nan: ``"skip"`` to skip an optimizer step whose gradients are NaN/inf (as GradScaler does),
+                so one bad batch does not poison the weights; it reads one flag per step (a device sync).
+            batch_size: samples per optimizer step, to record ``perf/samples_per_sec`` beside the step time
+                and data-loader wait (``perf/step_time``, ``perf/data_wait``) recorded with an optimizer.
+            system_every: seconds between samples of CPU, RAM, disk and network I/O (psutil) and per-GPU
+                utilisation, memory, power, temperature, clocks and ECC errors (NVML), on a background
+                thread (``pip install gradwatch[system]``; absent counters are left out). None: off.
 
         Returns:
             The run, for chaining.
         """
         from gradwatch.watcher import Watcher
 
+        if on_nan not in (None, "skip"):
+            raise ValueError(f"watch(on_nan=...) must be None or 'skip', got {on_nan!r}")
+
         if self._watcher is not None:
             self._watcher.remove()
-        self._watcher = Watcher(self.recorder, model, optimizer, scaler, every)
+        self._unhook_steps()
+        self._watcher = Watcher(
+            self.recorder, model, optimizer, scaler, every, signals, signals_every, on_nan, batch_size, system_every
+        )
+        if optimizer is not None:
+            self._optimizer_steps = self._first_step
+            self._step_hook = optimizer.register_step_post_hook(self._on_optimizer_stepped)
         return self
+
+    def _on_optimizer_stepped(self, optimizer, args, kwargs) -> None:
+        """Count optimizer steps: a ``log`` without ``step=`` belongs to the latest one."""
+        self._optimizer_steps += 1
+        self.recorder.guarded(lambda: self.recorder.claim_step(self._optimizer_steps - 1))
+
+    def _unhook_steps(self) -> None:
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
+        self._optimizer_steps = None
 
     def finish(self, status: str = "finished", timeout: float = 30.0, *, _budget: float | None = None) -> None:
         """Deliver everything to the server and mark the run ended; safe to call twice.
@@ -215,6 +283,7 @@ class Run:
         try:
             if self._watcher is not None:
                 self._watcher.remove()
+            self._unhook_steps()
             self.recorder.put_event({"type": "status", "status": status})
             sender.hurry_up()
             sender.deliver(patience=timeout, grace=3.0 if sender.ever_connected else 1.0, cap=_budget, progress=True)
@@ -222,6 +291,7 @@ class Run:
             with signals.blocked():
                 kept, lost = sender.close()
             signals.untrack(self)
+            resuming.remember(self.uid, seq=sender.last_seq, step=self.recorder.current_step(), run_id=self.id)
             self._say_what_is_left(kept, lost)
 
     def _say_what_is_left(self, kept: int, lost: int) -> None:
@@ -274,13 +344,18 @@ class Run:
             raise RuntimeError("the run is finished")
         if type(data) is not dict and not isinstance(data, Mapping):  # the ABC check alone costs ~1 us
             raise TypeError(f"log() takes a dict of metrics, got {type(data).__name__}")
-        step = self.recorder.claim_step(step)
+        if step is None and self._optimizer_steps is not None:  # the latest optimizer step, not one of its own
+            step = max(self._optimizer_steps - 1, 0)
+        else:
+            step = self.recorder.claim_step(step)
         scalars = {}
         for key, value in data.items():
             try:
                 is_loss = self._key_is_loss.get(key)
                 if is_loss is None:
-                    is_loss = self._key_is_loss[key] = protocol.is_loss_key(protocol.check_key(key))
+                    is_loss = self._key_is_loss[key] = (
+                        protocol.is_loss_key(protocol.check_key(key)) or key == self.loss_key
+                    )
                 scalars[key] = to_value(value)
             except (TypeError, ValueError, protocol.ProtocolError) as exc:
                 shown = repr(key) if len(repr(key)) <= 60 else repr(key)[:40] + "..."

@@ -18,9 +18,12 @@ DEFAULTS: dict[str, float] = {
     "loss_spike.window": 100,
     "loss_spike.min_history": 20,
     "loss_spike.cooldown": 20,  # steps back in range before a new spike episode
+    "loss_spike.min_delta": 1e-4,  # absolute floor: a rise smaller than this over the median is never a spike
     "loss_divergence.factor": 10.0,  # x above the run's first loss and its recent median
     "loss_divergence.window": 10,  # recent values whose median is the short-term reference
     "loss_divergence.cooldown": 20,  # steps back under factor x the first loss to end it
+    "loss_plateau.patience": 200,  # finite values of a loss after which it must have fallen
+    "loss_plateau.ratio": 0.99,  # ... below this x its start (medians of its first and latest values)
     "nonfinite_gradients.cooldown": 10,  # finite-gradient steps that end an episode
     "exploding_gradients.ceiling": 1000.0,  # absolute global-norm warning level
     "exploding_gradients.factor": 100.0,  # x over the rolling median of the run's own norms
@@ -28,6 +31,7 @@ DEFAULTS: dict[str, float] = {
     "exploding_gradients.window": 50,
     "exploding_gradients.min_history": 10,
     "exploding_gradients.cooldown": 20,  # healthy steps in a row that end an episode
+    "exploding_gradients.min_norm": 0.1,  # absolute floor: a global norm below this is never relatively exploding
     "vanishing_gradients.ratio": 1e-3,  # early-layer / late-layer norm ratio
     "vanishing_gradients.patience": 20,  # consecutive steps below the ratio
     "vanishing_gradients.cooldown": 20,
@@ -39,11 +43,25 @@ DEFAULTS: dict[str, float] = {
     "memory_pressure.cooldown": 20,
     "amp_overflow.skips": 5,  # skipped AMP steps ...
     "amp_overflow.window": 100,  # ... within this many scaler updates
+    "instability_warning.level": 0.1,  # median update/weight ratio (largest matrix) of the last 10 steps ...
+    "instability_warning.factor": 1.5,  # ... and that many x its median over the baseline window
+    "instability_warning.window": 100,  # baseline: this many steps, ending window/2 steps ago
+    "instability_warning.min_history": 60,  # update ratios seen before the rule may warn
+    "instability_warning.cooldown": 50,  # quiet steps that end a warning episode
+    "throughput_drop.fraction": 0.3,  # throughput this far below the run's median (step time >= median / 0.7) ...
+    "throughput_drop.patience": 20,  # ... as the median of this many steps
+    "throughput_drop.window": 200,  # the run's median step time over this many healthy steps
+    "throughput_drop.min_history": 50,  # step times seen before the rule may alert
+    "throughput_drop.cooldown": 50,  # normal-pace steps that end an episode
+    "throughput_drop.min_delta": 0.01,  # seconds: a slowdown smaller than this per step is never a drop
 }
+
+MAX_WINDOW = 1000  # most steps in any rule's window (loss_spike.window etc.; docs/security.md)
 
 # (low, high, low inclusive) for each kind of setting, by the part after the dot.
 _RANGES: dict[str, tuple[float, float, bool]] = {
-    "window": (1, 1e7, True),
+    # a window is kept and re-sorted per check: its bound is what one run may cost the server's writer
+    "window": (1, MAX_WINDOW, True),
     "min_history": (1, 1e7, True),
     "patience": (1, 1e7, True),
     "cooldown": (1, 1e7, True),
@@ -51,8 +69,11 @@ _RANGES: dict[str, tuple[float, float, bool]] = {
     "factor": (1.0, math.inf, False),
     "early_factor": (1.0, math.inf, False),
     "ceiling": (0.0, math.inf, False),
+    "min_delta": (0.0, math.inf, True),
+    "min_norm": (0.0, math.inf, True),
     "ratio": (0.0, 1.0, False),
     "fraction": (0.0, 1.0, False),
+    "level": (0.0, math.inf, False),
 }
 _INTEGERS = ("window", "min_history", "patience", "cooldown", "skips")
 

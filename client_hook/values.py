@@ -209,7 +209,9 @@ def _chunks(items: list):
     chunk, size, records = [], 0, 0
     for item in items:
         cost = item_bytes(item)
-        if chunk and (records >= MAX_BATCH_RECORDS or size + cost > TARGET_BATCH_BYTES):
+        # A new layout starts a batch: the vectors before it and after it never share one (a layer frozen mid-run).
+        new_layout = item[0] == "layout" and records
+        if chunk and (records >= MAX_BATCH_RECORDS or size + cost > TARGET_BATCH_BYTES or new_layout):
             yield chunk
             chunk, size, records = [], 0, 0
         chunk.append(item)

@@ -11,9 +11,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from gradwatch.capture.layer_signals import LayerSignals
+from gradwatch.capture.step_timer import StepTimer
+from gradwatch.capture.system_metrics import SystemMetrics
 from gradwatch.values import defer_vector
 
 GRAD_VECTOR = "grad"
+DEFAULT_SIGNALS_EVERY = 1  # update ratios and output RMS on every step (their cost: docs/alerts.md)
 
 
 class Watcher:
@@ -24,7 +28,19 @@ class Watcher:
         model, optimizer, scaler, every: see ``Run.watch``.
     """
 
-    def __init__(self, recorder, model, optimizer=None, scaler=None, every: int = 1):
+    def __init__(
+        self,
+        recorder,
+        model,
+        optimizer=None,
+        scaler=None,
+        every: int = 1,
+        signals: bool = True,
+        signals_every: int | None = None,
+        on_nan: str | None = None,
+        batch_size: int | None = None,
+        system_every: float | None = None,
+    ):
         import torch
 
         self.every = max(1, int(every))
@@ -55,6 +71,22 @@ class Watcher:
             self._hook_new_trainables()
         if scaler is not None:
             self._wrap_scaler_update(scaler)
+        # Update ratios, output RMS and NaN provenance (capture/layer_signals.py); they need the optimizer's step.
+        self.signals = None
+        if signals and optimizer is not None:
+            self.signals = LayerSignals(
+                recorder,
+                model,
+                optimizer,
+                signals_every or max(every, DEFAULT_SIGNALS_EVERY),
+                lambda: [(n, p) for n, p in self.params if p.requires_grad],
+                scaler,
+                on_nan,
+            )
+        # Step time, data-loader wait and throughput (capture/step_timer.py): host clocks, at each optimizer step.
+        self.timer = StepTimer(recorder, model, optimizer, batch_size) if optimizer is not None else None
+        # CPU, RAM, disk, network and GPU counters on a thread of their own (capture/system_metrics.py).
+        self.system = SystemMetrics(recorder, system_every) if system_every else None
 
     def _hook_new_trainables(self) -> None:
         """Without an optimizer, capture when gradients are ready: hook every trainable parameter once."""
@@ -119,6 +151,12 @@ class Watcher:
             handle.remove()
         self.handles.clear()
         self.order_handles = []
+        if self.signals is not None:
+            self.signals.remove()
+        if self.timer is not None:
+            self.timer.remove()
+        if self.system is not None:
+            self.system.stop()
         if self.scaler is not None and "update" in vars(self.scaler):
             del self.scaler.update
 

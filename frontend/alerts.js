@@ -1,5 +1,6 @@
-// A run's alerts, grouped by kind: first step, last step, how many, the first message always in view.
-import { el } from "./common.js";
+// A run's alerts as incidents (one problem: its root cause, then the consequences in step order), each
+// grouped by kind inside: first step, last step, how many, the first message always in view.
+import { el, getJSON } from "./common.js";
 
 // A repeating problem is one alert with count/last_step (older servers: one alert per occurrence),
 // and a push with an id already held is an update of that alert, not a new one.
@@ -41,8 +42,8 @@ function steps(g) {
 
 // One card per kind: kind, count, step span, the first alert's message (what started it) and,
 // when there were more, the latest one's; a button zooms every chart to the first step.
-export function renderAlerts(container, alerts, zoomTo) {
-  const cards = group(alerts).map((g) => {
+function kindCards(alerts, zoomTo) {
+  return group(alerts).map((g) => {
     const first = g.alerts[0],
       latest = g.alerts[g.alerts.length - 1];
     const where = (a) => (a.layer ? " · " + a.layer : "");
@@ -69,7 +70,139 @@ export function renderAlerts(container, alerts, zoomTo) {
         : null,
     );
   });
-  container.replaceChildren(...cards);
+}
+
+// What the server says about each incident (status, cause, story), by id; fetched per run when an
+// incident id appears that the page has not seen, then the last render is redone.
+const INCIDENTS = new Map();
+const loading = new Set();
+let lastRender = null;
+
+async function loadIncidents(runId, force = false) {
+  if (loading.has(runId) && !force) return;
+  loading.add(runId);
+  try {
+    for (const inc of await getJSON(`/api/runs/${runId}/incidents`)) INCIDENTS.set(inc.id, inc);
+  } catch {
+    /* the cards still show every alert; status and cause come with the next render */
+  } finally {
+    loading.delete(runId);
+  }
+  if (lastRender) renderAlerts(...lastRender);
+}
+
+export async function setStatus(incidentId, body) {
+  const inc = await getJSON(`/api/incidents/${incidentId}/status`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+  });
+  INCIDENTS.set(inc.id, inc);
+  if (lastRender) renderAlerts(...lastRender);
+  return inc;
+}
+
+export function statusButtons(inc, after) {
+  const act = (label, body, title) =>
+    el(
+      "button",
+      { class: "incident-" + body.status, title, onclick: () => setStatus(inc.id, body).then(after) },
+      label,
+    );
+  if (inc.id === null || inc.id < 0) return [];
+  return inc.status === "open"
+    ? [
+        act("Acknowledge", { status: "acknowledged" }, "someone is on it"),
+        act("Snooze 1 h", { status: "snoozed", minutes: 60 }, "no notifications for an hour"),
+        act("Mute", { status: "snoozed", minutes: null }, "no notifications until reopened"),
+        act("Resolve", { status: "resolved" }, "fixed; a recurrence reopens it"),
+      ]
+    : [act("Reopen", { status: "open" }, "back to open")];
+}
+
+// Alerts of one incident (the server's incident_id), incidents in order of their first alert.
+export function incidents(alerts) {
+  const by = new Map();
+  for (const a of alerts) {
+    const id = a.incident_id ?? null;
+    if (!by.has(id)) by.set(id, []);
+    by.get(id).push(a);
+  }
+  return [...by.entries()].map(([id, list]) => ({ id, alerts: list }));
+}
+
+// One card per incident: its root (the cause, with what the server found: the LR, a layer), the story in
+// step order, its status with buttons, and the per-kind cards of its alerts (expandable). Alerts from
+// before incidents (no incident_id) keep the per-kind cards.
+export function renderAlerts(container, alerts, zoomTo) {
+  lastRender = [container, alerts, zoomTo];
+  const cards = [];
+  for (const inc of incidents(alerts)) {
+    if (inc.id === null) {
+      cards.push(...kindCards(inc.alerts, zoomTo));
+      continue;
+    }
+    const known = INCIDENTS.get(inc.id);
+    if (!known || known.alerts.length !== inc.alerts.length) loadIncidents(inc.alerts[0].run_id);
+    const ordered = [...inc.alerts].sort((a, b) => (a.step ?? Infinity) - (b.step ?? Infinity) || a.id - b.id);
+    const root = known?.root ?? ordered[0];
+    const status = known?.status ?? "open";
+    const severity = ordered.some((a) => a.severity === "critical") ? "critical" : "warning";
+    const body = el("details", { class: "incident-alerts" }, el("summary", {}, ordered.length + " alerts"));
+    body.open = status === "open";
+    body.append(...kindCards(ordered, zoomTo));
+    cards.push(
+      el(
+        "div",
+        { class: "incident " + severity, "data-incident": inc.id, "data-status": status, "data-root": root.kind },
+        el(
+          "div",
+          { class: "incident-head" },
+          el("b", {}, root.kind),
+          el(
+            "span",
+            { class: "muted" },
+            root.step !== null && root.step !== undefined ? " from step " + root.step : "",
+          ),
+          el("span", { class: "status incident-status" }, status),
+          ...(known ? statusButtons(known, () => {}) : []),
+        ),
+        known?.story ? el("div", { class: "incident-story" }, known.story) : null,
+        known?.cause ? el("div", { class: "incident-cause" }, "Cause: " + known.cause) : null,
+        body,
+      ),
+    );
+  }
+  const runId = alerts.find((a) => a.incident_id !== null && a.incident_id !== undefined)?.run_id;
+  container.replaceChildren(...(runId !== undefined ? [runButtons(runId)] : []), ...cards);
+}
+
+// Per run: every incident at once (acknowledge them all, or mute the run until someone reopens).
+function runButtons(runId) {
+  const act = (label, body, title) =>
+    el(
+      "button",
+      {
+        class: "run-" + body.status,
+        title,
+        onclick: async () => {
+          await getJSON(`/api/runs/${runId}/incidents/status`, {
+            method: "POST",
+            headers: { "Content-Type": "application/json" },
+            body: JSON.stringify(body),
+          });
+          await loadIncidents(runId, true);
+        },
+      },
+      label,
+    );
+  return el(
+    "div",
+    { class: "incident-run-actions muted" },
+    "All incidents of this run: ",
+    act("Acknowledge all", { status: "acknowledged" }, "acknowledge every incident of this run"),
+    act("Mute run", { status: "snoozed", minutes: null }, "no notifications from this run until reopened"),
+  );
 }
 
 export function notify(alert, runName) {

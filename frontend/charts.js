@@ -1,5 +1,5 @@
 // Live line charts: traces per key, NaN/inf drawn as markers, alert lines, appends via extendTraces.
-import { ema, esc, extent, fmtNum, onVisible, plotLayout } from "./common.js";
+import { esc, extent, fmtNum, onVisible, plotLayout } from "./common.js";
 
 const CATCH_UP_MS = 5000; // an out-of-view chart is never more than this behind (screenshots, printing)
 
@@ -30,6 +30,46 @@ export function yAxis(seriesList, logChoice, bytes) {
     Object.assign(axis, { autorange: false, range: [v - pad, v + pad] });
   }
   return { axis, log, auto: auto && log, decades };
+}
+
+// TensorBoard's debiased EMA, restarted after a non-finite value (a NaN is no number to average),
+// and kept within the range of the raw values of its effective window (1 / (1 - weight) points):
+// once a spike has ended the smoothed line comes back with the raw one, instead of showing for
+// many steps values the loss never had there (MNIST at lr 1000: ~1e4 smoothed over a raw ~3).
+export function smooth(values, weight) {
+  const out = new Array(values.length).fill(null);
+  const span = Math.max(1, Math.ceil(1 / (1 - weight)));
+  const lo = [],
+    hi = []; // indices of the window's running min and max (monotonic queues)
+  let last = 0,
+    n = 0;
+  for (let i = 0; i < values.length; i++) {
+    const v = values[i];
+    if (v === null || !Number.isFinite(v)) {
+      last = n = lo.length = hi.length = 0;
+      continue;
+    }
+    last = last * weight + (1 - weight) * v;
+    n++;
+    while (lo.length && values[lo[lo.length - 1]] >= v) lo.pop();
+    while (hi.length && values[hi[hi.length - 1]] <= v) hi.pop();
+    lo.push(i);
+    hi.push(i);
+    while (lo[0] <= i - span) lo.shift();
+    while (hi[0] <= i - span) hi.shift();
+    out[i] = Math.min(Math.max(last / (1 - weight ** n), values[lo[0]]), values[hi[0]]);
+  }
+  return out;
+}
+
+const finiteCount = (s) => s.values.reduce((n, v) => n + (v !== null && Number.isFinite(v) ? 1 : 0), 0);
+
+// The one value of series that never change (at least 2 points, all equal), else null.
+function constantOf(entries) {
+  if (entries.length !== 1) return null;
+  const vs = entries[0].series.values;
+  if (vs.length < 2 || !vs.every((v) => v === vs[0] && Number.isFinite(v))) return null;
+  return vs[0];
 }
 
 // A line chart bound to entries {label, series, color?, t0?}. Traces are SVG "scatter", not WebGL:
@@ -78,10 +118,15 @@ export class LiveChart {
   // Full draw (first draw, axis/smoothing changes, new keys, compaction, catch-up).
   render(entries, mode) {
     if (!entries.length && this.opts.empty) return this.showEmpty();
+    const constant = this.opts.scalars ? constantOf(entries) : null;
+    if (constant !== null) return this.showValue(entries[0], constant);
     if (this.empty) {
       this.div.replaceChildren();
       this.empty = false;
+      this.div.classList.remove("scalar");
     }
+    // One point makes no line: such series are drawn as markers until they have two.
+    this.sparse = entries.some((e) => finiteCount(e.series) < 2);
     const traces = [];
     this.traceOf = {};
     const nan = {
@@ -107,18 +152,19 @@ export class LiveChart {
         x,
         y,
         type: "scatter",
-        mode: "lines",
+        mode: finiteCount(s) < 2 ? "markers" : "lines",
         name: esc(label),
         connectgaps: false,
-        line: { width: smoothing ? 1 : 1.6, color },
-        opacity: smoothing ? 0.35 : 1,
+        line: { width: smoothing ? 1.2 : 1.6, color },
+        marker: { size: 8, color },
+        opacity: smoothing ? 0.5 : 1, // the raw line stays readable under the smoothed one
         showlegend: !smoothing,
       });
       if (smoothing) {
         idx.smooth = traces.length;
         traces.push({
           x,
-          y: ema(s.values, smoothing),
+          y: smooth(s.values, smoothing),
           type: "scatter",
           mode: "lines",
           name: esc(label),
@@ -152,6 +198,21 @@ export class LiveChart {
     if (this.opts.onAxis) this.opts.onAxis(this.y);
   }
 
+  // A series that never changed: its value, not a flat line (HF's train_runtime, a constant flag).
+  showValue(entry, value) {
+    if (this.drawn) Plotly.purge(this.div);
+    const s = entry.series,
+      n = s.steps.length;
+    this.div.replaceChildren(
+      el("p", "scalar-value", fmtNum(value)),
+      el("p", "muted", `${n} points, steps ${s.steps[0]}-${s.steps[n - 1]}, all the same`),
+    );
+    this.div.classList.add("scalar");
+    this.drawn = false;
+    this.empty = true;
+    this.count();
+  }
+
   // No data for this chart (yet): say why and what records it, instead of drawing empty axes.
   showEmpty() {
     if (this.drawn) Plotly.purge(this.div);
@@ -179,7 +240,7 @@ export class LiveChart {
         }, CATCH_UP_MS);
       return;
     }
-    if (!this.drawn || mode !== this.mode || entries.map((e) => e.label).join("|") !== this.labels)
+    if (!this.drawn || this.sparse || mode !== this.mode || entries.map((e) => e.label).join("|") !== this.labels)
       return this.render(entries, mode);
     // A new value can change the axis (a constant LR starts to decay, a loss starts to diverge).
     const y = yAxis(
@@ -214,7 +275,7 @@ export class LiveChart {
       indices.push(idx.raw);
       if (idx.smooth !== undefined) {
         update.x.push(x);
-        update.y.push(ema(s.values, this.opts.smoothing()).slice(from));
+        update.y.push(smooth(s.values, this.opts.smoothing()).slice(from));
         indices.push(idx.smooth);
       }
     }
@@ -254,3 +315,5 @@ export class LiveChart {
     if (redraw && this.drawn && !this.empty) Plotly.relayout(this.div, { shapes: this.shapes });
   }
 }
+
+const el = (tag, className, text) => Object.assign(document.createElement(tag), { className, textContent: text });

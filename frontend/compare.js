@@ -4,6 +4,7 @@
 import { upsert } from "./alerts.js";
 import { LiveChart } from "./charts.js";
 import { appendPoints, colorFor, compact, el, fetchSeries, getJSON, isLossKey, live, num, throttle } from "./common.js";
+import { sweepView } from "./compare_groups.js";
 import { renderDiff, renderSummary } from "./compare_tables.js";
 
 const $ = (id) => document.getElementById(id);
@@ -12,6 +13,8 @@ const IDS = (params.get("ids") || "")
   .split(",")
   .map(Number)
   .filter((n) => n > 0);
+// A sweep (group=, or project=/where= instead of ids) is drawn by compare_groups.js.
+const SWEEP = params.has("group") || (!IDS.length && (params.has("project") || params.has("where")));
 const C = { runs: [], diff: null, keys: [], shared: [], panels: [], alerts: {}, losses: {}, nextId: 0 };
 const label = (r) => r.name + " #" + r.id;
 const t0Of = (r) => r.meta?.start_time || r.created_at; // each run's own start, for relative time
@@ -22,7 +25,7 @@ const SYSTEM = (k) =>
   k.startsWith("grad/") || k === "lr" || k.startsWith("lr/") || k.startsWith("memory/") || k.startsWith("amp/");
 const rank = (k) => (k === "loss" ? 0 : isLossKey(k) ? 1 : !SYSTEM(k) ? 2 : k === "grad/global_norm" ? 3 : 4);
 const byRank = (a, b) => rank(a) - rank(b) || (a < b ? -1 : a > b ? 1 : 0);
-const perLayer = (k) => k.startsWith("grad/") && k !== "grad/global_norm";
+const perLayer = (k) => k.startsWith("grad/") && k !== "grad/global_norm" && k !== "grad/global_norm_clipped";
 
 function syncUrl() {
   const p = new URLSearchParams({
@@ -87,6 +90,8 @@ async function load() {
   } catch (e) {
     return fail(e);
   }
+  const metricAxes = C.shared.filter((k) => !SYSTEM(k) && !isLossKey(k));
+  $("x-mode").append(...metricAxes.map((k) => el("option", { value: k }, k)));
   $("x-mode").value = params.get("x") || "step";
   $("log").checked = params.get("log") === "1";
   $("smoothing").value = params.get("smooth") || "0";
@@ -121,6 +126,20 @@ async function load() {
   };
   for (const r of C.runs) live("/ws/runs/" + r.id, (msg) => onLive(r, msg), resync);
 }
+
+// Runs compared before they logged anything: once data arrives, the metrics they share get their charts.
+const refreshKeys = throttle(
+  async () => {
+    if (C.panels.length) return;
+    const lists = await Promise.all(C.runs.map((r) => getJSON(`/api/runs/${r.id}/keys`).catch(() => [])));
+    C.keys = [...new Set(lists.flat())].sort(byRank);
+    C.shared = C.keys.filter((k) => !perLayer(k) && lists.every((ks) => ks.includes(k)));
+    if (!C.panels.length) for (const key of C.shared) addPanel(key);
+    if (C.panels.length) syncUrl();
+  },
+  1000,
+  1,
+);
 
 function fail(e) {
   $("missing").replaceChildren(
@@ -263,6 +282,7 @@ function onLive(r, msg) {
   } // the page fell behind
   if (msg.type === "points") {
     for (const pn of C.panels) onPanelPoints(pn, r, msg);
+    if (!C.panels.length) refreshKeys(); // a run that had logged nothing yet: its charts come with its data
     refreshLosses();
   } else if (msg.type === "alert") {
     C.alerts[r.id] ??= [];
@@ -313,7 +333,15 @@ const redrawAll = () => {
   for (const pn of C.panels) render(pn);
   syncUrl();
 };
-$("x-mode").addEventListener("change", redrawAll);
+$("x-mode").addEventListener("change", () => {
+  const x = $("x-mode").value;
+  if (SWEEP) return; // compare_groups.js has its own listener
+  if (["step", "wall", "relative"].includes(x)) return redrawAll();
+  // Another metric as x (tokens, samples, epoch): the server aligns the runs on it (compare_groups.js).
+  const p = new URLSearchParams({ ids: C.runs.map((r) => r.id).join(","), group: "", x, band: "none" });
+  p.set("key", C.panels[0]?.key || "loss");
+  location.href = "/compare?" + p;
+});
 $("smoothing").addEventListener("change", redrawAll);
 $("smoothing").addEventListener("input", () => {
   $("smoothing-value").textContent = Number($("smoothing").value).toFixed(2);
@@ -343,5 +371,6 @@ $("share").addEventListener("click", async () => {
     prompt("Share this link", location.href);
   }
 });
-if (IDS.length) load();
+if (SWEEP) sweepView(params, $);
+else if (IDS.length) load();
 else $("panels").replaceChildren(el("p", { class: "muted" }, "Pick runs to compare on the runs list."));

@@ -9,13 +9,21 @@ const heatMax = (a, b) => {
   return ra !== rb ? (ra > rb ? a : b) : ra === 1 ? Math.max(a, b) : a;
 };
 
+// opts: what the values are ("norm", "ratio", "RMS") and the text shown while there are none (signals.js).
+const GRAD_TEXT = {
+  what: "norm",
+  name: "per-layer gradient norms",
+  empty: "No per-layer gradient norms yet. run.watch(model) records them after every backward pass or optimizer step.",
+};
+
 export class LiveHeatmap {
-  constructor(div, runId, key, maxCols = 400) {
+  constructor(div, runId, key, maxCols = 400, opts = {}) {
     Object.assign(this, {
       div,
       runId,
       key,
       maxCols,
+      text: Object.assign({}, GRAD_TEXT, opts),
       layers: [],
       steps: [],
       cols: [],
@@ -52,7 +60,7 @@ export class LiveHeatmap {
       if (!this.loaded)
         this.showEmpty(
           this.failed
-            ? "Could not load the per-layer gradient norms: " + e.message + ". Retrying on the next update."
+            ? "Could not load the " + this.text.name + ": " + e.message + ". Retrying on the next update."
             : null,
         );
       return;
@@ -75,9 +83,7 @@ export class LiveHeatmap {
 
   // Nothing to draw: why (a failure, or no norms recorded yet and what records them).
   showEmpty(failure) {
-    const text =
-      failure ||
-      "No per-layer gradient norms yet. run.watch(model) records them after every backward pass or optimizer step.";
+    const text = failure || this.text.empty;
     this.div.replaceChildren(el("p", { class: "empty muted" + (failure ? " failed" : "") }, text));
   }
 
@@ -164,7 +170,7 @@ export class LiveHeatmap {
         z,
         colorscale: "Viridis",
         colorbar: { title: { text: "log10" } },
-        hovertemplate: "%{y} @ step %{x}" + span + "<br>norm 10^%{z:.2f}<extra></extra>",
+        hovertemplate: "%{y} @ step %{x}" + span + "<br>" + this.text.what + " 10^%{z:.2f}<extra></extra>",
       },
       {
         type: "heatmap",

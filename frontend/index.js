@@ -1,16 +1,59 @@
-// The runs list: filters, sorting, live status, alert badges, loss sparklines, selection for comparison, edits.
+// The runs list: filters (the runs language too), config and summary columns, sorting, live status, alert
+// badges, loss sparklines, selection for comparison, edits. The table's state lives in the URL.
 import { colorFor, el, fmtNum, fmtTime, getJSON, live, STATUSES, throttle } from "./common.js";
+import {
+  cell,
+  columnValue,
+  compareValues,
+  differingConfig,
+  fillPickers,
+  groupRow,
+  groupRuns,
+  header,
+  readUrl,
+  sortGroups,
+  splitColumns,
+  Window,
+  writeUrl,
+} from "./runs_table.js";
 import { sparkline } from "./sparkline.js";
 
-const state = { runs: new Map(), sort: "created_at", desc: true, selected: new Set(), sparks: new Map() };
+const url = readUrl();
+const state = {
+  runs: new Map(),
+  sort: url.sort || "created_at",
+  desc: url.desc ? url.desc === "1" : !url.sort,
+  selected: new Set(),
+  sparks: new Map(),
+  where: url.where || "",
+  cols: url.cols !== undefined ? splitColumns(url.cols) : null, // null: the config keys that differ
+  group: url.group || "", // a config key: one row per value (runs_table.groupRuns)
+};
 const $ = (id) => document.getElementById(id);
+let table = null;
 
+// One request: the runs (filtered by the where box on the server) with the summaries the columns show.
 async function load() {
-  const runs = await getJSON("/api/runs");
-  state.runs = new Map(runs.map((r) => [r.id, r]));
+  const params = new URLSearchParams();
+  const summaryCols = (state.cols || []).filter((c) => c.startsWith("summary."));
+  if (summaryCols.length) params.set("columns", summaryCols.join(","));
+  if (state.where) params.set("where", state.where);
+  let runs;
+  try {
+    runs = await getJSON("/api/runs" + (params.size ? "?" + params : ""));
+    $("where-error").textContent = "";
+    $("where-error").hidden = true;
+  } catch (e) {
+    if (e.status !== 400) throw e;
+    $("where-error").textContent = e.message; // one line that points at the column
+    $("where-error").hidden = false;
+    return;
+  }
+  state.runs = new Map(runs.map((r) => [r.id, { ...r, config_loaded: true }]));
   render();
   refreshSparks();
 }
+const reload = throttle(load, 3000, 1);
 
 // Latest loss and a small loss curve per row: one request for every listed run, at most every 3 s
 // while runs make progress.
@@ -53,10 +96,25 @@ function visible() {
   );
   const k = state.sort,
     dir = state.desc ? -1 : 1;
+  if (k.includes(".")) {
+    rows.sort((a, b) => compareValues(columnValue(a, k), columnValue(b, k), state.desc) || b.id - a.id);
+    return rows;
+  }
   rows.sort((a, b) =>
     (a[k] ?? -Infinity) > (b[k] ?? -Infinity) ? dir : (a[k] ?? -Infinity) < (b[k] ?? -Infinity) ? -dir : b.id - a.id,
   );
   return rows;
+}
+
+function columns(rows) {
+  return state.cols ?? differingConfig(rows);
+}
+
+function setColumns(cols) {
+  const needsSummaries = cols.some((c) => c.startsWith("summary.") && !(state.cols || []).includes(c));
+  state.cols = cols;
+  if (needsSummaries) load();
+  else render();
 }
 
 function renderProjects() {
@@ -70,7 +128,7 @@ function renderProjects() {
   sel.value = projects.includes(current) ? current : "";
 }
 
-function row(r) {
+function row(r, extras) {
   const box = el("input", { type: "checkbox", "aria-label": "select " + r.name });
   box.checked = state.selected.has(r.id);
   box.addEventListener("change", () => {
@@ -100,9 +158,17 @@ function row(r) {
     ),
     el("td", {}, r.project),
     el("td", {}, el("span", { class: "status " + r.status }, r.status)),
-    el("td", {}, r.alert_count ? el("span", { class: "badge", title: "alerts" }, r.alert_count) : ""),
+    el(
+      "td",
+      {},
+      r.alert_count ? el("span", { class: "badge", title: "alerts" }, r.alert_count) : "",
+      r.open_incidents
+        ? el("a", { class: "incident-count", href: "/inbox", title: "open incidents" }, r.open_incidents + " open")
+        : "",
+    ),
     el("td", {}, fmtTime(r.created_at)),
     el("td", { class: "last-step" }, r.last_step ?? ""),
+    ...extras.map((c) => cell(r, c)),
     el("td", { class: "latest-loss num" }),
     el("td", { class: "spark" }),
     el("td", {}, ...r.tags.map((t) => el("span", { class: "chip" }, t))),
@@ -142,7 +208,7 @@ function renderAttention() {
             ? "step " +
                 (a.step ?? "?") +
                 (a.layer ? " · " + a.layer : "") +
-                (r.alert_count > 1 ? " · " + r.alert_count + " alerts" : "") +
+                (r.open_incidents > 1 ? " · " + r.open_incidents + " open incidents" : "") +
                 " · "
             : "",
         ),
@@ -160,10 +226,36 @@ function render() {
   renderProjects();
   renderAttention();
   const rows = visible();
-  $("runs")
-    .querySelector("tbody")
-    .replaceChildren(...rows.map(row));
-  for (const r of rows) fillSpark(r.id);
+  const extras = columns(rows);
+  const heads = $("runs").querySelector("thead tr");
+  for (const th of heads.querySelectorAll("th.extra")) th.remove();
+  $("th-last-step").after(...extras.map((c) => header(c, (gone) => setColumns(extras.filter((x) => x !== gone)))));
+  for (const th of heads.querySelectorAll("th[data-sort]"))
+    th.setAttribute("aria-sort", th.dataset.sort === state.sort ? (state.desc ? "descending" : "ascending") : "none");
+  if (state.group) {
+    const groups = sortGroups(groupRuns(rows, state.group, extras), state.sort, state.desc);
+    table.makeRow = (g) => groupRow(g, state.group, extras, 4);
+    table.set(groups);
+  } else {
+    table.makeRow = (r) => {
+      const tr = row(r, extras);
+      queueMicrotask(() => fillSpark(r.id));
+      return tr;
+    };
+    table.set(rows);
+  }
+  $("compare-groups").hidden = !state.group;
+  writeUrl({
+    where: state.where,
+    sort: state.sort === "created_at" && state.desc ? "" : state.sort,
+    desc: state.sort === "created_at" && state.desc ? "" : state.desc ? "1" : "0",
+    cols: state.cols === null ? undefined : state.cols.join(","),
+    group: state.group,
+    q: $("f-name").value,
+    project: $("f-project").value,
+    status: $("f-status").value,
+    tag: $("f-tag").value,
+  });
   $("empty").hidden = state.runs.size > 0;
   $("count").textContent = rows.length + " of " + state.runs.size + " runs";
   updateCompare();
@@ -226,7 +318,8 @@ function scheduleRender() {
 function onLive(msg) {
   if (msg.type === "run") {
     const isNew = !state.runs.has(msg.run.id);
-    state.runs.set(msg.run.id, msg.run);
+    const old = state.runs.get(msg.run.id);
+    state.runs.set(msg.run.id, { config: {}, summary: {}, ...old, ...msg.run }); // pushes carry no config
     scheduleRender();
     if (isNew) refreshSparks();
   } else if (msg.type === "deleted") {
@@ -241,18 +334,59 @@ function onLive(msg) {
     }
     refreshSparks();
   } else if (msg.type === "resync") load();
+  // Pushes carry no config or summaries: a new run, or one under a filter or summary column, is read again.
+  const known = msg.type === "run" && state.runs.get(msg.run.id)?.config_loaded;
+  if (msg.type === "run" && (!known || state.where || (state.cols || []).some((c) => c.startsWith("summary."))))
+    reload();
 }
 
 // The status filter offers every status a run can have (one list, from /contract.js).
 $("f-status").append(...STATUSES.map((s) => el("option", {}, s)));
 for (const id of ["f-name", "f-project", "f-status", "f-tag"]) $(id).addEventListener("input", render);
-for (const th of document.querySelectorAll("th[data-sort]")) {
-  th.addEventListener("click", () => {
+$("runs")
+  .querySelector("thead")
+  .addEventListener("click", (ev) => {
+    const th = ev.target.closest("th[data-sort]");
+    if (!th) return;
     state.desc = state.sort === th.dataset.sort ? !state.desc : true;
     state.sort = th.dataset.sort;
     render();
   });
+$("f-where").value = state.where;
+$("f-where").addEventListener("keydown", (ev) => {
+  if (ev.key !== "Enter") return;
+  state.where = $("f-where").value.trim();
+  load();
+});
+$("group-by").addEventListener("change", () => {
+  state.group = $("group-by").value;
+  render();
+});
+$("compare-groups").addEventListener("click", () => {
+  const p = new URLSearchParams({ group: state.group });
+  const metric = (state.cols || []).find((c) => c.startsWith("summary."));
+  p.set("key", metric ? metric.slice(8, metric.lastIndexOf(".")) : "loss");
+  if ($("f-project").value) p.set("project", $("f-project").value);
+  const ids = visible().map((r) => r.id);
+  if (state.where) p.set("where", state.where);
+  else if (!$("f-project").value || ids.length < state.runs.size) p.set("ids", ids.join(","));
+  location.href = "/compare?" + p;
+});
+$("add-column").addEventListener("change", () => {
+  const c = $("add-column").value;
+  $("add-column").value = "";
+  const cols = columns(visible());
+  if (c && !cols.includes(c)) setColumns([...cols, c]);
+});
+for (const k of ["q", "project", "status", "tag"]) {
+  if (url[k]) {
+    const id = k === "q" ? "f-name" : "f-" + k;
+    if (k === "project") $(id).append(el("option", { value: url[k] }, url[k]));
+    $(id).value = url[k];
+  }
 }
+table = new Window($("runs").querySelector("tbody"), (r) => row(r, []));
+fillPickers($("group-by"), $("add-column"), state.group);
 $("compare").addEventListener("click", () => {
   location.href = "/compare?ids=" + [...state.selected].join(",");
 });

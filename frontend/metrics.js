@@ -4,9 +4,21 @@ import { el } from "./common.js";
 // Keys with a chart of their own elsewhere on the page: the loss chart's main key, the hook's
 // gradient norms (global and per layer), learning rates and memory.
 export const isMetric = (k) =>
-  k !== "loss" && !k.startsWith("grad/") && k !== "lr" && !k.startsWith("lr/") && !k.startsWith("memory/");
+  k !== "loss" &&
+  !k.startsWith("grad/") &&
+  k !== "lr" &&
+  !k.startsWith("lr/") &&
+  !k.startsWith("memory/") &&
+  !/^(update_ratio|act_rms)\/|^signals\/.*_argmax$/.test(k); // per-layer signals: heatmaps (signals.js)
 
-const prefixOf = (k) => (k.includes("/") ? k.slice(0, k.indexOf("/")) : "");
+// Hugging Face's bookkeeping (run time, throughput, FLOPs, epoch, tokens seen): not how training
+// goes, so it waits in a collapsed section instead of adding a dozen charts above the config.
+const BOOKKEEPING =
+  /(^|\/)(epoch|total_flos|num_input_tokens_seen|(train|eval|test|predict)_runtime|[a-z_]*_per_second)$/;
+export const isBookkeeping = (k) => BOOKKEEPING.test(k);
+const BOOK = "\u0000bookkeeping"; // no real prefix (the part of a key before "/") can be this
+
+const prefixOf = (k) => (isBookkeeping(k) ? BOOK : k.includes("/") ? k.slice(0, k.indexOf("/")) : "");
 
 // The grid of a key's prefix section ("val", "train"; unprefixed keys first, as "metrics"),
 // created in alphabetical place when the first key of that prefix shows up (live, too).
@@ -14,13 +26,30 @@ export function metricSection(container, key) {
   const prefix = prefixOf(key);
   for (const sec of container.children) if (sec.dataset.prefix === prefix) return sec.querySelector(".grid");
   const grid = el("div", { class: "grid" });
-  const sec = el(
-    "section",
-    { class: "metric-section", "data-prefix": prefix },
-    el("h2", {}, prefix ? prefix + "/" : "metrics"),
-    grid,
-  );
-  const after = [...container.children].find((s) => s.dataset.prefix > prefix);
+  const sec =
+    prefix === BOOK
+      ? el(
+          "details",
+          { class: "metric-section bookkeeping", "data-prefix": prefix },
+          el("summary", {}, "bookkeeping (run time, throughput, FLOPs, epoch)"),
+          grid,
+        )
+      : el(
+          "section",
+          { class: "metric-section", "data-prefix": prefix },
+          el("h2", {}, prefix ? prefix + "/" : "metrics"),
+          grid,
+        );
+  // Charts drawn while collapsed have no size: fit them when the section opens.
+  if (prefix === BOOK)
+    sec.addEventListener("toggle", () => {
+      for (const c of sec.querySelectorAll(".js-plotly-plot")) Plotly.Plots.resize(c);
+    });
+  // Prefix sections in alphabetical order, the bookkeeping one always last.
+  const after =
+    prefix === BOOK
+      ? null
+      : [...container.children].find((s) => s.dataset.prefix === BOOK || s.dataset.prefix > prefix);
   container.insertBefore(sec, after || null);
   return grid;
 }

@@ -16,14 +16,27 @@ import {
   throttle,
   xRange,
 } from "./common.js";
+import { configTree, kv } from "./config_view.js";
 import { LiveHeatmap } from "./heatmap.js";
 import { renderLrFind } from "./lr_find.js";
 import { isMetric, metricCard, metricSection } from "./metrics.js";
 import { renderRanks } from "./ranks.js";
+import { mountSignals } from "./signals.js";
 
 const RUN_ID = Number(location.pathname.split("/").pop());
 const $ = (id) => document.getElementById(id);
-const S = { run: null, keys: [], series: {}, alerts: [], loading: true, buffer: [], dirty: {}, late: new Set(), t0: 0 };
+const S = {
+  run: null,
+  keys: [],
+  series: {},
+  alerts: [],
+  loading: true,
+  buffer: [],
+  dirty: {},
+  late: new Set(),
+  t0: 0,
+  seenStep: -1,
+};
 const MAX_POINTS = 4000;
 const MEMORY_PARTS = [
   ["parameters", "memory/params"],
@@ -31,6 +44,7 @@ const MEMORY_PARTS = [
   ["optimizer state", "memory/optimizer_state"],
 ];
 const HEAT = new LiveHeatmap($("heatmap"), RUN_ID, "grad");
+mountSignals(HEAT, RUN_ID); // update ratio and output RMS heatmaps beside it (signals.js)
 
 const WATCH_HINT = (what) => `No ${what} yet. run.watch(model, optimizer) records it at every optimizer step.`;
 const xMode = () => $("x-mode").value;
@@ -77,7 +91,9 @@ fixed("loss", {
   smoothing: () => Number($("smoothing").value),
   empty: 'No loss logged yet: run.log({"loss": loss}).',
 });
-fixed("gnorm", { keys: (ks) => ks.filter((k) => k === "grad/global_norm"), empty: WATCH_HINT("gradient norm") });
+// Before clipping, and (Lightning, Hugging Face with clipping on) the clipped norm the optimizer got.
+const GNORMS = ["grad/global_norm", "grad/global_norm_clipped"];
+fixed("gnorm", { keys: (ks) => GNORMS.filter((k) => ks.includes(k)), empty: WATCH_HINT("gradient norm") });
 fixed("lr", { keys: (ks) => ks.filter((k) => k === "lr" || k.startsWith("lr/")), empty: WATCH_HINT("learning rate") });
 fixed("memory", {
   keys: (ks) => ks.filter((k) => k.startsWith("memory/cuda_") || k === "memory/rss"),
@@ -90,7 +106,7 @@ function ensureMetricChart(key) {
   if (!isMetric(key) || CHARTS["m:" + key]) return;
   const card = metricCard(key, RUN_ID);
   metricSection($("metrics"), key).append(card.root);
-  addChart("m:" + key, card.chart, card.box, card.note, { keys: () => [key], empty: "No points yet." });
+  addChart("m:" + key, card.chart, card.box, card.note, { keys: () => [key], empty: "No points yet.", scalars: true });
 }
 
 const entriesFor = (c) =>
@@ -143,7 +159,7 @@ async function load() {
   }
   // Per-layer norms are keys grad/<layer>: without any, say so rather than ask for a heatmap (a 404).
   if (!HEAT.zoomed) {
-    if (S.keys.some((k) => k.startsWith("grad/") && k !== "grad/global_norm")) HEAT.load();
+    if (S.keys.some((k) => k.startsWith("grad/") && !GNORMS.includes(k))) HEAT.load();
     else if (!HEAT.loaded) HEAT.showEmpty();
   }
   for (const msg of S.buffer) onLive(msg);
@@ -164,7 +180,9 @@ function renderHeader() {
   $("run-project").textContent = r.project;
   $("run-status").textContent = r.status;
   $("run-status").className = "status " + r.status;
-  $("run-step").textContent = r.last_step === null ? "" : "step " + r.last_step;
+  // The latest step the page holds a point of, when live points ran ahead of the run record.
+  const step = Math.max(r.last_step ?? -1, S.seenStep);
+  $("run-step").textContent = step < 0 ? "" : "step " + step;
 }
 
 function renderAlertList() {
@@ -221,15 +239,8 @@ function renderError() {
   );
 }
 
-// Key/value rows; empty values (no git repository, no notes) are left out rather than shown as "null".
-function kv(dl, obj) {
-  const rows = Object.entries(obj).filter(([, v]) => v !== null && v !== undefined && v !== "");
-  dl.replaceChildren(
-    ...rows.flatMap(([k, v]) => [el("dt", {}, k), el("dd", {}, typeof v === "object" ? JSON.stringify(v) : String(v))]),
-  );
-}
 function renderConfig() {
-  kv($("config"), S.run.config || {});
+  $("config").replaceChildren(...configTree(S.run.config || {}).childNodes);
   const m = S.run.meta || {};
   kv($("meta"), {
     id: S.run.id,
@@ -277,14 +288,14 @@ function onPoints(msg) {
     S.series[k] ??= { steps: [], values: [], walls: [] };
     const store = S.series[k];
     const { from, late } = appendPoints(store, pts);
+    if (store.steps.length) S.seenStep = Math.max(S.seenStep, store.steps[store.steps.length - 1]);
     if (from !== undefined && S.dirty[k] === undefined) S.dirty[k] = from;
     if (late) S.late.add(k);
   }
   if (msg.vectors?.grad) HEAT.append(msg.vectors.grad);
-  if (msg.last_step !== null && msg.last_step !== undefined && S.run) {
-    S.run.last_step = msg.last_step;
-    renderHeader();
-  }
+  if (msg.last_step !== null && msg.last_step !== undefined && S.run)
+    S.run.last_step = Math.max(S.run.last_step ?? -1, msg.last_step);
+  if (S.run) renderHeader();
   scheduleFlush();
 }
 

@@ -17,6 +17,7 @@ from gradwatch_server.storage import retention
 from gradwatch_server.storage.store import NotFound
 from gradwatch_server.web import routes
 from gradwatch_server.web.security import Auth, Guard
+from gradwatch_server.web.sessions import Sessions
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -36,9 +37,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             collector.cancel()
             services.close()
 
-    app = FastAPI(title="gradwatch", version="0.1.0", lifespan=lifespan)
+    docs = {} if settings.api_docs else {"docs_url": None, "redoc_url": None}  # CDN scripts: opt in
+    app = FastAPI(title="gradwatch", version="0.1.0", lifespan=lifespan, **docs)
     app.state.services = services
-    app.state.auth = Auth(settings.token)
+    app.state.auth = Auth(settings.token, Sessions(services.engine, services.writer, settings.session_days))
     # Outermost of our layers: Host/Origin/token/connection checks cover every route and both
     # websockets before any of them runs.
     app.add_middleware(Guard, settings=settings, auth=app.state.auth)

@@ -26,10 +26,13 @@ def _server(settings: Settings):
 
     from gradwatch_server.app import create_app
     from gradwatch_server.web.security import guard_logs
+    from gradwatch_server.web.slow_clients import protocol_class
 
     guard_logs()
     config = uvicorn.Config(
         create_app(settings),
+        http=protocol_class(settings.header_timeout),
+        forwarded_allow_ips=settings.trusted_proxy or None,  # None: uvicorn's default, 127.0.0.1
         log_level=settings.log_level,
         ws_max_size=settings.max_frame_bytes,
         ws_ping_interval=20,
@@ -110,6 +113,8 @@ def serve_workers(settings: Settings) -> None:
     config = uvicorn.Config(
         "gradwatch_server.app:create_app",
         factory=True,
+        http="gradwatch_server.web.slow_clients:WorkerProtocol",  # each process builds it from GRADWATCH_*
+        forwarded_allow_ips=settings.trusted_proxy or None,
         workers=settings.workers,
         log_level=settings.log_level,
         ws_max_size=settings.max_frame_bytes,

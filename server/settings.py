@@ -56,6 +56,17 @@ SETTINGS: list[Setting] = [
         "Empty means a SQLite file in ~/.local/share/gradwatch/.",
     ),
     Setting("webhook", "", "URL that receives every alert as a JSON POST (Slack-compatible 'text' field)."),
+    Setting(
+        "smtp_url",
+        "",
+        "Mail server for alert emails: smtp://user:pass@host:587 (STARTTLS when offered) or smtps://host:465.",
+    ),
+    Setting(
+        "alert_email", "", "Comma-separated addresses that get an email for every critical incident (needs smtp_url)."
+    ),
+    Setting(
+        "base_url", "", "This server's address as people reach it (https://gw.example.com): notifications link to runs."
+    ),
     Setting("crash_timeout", 120.0, "Seconds a running run may stay disconnected before it is marked crashed.", float),
     Setting(
         "alerts",
@@ -98,6 +109,49 @@ SETTINGS: list[Setting] = [
         "max_buffered_bytes", 64 << 20, "Most bytes of not-yet-committed batches held for one ingest connection.", int
     ),
     Setting(
+        "max_connections_per_client",
+        100,
+        "Most concurrent requests and open websockets from one client address; more are refused (429). "
+        "/healthz is exempt from both connection limits.",
+        int,
+    ),
+    Setting(
+        "header_timeout",
+        10.0,
+        "Seconds a connection has to send a request's headers (from its start, or its previous answer); "
+        "slower ones (slowloris) are closed.",
+        float,
+    ),
+    Setting(
+        "max_page_bytes",
+        8 << 20,
+        "Most bytes of live pushes waiting for one open page; a page further behind gets one 'resync' instead.",
+        int,
+    ),
+    Setting(
+        "webhook_per_run", 10, "Most webhook posts per run per minute; the rest are counted in its next post.", int
+    ),
+    Setting(
+        "session_days",
+        30.0,
+        "Days a login (session cookie) stays valid; POST /logout ends it sooner.",
+        float,
+    ),
+    Setting(
+        "trusted_proxy",
+        "",
+        "Comma-separated addresses of the TLS proxy in front ('*': any), whose X-Forwarded-Proto and "
+        "X-Forwarded-For are believed: https there gives Secure cookies, and connection limits count the "
+        "real client. Empty: 127.0.0.1 only.",
+    ),
+    Setting(
+        "api_docs",
+        False,
+        "Serve the interactive API docs at /docs and /redoc (their scripts load from a CDN into this "
+        "origin, so off by default; /openapi.json is always there).",
+        boolean,
+    ),
+    Setting(
         "retention_days",
         0.0,
         "Delete runs not updated for this many days, checked at start and hourly "
@@ -112,7 +166,16 @@ SETTINGS: list[Setting] = [
     ),
 ]
 
-LIMITS = ("max_connections", "max_frame_bytes", "max_keys_per_run", "max_layers", "max_buffered_bytes")
+LIMITS = (
+    "max_connections",
+    "max_frame_bytes",
+    "max_keys_per_run",
+    "max_layers",
+    "max_buffered_bytes",
+    "max_connections_per_client",
+    "max_page_bytes",
+    "webhook_per_run",
+)
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
@@ -122,6 +185,9 @@ class Settings:
     port: int = 8765
     db: str = ""
     webhook: str = ""
+    smtp_url: str = field(default="", repr=False)  # may hold a password
+    alert_email: str = ""
+    base_url: str = ""
     crash_timeout: float = 120.0
     alerts: str = ""
     log_level: str = "warning"
@@ -134,6 +200,13 @@ class Settings:
     max_keys_per_run: int = MAX_KEYS_PER_RUN
     max_layers: int = MAX_LAYERS
     max_buffered_bytes: int = 64 << 20
+    max_connections_per_client: int = 100
+    header_timeout: float = 10.0
+    max_page_bytes: int = 8 << 20
+    webhook_per_run: int = 10
+    session_days: float = 30.0
+    trusted_proxy: str = ""
+    api_docs: bool = False
     retention_days: float = 0.0
     retention_keep_tagged: bool = True
 
@@ -150,6 +223,11 @@ class Settings:
     def allowed_host_names(self) -> frozenset[str]:
         """The ``allowed_hosts`` names, lower-cased, ports dropped."""
         return frozenset(strip_port(h.strip()).lower() for h in self.allowed_hosts.split(",") if h.strip())
+
+    @property
+    def trusted_proxies(self) -> frozenset[str]:
+        """The ``trusted_proxy`` addresses."""
+        return frozenset(h.strip() for h in self.trusted_proxy.split(",") if h.strip())
 
     @property
     def on_loopback(self) -> bool:
@@ -178,6 +256,8 @@ class Settings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.token != self.token.strip():
             raise ValueError("token must not start or end with whitespace")
+        if self.header_timeout <= 0 or self.session_days <= 0:
+            raise ValueError("header_timeout and session_days must be > 0")
         if self.retention_days < 0:
             raise ValueError(f"retention_days must be >= 0 (0 keeps everything), got {self.retention_days}")
         if self.sqlite_synchronous not in ("full", "normal"):

@@ -125,6 +125,7 @@ ALLOWED = {
     # torch._foreach_norm: one fused kernel for every layer's norm (torch.linalg has no foreach form);
     # Variable._execution_engine.queue_callback: the only hook that runs once a whole backward pass ends.
     "gradwatch.watcher": {"._foreach_norm", "._execution_engine"},
+    "gradwatch.capture.layer_signals": {"._foreach_norm"},  # per-layer norms of samples and outputs, fused
     # The c10d store of the default process group: how ranks share the run group without a collective.
     "gradwatch.distributed": {"._get_default_store"},
     # Lightning keeps the values of self.log() for the current step only in its result collection.
@@ -175,6 +176,17 @@ def test_docs_architecture_lists_every_module():
 
 def test_every_module_says_what_it_is_for():
     assert [n for n, p in product_modules().items() if not ast.get_docstring(ast.parse(p.read_text()))] == []
+
+
+def test_every_package_is_in_the_wheel():
+    """A sub-package missing from pyproject's list installs from a checkout but not from the wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    for top, folder in PACKAGES.items():
+        for init in folder.rglob("__init__.py"):
+            parts = [top, *init.parent.relative_to(folder).parts]
+            assert ".".join(parts) in listed, f"{'.'.join(parts)} is not in pyproject.toml [tool.setuptools] packages"
 
 
 def test_folders_stay_small():

@@ -66,7 +66,7 @@ def test_compose_services_build_healthchecks_and_volume():
     assert "image" not in server or "python" not in server["image"]  # built here, not pip-installed at start
     assert "/healthz" in " ".join(server["healthcheck"]["test"])
     assert server["depends_on"] == {"db": {"condition": "service_healthy"}}
-    assert ".env" in server["env_file"] and "8765:8765" in server["ports"]
+    assert ".env" in server["env_file"] and server["ports"] == ["${GRADWATCH_BIND:-127.0.0.1}:8765:8765"]
     assert server["environment"]["GRADWATCH_DB"].startswith("postgresql://gradwatch:${POSTGRES_PASSWORD")
     assert server["environment"]["GRADWATCH_DB"].endswith("@db:5432/gradwatch")
 
@@ -243,3 +243,17 @@ def test_entrypoint_refuses_the_example_token(tmp_path):
     out = subprocess.run(["sh", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "placeholder from .env.example" in out.stderr
     assert not (tmp_path / "x.db").exists()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"POSTGRES_PASSWORD": "change-me-to-another-long-random-value"},
+        {"GRADWATCH_DB": "postgresql://gradwatch:change-me-to-another-long-random-value@127.0.0.1:9/gradwatch"},
+    ],
+)
+def test_entrypoint_refuses_the_example_database_password(tmp_path, extra):
+    env = image_env(tmp_path, **{"GRADWATCH_DB": f"sqlite:///{tmp_path / 'x.db'}", **extra})
+    out = subprocess.run(["sh", str(ENTRYPOINT)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "PostgreSQL password is still the placeholder" in out.stderr
+    assert "change-me-to-another" not in out.stderr and not (tmp_path / "x.db").exists()

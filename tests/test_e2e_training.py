@@ -14,9 +14,10 @@ import gradwatch
 def test_training_run_round_trips_through_http_api(server, api):
     run = gradwatch.init(project="e2e", name="baseline", config={"lr": 0.05, "nested": {"depth": 2}}, server=server.url)
     model = train(run, steps=40)
-    run.log({"loss": float("nan")})
-    run.log({"loss": torch.tensor(float("inf"))})
-    run.log({"loss": -math.inf, "acc": torch.tensor(0.5, dtype=torch.float16)})
+    # Explicit steps: without step=, a log() after watch(model, opt) belongs to the last optimizer step (39).
+    run.log({"loss": float("nan")}, step=40)
+    run.log({"loss": torch.tensor(float("inf"))}, step=41)
+    run.log({"loss": -math.inf, "acc": torch.tensor(0.5, dtype=torch.float16)}, step=42)
     run.finish()
 
     runs = api.get("/api/runs")

@@ -118,3 +118,25 @@ def test_runs_ls_and_rm(server, api, capsys):
     code, out, _ = cli_run(["runs", "rm", "first", "--yes", "--json", "--server", server.url], capsys)
     assert code == 0 and json.loads(out) == {"deleted": [a]}
     assert [r["id"] for r in api.get("/api/runs")] == [b]
+
+
+HOSTILE = "\x1b]0;pwned\x07\x1b[31mred\n9999  evil  forged-row"
+
+
+def test_csv_cells_cannot_be_formulas_and_terminal_output_cannot_carry_escapes(server, tmp_path, capsys):
+    """Issue #18: keys like =HYPERLINK(...) are text in a spreadsheet; names with escapes print inert."""
+    run = gradwatch.init(project="p", name=HOSTILE, server=server.url)
+    formulas = ['=HYPERLINK("http://evil.example","x")', "@SUM(1)", "+1+cmd", "-2+3", "\tTAB", "plain"]
+    for step in range(3):
+        run.log({k: 1.0 for k in formulas}, step=step)
+    run.finish()
+    out = tmp_path / "run.csv"
+    code, _, err = cli_run(["export", str(run.id), "--server", server.url, "-o", str(out)], capsys)
+    assert code == 0 and "\x1b" not in err
+    keys = {r["key"] for r in csv.DictReader(io.StringIO(out.read_text()))}
+    assert {"'" + k for k in formulas[:-1]} | {"plain"} <= keys
+    assert not any(k.startswith(("=", "+", "-", "@", "\t")) for k in keys)
+    code, out_text, _ = cli_run(["runs", "ls", "--server", server.url], capsys)
+    assert code == 0 and "\x1b" not in out_text and "\x07" not in out_text
+    assert len(out_text.splitlines()) == 2  # the newline in the name forged no row
+    assert "\\x1b]0;pwned" in out_text

@@ -124,6 +124,10 @@ def _spied(monkeypatch, verdict):
 
 
 VALUES = {"grad/global_norm": 1.0, "memory/cuda_reserved": 1.0, "memory/cuda_total": 8.0, "amp/scale": 1024.0}
+VALUES.update(  # the early-warning rule's (layer signals: the largest update ratio and output RMS, and where)
+    {f"signals/{k}": 0.0 for k in ("update_ratio_max", "update_ratio_argmax", "act_rms_max", "act_rms_argmax")}
+)
+VALUES.update({"perf/step_time": 0.1, "perf/data_wait": 0.01})  # the throughput rule's
 
 
 def _full_batch(n=6, keys=VALUES):
@@ -154,7 +158,7 @@ def test_a_rule_whose_bulk_check_says_no_sees_every_record(monkeypatch):
 
 # -- what derives from the registry -------------------------------------------------------------------
 def test_rules_are_complete_and_documented_in_their_docstrings():
-    assert len(registry.RULES) == 10 and len({r.name for r in registry.RULES}) == 10
+    assert len(registry.RULES) == 13 and len({r.name for r in registry.RULES}) == 13
     for rule in registry.RULES:
         assert rule.check.__doc__ and "\n" not in rule.check.__doc__.strip(), rule.name
         assert rule.bulk.__doc__ and callable(rule.bulk), rule.name

@@ -51,3 +51,30 @@ def test_import_tb_without_event_files_says_so(server, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["import-tb", str(tmp_path / "empty"), "--server", server.url])
     assert exit_.value.code == 1 and "no TensorBoard event files" in capsys.readouterr().err
+
+
+def test_bad_records_are_skipped_and_reported_never_claimed(server, api, tmp_path, capsys):
+    """Issue #18: a 300-character tag, a negative step and a record header claiming 64 GiB are each
+    skipped with a line saying so; the good points arrive and the count printed is what was sent."""
+    import struct
+
+    root = tmp_path / "logs"
+    with SummaryWriter(str(root / "bad")) as w:
+        for step in range(5):
+            w.add_scalar("loss", 1.0 / (step + 1), step)
+        w.add_scalar("x" * 300, 1.0, 1)
+        w.add_scalar("loss", 9.0, -3)
+    (event_file,) = (root / "bad").glob("events.out.tfevents.*")
+    with open(event_file, "ab") as f:  # a record that claims 64 GiB, then garbage
+        f.write(struct.pack("<Q", 64 << 30) + b"\0" * 4 + b"junk" * 10)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["import-tb", str(root), "--server", server.url])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 0 and "Traceback" not in err and "MemoryError" not in err
+    assert "5 points -> run" in err
+    assert "tag longer than 256" in err and "step negative" in err and "corrupt" in err
+    (run,) = api.get("/api/runs")
+    loss = api.get(f"/api/runs/{run['id']}/series?key=loss")
+    assert loss["steps"] == [0, 1, 2, 3, 4]
+    alerts = api.get(f"/api/runs/{run['id']}/alerts")
+    assert not [a for a in alerts if a["kind"] == "data_refused"]  # nothing was sent that the server refused

@@ -24,10 +24,10 @@ def _batch(seq, steps, norm, layer_norms, loss=1.0):
     return decode({"type": "batch", "seq": seq, "records": records, "layouts": {"grad": LAYERS}})
 
 
-def _setup(tmp_path):
+def _setup(tmp_path, alerts=None):
     engine = database.make_engine(f"sqlite:///{tmp_path / 'ingest.db'}")
     with engine.begin() as conn:
-        run_id = open_run(conn, {"uid": "u1", "project": "p", "name": "n"}, {})["run_id"]
+        run_id = open_run(conn, {"uid": "u1", "project": "p", "name": "n"}, alerts or {})["run_id"]
     return engine, run_id
 
 
@@ -54,7 +54,8 @@ def test_baseline_survives_a_restart_so_an_explosion_is_caught_at_once(tmp_path)
 
 
 def test_an_episode_alerted_before_a_restart_is_not_alerted_again(tmp_path):
-    engine, run_id = _setup(tmp_path)
+    # The loss is flat on purpose (this is about gradient episodes): the plateau rule waits past these 200 steps.
+    engine, run_id = _setup(tmp_path, alerts={"loss_plateau.patience": 10_000})
     state = _restart(engine, run_id)
     dead = [0.0, 0.0, 1.0, 1.0]  # input layer dead for good
     assert _apply(engine, state, _batch(1, range(25), 1.0, dead)) == ["zero_gradients"]
@@ -106,3 +107,26 @@ def test_small_rows_left_by_a_restart_are_still_merged(tmp_path):
 
         assert store.get_series(conn, run_id, "grad/l7")["steps"] == list(range(40))
     assert full == 2 and rows == 2 + 8  # two full chunks and the 8 newest steps still small
+
+
+def test_the_preferred_gap_is_zero_when_the_writer_idles_and_grows_with_its_load(tmp_path):
+    import time
+
+    from gradwatch_server.ingest.pipeline import MAX_GAP, Pipeline
+    from gradwatch_server.services import Services
+    from gradwatch_server.settings import Settings
+
+    services = Services(Settings(db=f"sqlite:///{tmp_path / 'gap.db'}"))
+    try:
+        pipeline: Pipeline = services.pipeline
+        assert pipeline.preferred_gap() == 0.0
+        time.sleep(0.55)
+        services.writer.busy_seconds += 0.55  # a writer busy all of the last half second
+        assert pipeline.preferred_gap() == MAX_GAP
+        time.sleep(0.55)
+        services.writer.busy_seconds += 0.55 * 0.75  # three quarters busy: half way to the longest gap
+        assert abs(pipeline.preferred_gap() - MAX_GAP / 2) < 0.02
+        time.sleep(0.55)  # idle again
+        assert pipeline.preferred_gap() == 0.0
+    finally:
+        services.close()

@@ -154,3 +154,39 @@ def test_docs_example_runs(server, api, monkeypatch):
     rid = run["id"]
     assert len(series(api, rid, "train_loss")["steps"]) == 12 and series(api, rid, "val_loss")["steps"] == [4, 8, 12]
     assert api.get(f"/api/runs/{rid}")["config"]["hidden"] == 16
+
+
+def test_norms_are_captured_before_lightning_clips_and_the_clipped_one_beside(server, api):
+    model = Tiny(lr=0.5)
+    cb = GradwatchCallback(project="pl", name="clip", server=server.url)
+    trainer(cb, max_epochs=1, gradient_clip_val=1e-3, limit_val_batches=0).fit(model, loaders()[0])
+    rid = api.get("/api/runs")[0]["id"]
+    ours, clipped = series(api, rid, "grad/global_norm"), series(api, rid, "grad/global_norm_clipped")
+    assert ours["steps"] == clipped["steps"] == [0, 1, 2, 3]
+    assert all(v > 1e-2 for v in ours["values"])  # pre-clip: the norm the model produced
+    assert clipped["values"] == pytest.approx([1e-3] * 4, rel=1e-2)  # what reached the optimizer
+    assert api.get(f"/api/runs/{rid}")["meta"]["loss_key"] == "train_loss"
+
+
+def test_a_fit_resumed_from_a_checkpoint_continues_the_same_run(server, api, tmp_path):
+    train, val = loaders()
+    cb = GradwatchCallback(project="pl", name="resumable", server=server.url)
+    first = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[cb],
+        max_epochs=1,
+    )
+    first.fit(Tiny(), train, val)
+    ckpt = first.checkpoint_callback.best_model_path
+    assert ckpt
+    # A new process: a fresh callback and trainer, resumed from the checkpoint.
+    second = trainer(GradwatchCallback(project="pl", server=server.url), max_epochs=2)
+    second.fit(Tiny(), train, val, ckpt_path=ckpt)
+    runs = api.get("/api/runs")
+    assert len(runs) == 1 and runs[0]["name"] == "resumable" and runs[0]["status"] == "finished"
+    assert series(api, runs[0]["id"], "train_loss")["steps"] == list(range(8))  # 4 steps, then 4 more
+    assert series(api, runs[0]["id"], "val_loss")["steps"] == [4, 8]

@@ -181,11 +181,9 @@ def test_run_page_shows_memory_lr_and_every_metric_on_load(server, page, monkeyp
     page.wait_for_function("() => document.getElementById('memory-breakdown').textContent.includes('parameters')")
     lo, hi = page.evaluate("() => document.getElementById('chart-lr').layout.yaxis.range")
     assert 0 < lo < 0.05 < hi < 0.1  # centred on the value, not -0.999..1.001
-    assert page.evaluate("() => [...document.querySelectorAll('.metric-section')].map(s => s.dataset.prefix)") == [
-        "",
-        "train",
-        "val",
-    ]
+    sections = page.evaluate("() => [...document.querySelectorAll('.metric-section')].map(s => s.dataset.prefix)")
+    hooks = ("perf", "signals", "system")  # watch()'s own sections: step time, signal summaries, the machine
+    assert [s for s in sections if s not in hooks] == ["", "train", "val"]
     page.wait_for_function(
         "() => ['acc', 'val/acc', 'train/samples_per_s'].every(k => (document.getElementById('metric-' + k).data || [])"
         ".some(t => t.x.length === 5))"
@@ -217,7 +215,7 @@ def test_names_given_to_plotly_are_shown_as_text(server, page):
     for name in (evil, "plain"):
         run = gradwatch.init(project="browser", name=name, server=server.url)
         for step in range(5):
-            run.log({"loss": 1.0, "<i>key</i>": 2.0}, step=step)
+            run.log({"loss": 1.0, "<i>key</i>": 2.0 + step}, step=step)  # changing: a chart, not a value
         run.finish(timeout=30)
     page.goto(server.url + "/runs/1")
     page.wait_for_function("() => document.querySelector('[data-key=\"<i>key</i>\"] .legendtext')")
@@ -275,3 +273,75 @@ def test_out_of_order_points_are_held_back_the_same_way_everywhere(server, page)
         return [a.from, a.late, s.steps, Number.isNaN(s.values[3])];
     }""")
     assert out == [2, 2, [1, 2, 3, 4], True]
+
+
+def _hf_like_run(url):
+    """A finished run shaped like a Hugging Face one: a spiking loss, one-point and constant metrics,
+    the Trainer's bookkeeping, a nested config with a boolean whose name contains "token"."""
+    run = gradwatch.init(
+        project="pages",
+        name="hf-like",
+        server=url,
+        config={
+            "args": {"learning_rate": 5e-5, "include_num_input_tokens_seen": False, "lr_scheduler_kwargs": {"a": 1}},
+            "model": {"n_layer": 2, "architectures": ["GPT2LMHeadModel"]},
+        },
+    )
+    for step in range(40):
+        run.log({"loss": 1e5 if step == 20 else 3.0, "flag": 1.0}, step=step)
+    run.log({"eval_accuracy": 0.52}, step=39)
+    run.log({"train_runtime": 12.5, "total_flos": 1e12, "train_samples_per_second": 80.0, "epoch": 1.0}, step=39)
+    run.finish(timeout=10)
+
+
+def test_run_page_on_a_real_shaped_run(server, page):
+    _hf_like_run(server.url)
+    page.goto(server.url + "/runs/1")
+    page.wait_for_function("() => document.getElementById('chart-loss').data?.length >= 2", timeout=15000)
+    # Smoothing (0.6 by default) never shows values the spike never had once it ended: a few steps
+    # after it the smoothed line is back at the raw 3, not ~1e4.
+    smoothed = page.evaluate("() => document.getElementById('chart-loss').data[1].y")
+    assert smoothed[19] == 3.0 and 1e4 < smoothed[20] < 1e5  # the spike shows, softened
+    assert all(v == 3.0 for v in smoothed[23:]), smoothed[20:30]  # TensorBoard's EMA would still be ~2,000 here
+    # One point is a marker, not an empty chart.
+    page.wait_for_selector("[data-key='eval_accuracy'] .js-plotly-plot")
+    mode = page.evaluate("() => document.getElementById('metric-eval_accuracy').data[0].mode")
+    assert mode == "markers"
+    # A metric that never changed is a value, not a flat line.
+    assert page.locator("[data-key='flag'] .scalar-value").inner_text() == "1"
+    # The Trainer's bookkeeping waits in a collapsed section, after the others.
+    book = page.locator("details.bookkeeping")
+    assert not book.evaluate("d => d.open")
+    for key in ("train_runtime", "total_flos", "train_samples_per_second", "epoch"):
+        assert book.locator(f"[data-key='{key}']").count() == 1
+    assert page.locator("#metrics > :last-child").evaluate("s => s.classList.contains('bookkeeping')")
+    # The nested config is a tree; a boolean is shown as itself, not as ***.
+    args = page.locator("#config details[data-key='args']")
+    assert args.locator("> summary").inner_text() == "3 entries"
+    args.locator("> summary").click()
+    text = args.inner_text()
+    assert "include_num_input_tokens_seen" in text and "false" in text and "***" not in text
+    assert "GPT2LMHeadModel" in page.locator("#config details[data-key='model']").text_content()
+    assert page.locator("#run-step").inner_text() == "step 39"
+    assert not page.js_errors
+
+
+def test_compare_config_of_three_nested_configs_stays_in_its_column(server, page):
+    for i in range(3):
+        run = gradwatch.init(
+            project="pages",
+            name=f"hf-{i}",
+            server=server.url,
+            config={"args": {"learning_rate": 10.0**-i, "output_dir": "/very/long/path/" * 8 + str(i)}},
+        )
+        run.log({"loss": 1.0})
+        run.finish(timeout=10)
+    page.goto(server.url + "/compare?ids=1,2,3")
+    page.wait_for_selector("#diff tr.differs")
+    keys = page.locator("#diff tr td:first-child").all_inner_texts()
+    assert "args.learning_rate" in keys and "args.output_dir" in keys  # nested config diffed key by key
+    fits = page.evaluate(
+        "() => { const t = document.getElementById('diff'); return t.scrollWidth <= t.parentElement.clientWidth; }"
+    )
+    assert fits
+    assert not page.js_errors

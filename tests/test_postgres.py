@@ -20,8 +20,8 @@ def test_training_run_on_postgres(settings, postgres_url):
     try:
         run = gradwatch.init(project="pg", name="on-postgres", server=srv.url, config={"db": "pg"})
         train(run, steps=30)
-        run.log({"loss": float("nan")})
-        run.log({"loss": torch.tensor(float("-inf"))})
+        run.log({"loss": float("nan")}, step=30)  # explicit: without step= it would join optimizer step 29
+        run.log({"loss": torch.tensor(float("-inf"))}, step=31)
         run.finish()
         api = Api(srv.url)
         run_id = [r for r in api.get("/api/runs") if r["name"] == "on-postgres"][0]["id"]

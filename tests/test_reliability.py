@@ -121,7 +121,7 @@ def test_two_connections_of_one_run_cannot_store_a_batch_twice(server, api):
     from gradwatch import protocol
 
     url = server.url.replace("http", "ws") + protocol.INGEST_PATH
-    hello = protocol.dumps(protocol.hello({"uid": "twice", "project": "rel", "name": "twice"}))
+    hello = protocol.dumps(protocol.hello({"uid": "twice", "project": "rel", "name": "twice", "secret": "s-twice"}))
     with connect(url) as old, connect(url) as new:
         _two_connections(old, new, hello)
     assert api.get("/api/runs/1/series?key=loss")["steps"] == list(range(51))

@@ -452,3 +452,94 @@ def test_device_info_creates_no_cuda_context(initialized):
     else:
         assert info["device"] == "cuda"
         assert set(cuda.calls) <= {"is_available", "device_count", "is_initialized"}
+
+
+# --- issue #18: sessions, redirects, API docs --------------------------------------------------
+
+
+def _login(url: str, headers: dict | None = None) -> tuple[str, str]:
+    """POST the token to /login; returns (the 'gradwatch_session=...' pair, the whole Set-Cookie)."""
+    form = {"Content-Type": "application/x-www-form-urlencoded", **(headers or {})}
+    status, got, _ = raw(url, "POST", "/login", form, f"token={TOKEN}&next=/".encode())
+    assert status == 303
+    return got["Set-Cookie"].split(";")[0], got["Set-Cookie"]
+
+
+def test_sessions_are_random_and_logout_ends_only_its_own(token_server):
+    url = token_server.url
+    first, second = _login(url)[0], _login(url)[0]
+    assert first != second and TOKEN not in first
+    for cookie in (first, second):
+        assert raw(url, "GET", "/api/runs", {"Cookie": cookie})[0] == 200
+    status, headers, _ = raw(url, "POST", "/logout", {"Cookie": first}, b"")
+    assert status == 303 and headers["Location"] == "/login" and 'gradwatch_session=""' in headers["Set-Cookie"]
+    assert raw(url, "GET", "/api/runs", {"Cookie": first})[0] == 401
+    assert raw(url, "GET", "/api/runs", {"Cookie": second})[0] == 200
+    assert raw(url, "POST", "/logout", {"Cookie": second, "Origin": EVIL}, b"")[0] == 403  # no cross-site logout
+
+
+def test_a_session_expires(settings):
+    srv = BackgroundServer(dataclasses.replace(settings, token=TOKEN, session_days=1.5 / 86400)).start()
+    try:
+        cookie, set_cookie = _login(srv.url)
+        assert "Max-Age=1" in set_cookie
+        assert raw(srv.url, "GET", "/api/runs", {"Cookie": cookie})[0] == 200
+        time.sleep(1.8)
+        assert raw(srv.url, "GET", "/api/runs", {"Cookie": cookie})[0] == 401
+    finally:
+        srv.stop()
+
+
+def test_a_malformed_cookie_of_another_app_does_not_hide_the_session(token_server):
+    cookie = _login(token_server.url)[0]
+    mixed = f'other="unterminated; x=[1,2]; {cookie}; {{bad}}'
+    assert raw(token_server.url, "GET", "/api/runs", {"Cookie": mixed})[0] == 200
+
+
+def test_secure_cookie_only_through_a_trusted_proxy(settings):
+    https = {"X-Forwarded-Proto": "https"}
+    srv = BackgroundServer(dataclasses.replace(settings, token=TOKEN, trusted_proxy="10.1.2.3")).start()
+    try:
+        assert "Secure" not in _login(srv.url, https)[1]  # 127.0.0.1 is not the trusted proxy here
+    finally:
+        srv.stop()
+    srv = BackgroundServer(dataclasses.replace(settings, token=TOKEN, trusted_proxy="127.0.0.1")).start()
+    try:
+        assert "Secure" in _login(srv.url, https)[1]
+        assert "Secure" not in _login(srv.url)[1]
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize(
+    "target", ["/%09/evil.example", "/\t/evil.example", "/\n/evil.example", "//evil.example", "/\\evil", "http://x"]
+)
+def test_login_next_is_only_a_same_origin_path(token_server, target):
+    from urllib.parse import quote
+
+    from gradwatch_server.web.routes.auth import safe_next
+
+    assert safe_next(target.replace("%09", "\t")) == "/"
+    status, headers, _ = raw(
+        token_server.url,
+        "POST",
+        "/login",
+        {"Content-Type": "application/x-www-form-urlencoded"},
+        f"token={TOKEN}&next={quote(target.replace('%09', chr(9)))}".encode(),
+    )
+    assert status == 303 and headers["Location"] == "/"
+    assert safe_next("/runs/3?tab=alerts") == "/runs/3?tab=alerts"
+
+
+def test_api_docs_are_off_unless_asked_for(settings):
+    srv = BackgroundServer(settings).start()
+    try:
+        assert raw(srv.url, "GET", "/docs")[0] == 404 and raw(srv.url, "GET", "/redoc")[0] == 404
+        assert raw(srv.url, "GET", "/openapi.json")[0] == 200
+    finally:
+        srv.stop()
+    srv = BackgroundServer(dataclasses.replace(settings, api_docs=True)).start()
+    try:
+        assert raw(srv.url, "GET", "/docs")[0] == 200
+    finally:
+        srv.stop()

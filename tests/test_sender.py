@@ -266,3 +266,37 @@ def test_batches_fit_a_server_with_a_small_frame_limit_and_a_record_too_big_is_a
         assert api.get(f"/api/runs/{run_id}")["status"] == "finished"
     finally:
         srv.stop()
+
+
+def _batches_for(run, steps: int, rate: float) -> int:
+    """Log ``steps`` steps at ``rate`` a second; how many batches the sender made of them."""
+    sender = run.recorder.sender
+    first = sender.last_seq
+    start = time.monotonic()
+    for step in range(steps):
+        run.log({"loss": float(step)}, step=step)
+        time.sleep(max(0.0, start + (step + 1) / rate - time.monotonic()))
+    assert run.recorder.sender.flush(timeout=10)
+    return sender.last_seq - first
+
+
+def test_a_busy_server_asks_for_a_gap_and_the_link_sends_fewer_larger_batches(server, api, monkeypatch):
+    from gradwatch_server.ingest.pipeline import Pipeline
+
+    run = gradwatch.init(project="s", name="gap", server=server.url)
+    wait_runs(api)
+    idle = _batches_for(run, 20, 40.0)  # an idle server asks for nothing: one batch per step
+    monkeypatch.setattr(Pipeline, "preferred_gap", lambda self: 0.25)  # as a busy writer would
+    run.log({"loss": -1.0}, step=100)  # an ack carries the gap from now on
+    assert run.recorder.sender.flush(timeout=10)
+    busy = _batches_for(run, 40, 40.0)  # 1 s of steps, sent at most every 0.25 s
+    run.finish()
+    assert idle >= 15, idle
+    assert 3 <= busy <= 8, busy
+    assert _loss_count(api) == 61  # coalesced, not dropped: every step stored once
+
+
+def _loss_count(api) -> int:
+    status, body = api.request("GET", "/api/runs/1/series?key=loss")
+    assert status == 200
+    return len(body["steps"])

@@ -64,6 +64,7 @@ def test_trainer_streams_config_logs_and_layer_norms(server, api, tmp_path):
     assert (run["name"], run["status"]) == ("gpt2", "finished")
     config = api.get(f"/api/runs/{run['id']}")["config"]
     assert config["args"]["learning_rate"] == 1e-3 and config["args"]["hub_token"] == "***"
+    assert config["args"]["include_num_input_tokens_seen"] in (False, "no")  # "token" inside a name is no secret
     assert config["model"]["n_layer"] == 2 and config["model"]["n_embd"] == 16
     rid = run["id"]
     assert series(api, rid, "loss")["steps"] == [1, 2, 3, 4, 5, 6]
@@ -125,3 +126,69 @@ def test_docs_example_runs(server, api, monkeypatch, tmp_path):
     assert (run["project"], run["name"], run["status"]) == ("hf", "tiny-gpt2", "finished")
     assert series(api, run["id"], "loss")["steps"] == list(range(1, 9))
     assert series(api, run["id"], "eval_loss")["steps"] == [4, 8]
+
+
+def test_norms_are_read_before_the_trainer_clips_with_the_clipped_one_beside(server, api, tmp_path):
+    trainer = Trainer(
+        model=tiny_model(),
+        args=args(tmp_path, max_steps=5, learning_rate=5.0, max_grad_norm=0.5),  # clipping bites every step
+        train_dataset=data(),
+        callbacks=[GradwatchCallback(project="hf", name="clip", server=server.url)],
+    )
+    trainer.train()
+    rid = api.get("/api/runs")[0]["id"]
+    ours, theirs = series(api, rid, "grad/global_norm"), series(api, rid, "grad_norm")
+    clipped = series(api, rid, "grad/global_norm_clipped")
+    assert ours["steps"] == theirs["steps"] == clipped["steps"] == [1, 2, 3, 4, 5]
+    # grad_norm is the Trainer's pre-clip norm: ours matches it, not the clipped 0.5.
+    assert all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(ours["values"], theirs["values"]))
+    assert all(v > 0.5 for v in ours["values"])
+    assert clipped["values"] == pytest.approx([0.5] * 5, rel=1e-3)
+    # The per-layer norms are pre-clip too: they add up (in squares) to the pre-clip global norm.
+    layers = api.get(f"/api/runs/{rid}/keys")
+    names = [k for k in layers if k.startswith("grad/transformer.") or k.startswith("grad/lm_head")]
+    total = sum(series(api, rid, k)["values"][0] ** 2 for k in names)
+    assert math.isclose(total**0.5, ours["values"][0], rel_tol=1e-3)
+
+
+def test_loss_streams_every_step_whatever_logging_steps_with_accumulation(server, api, tmp_path):
+    trainer = Trainer(
+        model=tiny_model(),
+        args=args(tmp_path, max_steps=8, logging_steps=4, gradient_accumulation_steps=2, per_device_train_batch_size=4),
+        train_dataset=data(),
+        callbacks=[GradwatchCallback(project="hf", name="ga", server=server.url)],
+    )
+    logged = []
+
+    class Keep(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if "loss" in logs:
+                logged.append((state.global_step, logs["loss"]))
+
+    trainer.add_callback(Keep())
+    trainer.train()
+    run = api.get("/api/runs")[0]
+    loss = series(api, run["id"], "loss")
+    assert loss["steps"] == list(range(1, 9))  # every optimizer step, not every 4th
+    # The Trainer's logged loss is the mean over its window: ours, per step, averages to it.
+    for step, theirs in logged:
+        window = [v for s, v in zip(loss["steps"], loss["values"]) if step - 4 < s <= step]
+        assert math.isclose(sum(window) / 4, theirs, rel_tol=1e-4), (step, window, theirs)
+    assert api.get(f"/api/runs/{run['id']}")["meta"]["loss_key"] == "loss"
+
+
+def test_training_resumed_from_a_checkpoint_continues_the_same_run(server, api, tmp_path):
+    def make(max_steps):
+        return Trainer(
+            model=tiny_model(),
+            args=args(tmp_path, max_steps=max_steps, save_strategy="steps", save_steps=4),
+            train_dataset=data(),
+            callbacks=[GradwatchCallback(project="hf", name="resumable", server=server.url)],
+        )
+
+    make(4).train()
+    assert (tmp_path / "out" / "checkpoint-4" / "gradwatch.json").is_file()
+    make(8).train(resume_from_checkpoint=str(tmp_path / "out" / "checkpoint-4"))  # as a new process would
+    runs = api.get("/api/runs")
+    assert len(runs) == 1 and runs[0]["status"] == "finished"
+    assert series(api, runs[0]["id"], "loss")["steps"] == list(range(1, 9))  # 1-4, then 5-8 in the same run

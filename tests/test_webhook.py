@@ -77,3 +77,33 @@ def test_bad_step_to_alert_latency_is_sub_second(server, api):
     assert api.get("/api/runs/1/alerts")[0]["kind"] == "nan_loss"
     print(f"bad step -> alert visible over HTTP: {latency * 1000:.0f} ms")
     assert latency < 1.0
+
+
+# --- issue #18: Slack markup escaped; one run's flood cannot starve another's alerts -----------
+
+
+def test_slack_markup_in_names_and_messages_is_escaped():
+    from gradwatch_server.live.webhook import payload
+
+    alert = {"run_id": 3, "severity": "warning", "kind": "loss_spike", "step": 5, "message": "<!here> & <http://x|y>"}
+    text = payload(alert, {"name": "<!channel> <https://evil.example|click me>"})["text"]
+    assert "<!" not in text and "<http" not in text and "|click me>" not in text
+    assert "&lt;!channel&gt; &lt;https://evil.example|click me&gt;" in text and "&amp;" in text
+
+
+def test_webhook_posts_are_rate_limited_per_run_and_taken_in_turns():
+    from gradwatch_server.live.webhook import WebhookSender
+
+    receiver = Receiver()
+    sender = WebhookSender(receiver.url, per_run=5)
+    try:
+        for i in range(200):  # one run floods
+            sender.send({"text": f"flood {i}", "run": 1}, 1)
+        sender.send({"text": "quiet run's alert", "run": 2}, 2)
+        bodies = [b for _, b in receiver.wait(6, timeout=10)]
+        # the quiet run's alert is not behind the flood: at most the few flood posts ahead of it
+        assert [b["text"] for b in bodies].index("quiet run's alert") <= 2
+        time.sleep(0.3)
+        assert len(receiver.bodies) == 6 and sender.suppressed[1] == 195
+    finally:
+        receiver.httpd.shutdown()

@@ -31,7 +31,7 @@ WINDOW = 8  # batches sent and not yet acked, at most (flow control)
 # An idle link sends a record at once, but not more often than this: a loop logging hundreds of
 # steps a second then wakes the sender ~50 times a second instead of every step (each wake costs
 # the training thread GIL time), and a point still reaches the server within ~20 ms.
-MIN_GAP = 0.02
+MIN_GAP, MAX_SERVER_GAP = 0.02, 1.0  # MAX_SERVER_GAP: the longest gap a busy server's ack may ask for
 # Hand-off queue bound (estimated bytes). It only fills when the sender is stuck (or a loop logs
 # ~1M steps faster than they can be encoded: ~300 MB at peak); past it records are dropped and counted.
 MAX_QUEUE_BYTES = 384 << 20
@@ -59,6 +59,7 @@ class Sender(threading.Thread):
         token: str | None = None,
         max_queue_bytes: int = MAX_QUEUE_BYTES,
         notify: Callable | None = None,
+        start_seq: int = 0,
     ):
         super().__init__(name="gradwatch-sender", daemon=True)
         self.link = Link(server, run_info, token)
@@ -79,11 +80,11 @@ class Sender(threading.Thread):
         # Written by this thread (or by close() once it stopped).
         self._taken_bytes = self._taken_count = self._taken_records = 0
         self._gaps = Gaps()  # what could not be kept, and events held back (its drop() runs on the training thread)
-        self._seq = self.outbox.last() or 0
+        self._seq = self.outbox.last() or start_seq  # start_seq: a continued run's last batch number
         self._acked = self._sent_upto = 0
         self.acked_records = 0
         self._last_drain = 0.0
-        self._next_connect = 0.0
+        self._next_connect = self._server_gap = 0.0  # _server_gap: what the server's last ack asked for
         self._backoff = 0.1
         self.hurry = False
         self.failures = 0  # connection attempts that failed
@@ -96,6 +97,7 @@ class Sender(threading.Thread):
     connected = property(lambda self: self.link.conn is not None)
     ever_connected = property(lambda self: self.link.ever_connected)
     fatal = property(lambda self: self.link.fatal)
+    last_seq = property(lambda self: self._seq)  # the number of the last batch made
     features = property(lambda self: self.link.features)
 
     @property
@@ -222,7 +224,8 @@ class Sender(threading.Thread):
             return
         inflight = self.unacked()
         since = now - self._last_drain
-        if self._work() and ((inflight == 0 and since >= MIN_GAP) or since >= self.flush_interval or self._backlog()):
+        gap = max(MIN_GAP, self._server_gap)
+        if self._work() and ((inflight == 0 and since >= gap) or since >= self.flush_interval or self._backlog()):
             self.drain()
         self._send_window()
         if self.unacked() > 0:
@@ -230,8 +233,8 @@ class Sender(threading.Thread):
             self._receive(max(0.001, due))
         else:
             self._receive(0)  # a server error or close while idle
-            if self._queue:  # records logged within MIN_GAP of the last batch: they go when it has passed
-                self._wake.wait(max(0.001, self._last_drain + MIN_GAP - time.monotonic()))
+            if self._queue:  # records logged within the gap of the last batch: they go when it has passed
+                self._wake.wait(max(0.001, self._last_drain + gap - time.monotonic()))
                 self._wake.clear()
             else:
                 self._wait(self.flush_interval)
@@ -322,6 +325,8 @@ class Sender(threading.Thread):
                     "gradwatch: the server could not store part of a "
                     f"batch (the rest is stored; the run shows a data_refused alert): {message['refused']}",
                 )
+            gap = message.get("gap", 0)  # a busy server asks for fewer, larger batches; no gap: it is not busy
+            self._server_gap = min(float(gap), MAX_SERVER_GAP) if isinstance(gap, (int, float)) and gap > 0 else 0.0
             self._on_ack(int(message["seq"]))
         elif kind == "nack":
             expected = int(message["expected"])

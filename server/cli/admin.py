@@ -12,6 +12,8 @@ import json
 import sys
 import time
 
+from gradwatch_server.cli.source import printable
+
 EXIT_NEEDS_UPGRADE = 3  # `gradwatch db status`: reachable, but older than this release
 
 
@@ -125,7 +127,7 @@ def gc(args, url: str) -> int:
 
 def describe(run: dict) -> str:
     tags = f", tags {', '.join(map(str, run['tags']))}" if run["tags"] else ""
-    return (
+    return printable(  # names and tags may hold terminal escapes
         f"run {run['id']} {run['project']}/{run['name']} ({run['status']}, last update "
         f"{_utc(run['updated_at'])}, {run['points']:,} points{tags})"
     )

@@ -66,12 +66,20 @@ def _csv_value(v) -> str:
     return repr(float(v)) if math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
 
 
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # what makes a spreadsheet run a cell as a formula
+
+
+def csv_text(text: str) -> str:
+    """A text cell a spreadsheet shows as text: a leading formula character gets a ' before it (OWASP)."""
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
 def to_csv(data: dict) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(COLUMNS)
     for run_id, key, step, wall, value in rows(data):
-        writer.writerow([run_id, key, step, repr(float(wall)), _csv_value(value)])
+        writer.writerow([run_id, csv_text(key), step, repr(float(wall)), _csv_value(value)])
     return out.getvalue()
 
 

@@ -7,10 +7,14 @@ ingest websocket, with each point's original step and wall time.
 
 from __future__ import annotations
 
+import shutil
+import struct
 import sys
+import tempfile
 from pathlib import Path
 
-from gradwatch_server.cli.source import Progress, SourceError
+from gradwatch.contract import MAX_KEY_LEN, MAX_STEP
+from gradwatch_server.cli.source import Progress, SourceError, printable
 
 EVENTS_GLOB = "events.out.tfevents.*"
 
@@ -33,17 +37,46 @@ def run_dirs(root: Path) -> list[Path]:
     return sorted({p.parent for p in root.rglob(EVENTS_GLOB) if p.is_file()})
 
 
-def read_scalars(directory: Path) -> dict:
-    """{step: (wall_time, {tag: value})} of every scalar in a directory's event files (last write of a step wins)."""
+MAX_RECORD_BYTES = 256 << 20  # a record header claiming more is corrupt (TensorBoard would try to allocate it)
+
+
+def readable_length(path: Path) -> int | None:
+    """Where a file's records stop being readable: the offset of the first record whose header claims
+    more than ``MAX_RECORD_BYTES`` or more than the file holds; None when every header is sane."""
+    size = path.stat().st_size
+    pos = 0
+    with open(path, "rb") as f:
+        while pos + 12 <= size:
+            f.seek(pos)
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > MAX_RECORD_BYTES or pos + 16 + length > size:
+                return pos
+            pos += 16 + length  # length, its CRC, the data, the data's CRC
+    return None
+
+
+def read_scalars(directory: Path, problems: list | None = None) -> dict:
+    """{step: (wall_time, {tag: value})} of every scalar in a directory's event files (last write of a step
+    wins). What cannot be read or sent is skipped and described in ``problems``."""
+    problems = [] if problems is None else problems
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     except ImportError:
         raise SourceError("import-tb reads event files with the tensorboard package: pip install tensorboard") from None
-    acc = EventAccumulator(str(directory), size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
+    with tempfile.TemporaryDirectory() as spare:
+        source = _readable_copy(directory, Path(spare), problems)
+        acc = EventAccumulator(str(source), size_guidance={"scalars": 0, "tensors": 0})
+        acc.Reload()
     points: dict = {}
+    skipped = {"tag": 0, "step": 0}
 
     def put(tag, step, wall, value):
+        if not isinstance(tag, str) or not 0 < len(tag) <= MAX_KEY_LEN:
+            skipped["tag"] += 1
+            return
+        if not 0 <= int(step) <= MAX_STEP:
+            skipped["step"] += 1
+            return
         wall0, values = points.setdefault(int(step), (wall, {}))
         points[int(step)] = (min(wall0, wall), values)
         values[tag] = float(value)
@@ -59,7 +92,32 @@ def read_scalars(directory: Path) -> dict:
             value = tensor_util.make_ndarray(ev.tensor_proto)
             if value.size == 1 and value.dtype.kind in "fiu":
                 put(tag, ev.step, ev.wall_time, value.reshape(()).item())
+    if skipped["tag"]:
+        problems.append(f"{skipped['tag']} points skipped: tag longer than {MAX_KEY_LEN} characters")
+    if skipped["step"]:
+        problems.append(f"{skipped['step']} points skipped: step negative or over 2^63-1")
     return points
+
+
+def _readable_copy(directory: Path, spare: Path, problems: list) -> Path:
+    """``directory`` itself, or when one of its event files has a corrupt record header, a copy in
+    ``spare`` with each such file cut before that record."""
+    files = sorted(p for p in directory.glob(EVENTS_GLOB) if p.is_file())
+    cuts = {p: readable_length(p) for p in files}
+    if all(cut is None for cut in cuts.values()):
+        return directory
+    for p, cut in cuts.items():
+        if cut is None:
+            shutil.copyfile(p, spare / p.name)
+            continue
+        problems.append(f"{p.name}: record header at byte {cut:,} is corrupt; the rest of the file skipped")
+        with open(p, "rb") as src, open(spare / p.name, "wb") as dst:
+            left = cut
+            while left:
+                chunk = src.read(min(left, 1 << 20))
+                dst.write(chunk)
+                left -= len(chunk)
+    return spare
 
 
 def import_dir(
@@ -67,7 +125,6 @@ def import_dir(
 ) -> tuple:
     """Send one directory's scalars (``read_scalars``) as a run; returns (run id, points sent)."""
     import gradwatch
-    from gradwatch import protocol
 
     if not points:
         return None, 0
@@ -83,7 +140,7 @@ def import_dir(
     sent = 0
     for step in sorted(points):
         wall, values = points[step]
-        scalars = {protocol.check_key(k): v for k, v in values.items()}
+        scalars = dict(values)  # tags and steps checked by read_scalars: nothing here is refused
         # Recorded like a watcher's capture, with the event's wall time instead of now (log() stamps the present).
         run.recorder.put_record(step, scalars, {}, wall=wall)
         sent += len(scalars)
@@ -99,13 +156,18 @@ def run_import(args) -> int:
     dirs = run_dirs(root)
     if not dirs:
         raise SourceError(f"no TensorBoard event files ({EVENTS_GLOB}) under {root}")
-    loaded = [(d, read_scalars(d)) for d in dirs]
+    problems: dict = {d: [] for d in dirs}
+    loaded = [(d, read_scalars(d, problems[d])) for d in dirs]
     progress = Progress(f"import-tb {len(dirs)} run(s): points", sum(len(v) for _, p in loaded for _, v in p.values()))
     for d, points in loaded:
         name = str(d.relative_to(root)) if d != root else root.resolve().name
         run_id, sent = import_dir(d, points, name, args.project, args.server, args.token, progress)
         print(
-            f"gradwatch: {d}: {'no scalars' if run_id is None and not sent else f'{sent:,} points -> run {run_id}'}",
+            printable(
+                f"gradwatch: {d}: {'no scalars' if run_id is None and not sent else f'{sent:,} points -> run {run_id}'}"
+            ),
             file=sys.stderr,
         )
+        for problem in problems[d]:
+            print(printable(f"gradwatch: {d}: {problem}"), file=sys.stderr)
     return 0

@@ -6,7 +6,7 @@ import json
 import sys
 
 from gradwatch.contract import STATUSES
-from gradwatch_server.cli.source import SourceError, open_source, resolve
+from gradwatch_server.cli.source import SourceError, open_source, printable, resolve
 
 COMMANDS = ("runs", "export", "import-tb", "report")
 
@@ -23,6 +23,10 @@ def add_parsers(sub) -> None:
     ls.add_argument("--project")
     ls.add_argument("--status", choices=STATUSES)
     ls.add_argument("--json", action="store_true", help="print the runs as JSON (the /api/runs form)")
+    ls.add_argument("--where", help="filter, e.g. 'config.lr < 1e-3 and summary.val/loss.min < 0.5' (docs/api.md)")
+    ls.add_argument("--order-by", help="sort fields, comma-separated, '-' for descending: -summary.acc.max")
+    ls.add_argument("--columns", help="config keys and summaries to show: config.lr,summary.loss.min")
+    ls.add_argument("--limit", type=int, help="at most this many runs")
     export.add_source_arguments(ls)
     rm = actions.add_parser("rm", help="delete runs with all their points and alerts")
     rm.add_argument("runs", nargs="+", help="run ids, or names that each match one run")
@@ -47,7 +51,7 @@ def main(args) -> int:
     try:
         return handlers[args.command](args)
     except SourceError as exc:
-        print(f"gradwatch {args.command}: {exc}", file=sys.stderr)
+        print(printable(f"gradwatch {args.command}: {exc}"), file=sys.stderr)  # may quote a run's name
         return 1
     except KeyboardInterrupt:
         print(f"gradwatch {args.command}: interrupted", file=sys.stderr)
@@ -63,11 +67,13 @@ def run_runs(args) -> int:
 
 
 def _ls(source, args) -> int:
-    runs = source.runs(project=args.project, status=args.status)
+    query = {"where": args.where, "order_by": args.order_by, "columns": args.columns, "limit": args.limit}
+    runs = source.runs(project=args.project, status=args.status, **{k: v for k, v in query.items() if v})
+    extra = column_names(args.columns)
     if args.json:
         print(json.dumps(runs, indent=1))
         return 0
-    rows = [("ID", "PROJECT", "NAME", "STATUS", "STEP", "ALERTS")]
+    rows = [("ID", "PROJECT", "NAME", "STATUS", "STEP", "ALERTS", *[name.upper() for name in extra])]
     rows += [
         (
             str(r["id"]),
@@ -76,13 +82,36 @@ def _ls(source, args) -> int:
             r["status"],
             "" if r["last_step"] is None else str(r["last_step"]),
             str(r["alert_count"]),
+            *[cell(r, name) for name in extra],
         )
         for r in runs
     ]
+    rows = [tuple(printable(cell) for cell in row) for row in rows]  # names may hold terminal escapes
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())  # cells made printable above
     return 0
+
+
+def column_names(columns: str | None) -> list[str]:
+    """The ``--columns`` names as given (commas inside ``at_min(...)`` do not split)."""
+    import re
+
+    return [m.group(0).strip() for m in re.finditer(r"[^,()]+(?:\([^)]*\))?", columns or "") if m.group(0).strip()]
+
+
+def cell(run: dict, name: str) -> str:
+    """One ``--columns`` value of a run as text: config.<key> or summary.<key>.<field>."""
+    if name.startswith("config."):
+        value = run.get("config", {})
+        for part in name[len("config.") :].split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return "" if value is None else str(value)
+    key, _, part = name[len("summary.") :].rpartition(".")
+    if "(" in name:
+        key, part = name[len("summary.") :].split(".at_", 1)[0], "at_" + name.split(".at_", 1)[-1]
+    value = run.get("summary", {}).get(key, {}).get(part)
+    return "" if value is None else str(value)
 
 
 def _rm(source, args) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import urllib.error
@@ -46,8 +47,8 @@ class HttpSource:
                 "start it with `gradwatch serve`, pass --server URL, or read a database with --db"
             ) from None
 
-    def runs(self, project=None, status=None):
-        return self._call("GET", "/api/runs", project=project, status=status)
+    def runs(self, project=None, status=None, **query):  # query: where, order_by, columns, limit
+        return self._call("GET", "/api/runs", project=project, status=status, **query)
 
     def run(self, run_id: int):
         return self._call("GET", f"/api/runs/{run_id}")
@@ -85,10 +86,14 @@ class DbSource:
         except NotFound as exc:
             raise SourceError(str(exc)) from None
 
-    def runs(self, project=None, status=None):
+    def runs(self, project=None, status=None, **query):  # query: where, order_by, columns, limit
         from gradwatch_server.storage import store
+        from gradwatch_server.storage.query import QueryError
 
-        return self._read(store.list_runs, project=project, status=status)
+        try:
+            return self._read(store.list_runs, project=project, status=status, **query)
+        except QueryError as exc:
+            raise SourceError(str(exc)) from None
 
     def run(self, run_id: int):
         from gradwatch_server.storage import store
@@ -147,6 +152,16 @@ def decode(values: list) -> list:
     return [protocol.decode_float(v) for v in values]
 
 
+# C0 and C1 controls, DEL and the bidi overrides: what lets a name in a run retitle a terminal, colour
+# it, move the cursor, start a forged row or read backwards.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text) -> str:
+    """Text from a run (names, keys, tags) safe to print on a terminal: controls shown as escapes."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
+
+
 class Progress:
     """A progress line on stderr, rewritten in place on a terminal, a line every few seconds otherwise."""
 
@@ -161,7 +176,7 @@ class Progress:
         now = time.monotonic()
         if self.done >= self.total or now - self._last >= (0.1 if self.tty else 2.0):
             self._last = now
-            line = f"gradwatch: {self.what} {self.done}/{self.total}{' ' + note if note else ''}"
+            line = printable(f"gradwatch: {self.what} {self.done}/{self.total}{' ' + note if note else ''}")
             self.stream.write(("\r" + line + "\033[K") if self.tty else line + "\n")
             if self.tty and self.done >= self.total:
                 self.stream.write("\n")

@@ -9,7 +9,6 @@ either way (tests/test_health.py compares the two on random streams).
 
 from __future__ import annotations
 
-from gradwatch_server.health import registry
 from gradwatch_server.health.common import Observation
 from gradwatch_server.health.rule import Columns
 
@@ -19,7 +18,7 @@ def observe_batch(monitor, steps, scalars, vectors) -> list:
     if len(steps) == 0:
         return []
     cols = Columns.of(steps, scalars, vectors, monitor.th)
-    slow = {rule.name for rule in registry.RULES if not rule.bulk(monitor.state(rule), cols)}
+    slow = {rule.name for rule in monitor.rules() if not rule.bulk(monitor.state(rule), cols)}
     if not slow:
         return []
     alerts = []

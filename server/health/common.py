@@ -21,6 +21,7 @@ class Alert:
     layer: str | None = None
     key: str | None = None
     confirmed_step: int | None = None
+    update: int = 0  # > 0: not a new alert but this many more bad checks of an open episode (count, last step, worst)
 
     def __post_init__(self):
         if self.confirmed_step is None:
@@ -59,6 +60,11 @@ def episode(state: dict, bad: bool, cooldown: float) -> bool:
         if state["healthy"] >= cooldown:
             state["open"] = False
     return False
+
+
+def going_on(state: dict, bad: bool, opened: bool) -> bool:
+    """Whether this check is one more bad step of an episode already open (the alert follows it)."""
+    return bad and not opened and bool(state.get("open"))
 
 
 def healthy_run(state: dict, n: int, cooldown: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 # (pattern on "Type: message", title, advice). First match wins; order from specific to generic.
@@ -87,3 +88,27 @@ def diagnose(exc_type: str, message: str, memory: dict | None = None) -> dict | 
                 advice = f"Memory at the failure: {held}. " + advice
             return {"title": title, "advice": advice}
     return None
+
+
+def with_incident(error_json: str, incidents: list[dict]) -> str:
+    """A stored error (JSON) with its diagnosis told in the light of the run's open divergence incident."""
+    error = json.loads(error_json)
+    error["diagnosis"] = in_incident(error.get("diagnosis"), incidents)
+    return json.dumps(error)
+
+
+def in_incident(diagnosis: dict | None, incidents: list[dict]) -> dict | None:
+    """A crash while a divergence incident is open: the diagnosis names it, since the crash is most likely its
+    consequence (NaN/inf reaching an op that refuses it, an assert on the loss, a scaler giving up)."""
+    open_ = [i for i in incidents if i.get("family") == "divergence" and i.get("status") != "resolved"]
+    if not open_:
+        return diagnosis
+    inc = open_[-1]
+    cause = f"; {inc['cause']}" if inc.get("cause") else ""
+    note = (
+        f"This run diverged at step {inc['first_step']} ({inc['kind']}{cause}) before it crashed: the crash is most "
+        "likely a consequence. Fix the divergence first: a lower learning rate, warmup, gradient clipping."
+    )
+    if diagnosis is None:
+        return {"title": "Crashed after diverging", "advice": note, "incident_id": inc["id"]}
+    return {**diagnosis, "advice": note + " " + diagnosis["advice"], "incident_id": inc["id"]}

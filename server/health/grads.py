@@ -13,7 +13,17 @@ from collections import deque
 import numpy as np
 
 from gradwatch.protocol import is_loss_key
-from gradwatch_server.health.common import GLOBAL, Alert, Observation, episode, fmt, has_grads, healthy_run, names
+from gradwatch_server.health.common import (
+    GLOBAL,
+    Alert,
+    Observation,
+    episode,
+    fmt,
+    going_on,
+    has_grads,
+    healthy_run,
+    names,
+)
 from gradwatch_server.health.rule import Columns, Rule
 
 _INF = math.inf
@@ -89,8 +99,15 @@ def check_exploding_gradients(state: dict, obs: Observation, th: dict) -> list[A
     factor = th["exploding_gradients.early_factor" if early else "exploding_gradients.factor"]
     baseline = statistics.median(history) if history else None
     history.append(g)
-    relative = baseline is not None and baseline > 0 and g > factor * baseline
-    if not episode(state, g > th["exploding_gradients.ceiling"] or relative, th["exploding_gradients.cooldown"]):
+    # The absolute floor: a converged model's norm of 0.0015 is 1,000x a median of 1e-6 and still harmless.
+    relative = (
+        baseline is not None and baseline > 0 and g > factor * baseline and g > th["exploding_gradients.min_norm"]
+    )
+    bad = g > th["exploding_gradients.ceiling"] or relative
+    opened = episode(state, bad, th["exploding_gradients.cooldown"])
+    if going_on(state, bad, opened):
+        return [Alert("exploding_gradients", obs.step, g, "warning", "", key=GLOBAL, update=1)]
+    if not opened:
         return []
     top = _largest_layer(obs)
     if relative:
@@ -188,7 +205,8 @@ def bulk_exploding_gradients(state: dict, cols: Columns) -> bool:
     sizes = np.minimum(len(old) + np.arange(len(g)), W)
     factor = np.where(sizes < mh, th["exploding_gradients.early_factor"], th["exploding_gradients.factor"])
     has = sizes > 0
-    if not ((low[has] > 0) & (g[has] <= factor[has] * low[has])).all():
+    calm = (low[has] > 0) & (g[has] <= factor[has] * low[has]) | (g[has] <= th["exploding_gradients.min_norm"])
+    if not calm.all():
         return False
     if "history" not in state:
         state["history"] = deque(maxlen=W)

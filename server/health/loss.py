@@ -12,7 +12,7 @@ from collections import deque
 import numpy as np
 
 from gradwatch.protocol import is_loss_key
-from gradwatch_server.health.common import Alert, Observation, episode, fmt, healthy_run
+from gradwatch_server.health.common import Alert, Observation, episode, fmt, going_on, healthy_run
 from gradwatch_server.health.rule import Columns, Rule
 
 SPIKE_REFRESH = 8  # steps between recomputing the spike baseline (median / MAD of the window)
@@ -25,7 +25,11 @@ def check_nan_loss(state: dict, obs: Observation, th: dict) -> list[Alert]:
         if not is_loss_key(key):
             continue
         ks = state.setdefault(key, {})
-        if episode(ks, not math.isfinite(value), th["nan_loss.cooldown"]):
+        bad = not math.isfinite(value)
+        opened = episode(ks, bad, th["nan_loss.cooldown"])
+        if going_on(ks, bad, opened):
+            out.append(Alert("nan_loss", obs.step, value, "critical", "", key=key, update=1))
+        if opened:
             out.append(
                 Alert(
                     "nan_loss",
@@ -57,8 +61,10 @@ def spike_baseline(window) -> tuple[float, float]:
     return med, max(mad, 1e-12 + 1e-6 * abs(med))
 
 
-def is_spike(value: float, med: float, scale: float, factor: float) -> bool:
-    return (value - med) / scale > factor and value - med > 0.5 * abs(med)
+def is_spike(value: float, med: float, scale: float, factor: float, floor: float) -> bool:
+    """Far outside the robust spread, half the median above it, and above the absolute floor (a converged
+    loss at 1e-7 wiggling to 3e-6 is noise, however many MADs that is)."""
+    return (value - med) / scale > factor and value - med > max(0.5 * abs(med), floor)
 
 
 def check_loss_spike(state: dict, obs: Observation, th: dict) -> list[Alert]:
@@ -76,9 +82,12 @@ def check_loss_spike(state: dict, obs: Observation, th: dict) -> list[Alert]:
             if ks["age"] >= SPIKE_REFRESH:
                 ks["baseline"], ks["age"] = spike_baseline(window), 0
             (med, scale), ks["age"] = ks["baseline"], ks["age"] + 1
-            spike = is_spike(value, med, scale, th["loss_spike.factor"])
+            spike = is_spike(value, med, scale, th["loss_spike.factor"], th["loss_spike.min_delta"])
         # Aftershocks of one bad batch are the same episode until the loss is back in range for a while.
-        if episode(ks, spike, th["loss_spike.cooldown"]):
+        opened = episode(ks, spike, th["loss_spike.cooldown"])
+        if going_on(ks, spike, opened):
+            out.append(Alert("loss_spike", obs.step, value, "warning", "", key=key, update=1))
+        if opened:
             out.append(
                 Alert(
                     "loss_spike",
@@ -125,7 +134,10 @@ def check_loss_divergence(state: dict, obs: Observation, th: dict) -> list[Alert
             bad = above  # the episode lasts while the loss stays far above where it started
         else:  # ... and starts with a jump: a loss that creeps up (a KL term, a regulariser) is not one
             bad = above and value > factor * statistics.median(recent)
-        if episode(ks, bad, th["loss_divergence.cooldown"]):
+        opened = episode(ks, bad, th["loss_divergence.cooldown"])
+        if going_on(ks, bad, opened):
+            out.append(Alert("loss_divergence", obs.step, value, "critical", "", key=key, update=1))
+        if opened:
             med = statistics.median(recent)
             out.append(
                 Alert(
@@ -214,7 +226,8 @@ def _spike_plan(ks: dict | None, fin: np.ndarray, th):
     which = np.searchsorted(recompute, np.arange(c), side="right")
     v = fin[first:]
     med, scale = meds[which], scales[which]
-    if (((v - med) / scale > factor) & (v - med > 0.5 * np.abs(med))).any():
+    floor = th["loss_spike.min_delta"]
+    if (((v - med) / scale > factor) & (v - med > np.maximum(0.5 * np.abs(med), floor))).any():
         return None
     if len(recompute):
         final_age = c - int(recompute[-1])

@@ -21,6 +21,7 @@ input mean vanishing gradients; ``.grad is None`` means the graph was cut (detac
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 from gradwatch import contract
@@ -72,15 +73,53 @@ def thresholds(overrides: Mapping | None = None) -> dict:
 relevant = registry.relevant  # whether any rule reads this scalar key
 
 
+def worse(kind: str, new: float | None, old: float | None) -> bool:
+    """Whether ``new`` is a worse value than ``old`` for this kind of alert (non-finite is the worst)."""
+    if new is None:
+        return False
+    if old is None or not math.isfinite(new):
+        return old is None or math.isfinite(old)
+    if not math.isfinite(old):
+        return False
+    return abs(new) < abs(old) if registry.smaller_is_worse(kind) else abs(new) > abs(old)
+
+
+def named_slots(vectors: Mapping) -> dict:
+    """Only the rows the batch's layout names. A layer frozen mid-run while the link is busy puts the records
+    before the freeze (wider), the new layout and the records after it (narrower, padded with "no value" at
+    decode) in one batch: the padding is not a missing gradient, and the wider rows cannot be named by it."""
+    out = {}
+    for key, (layout, rows, values, present) in vectors.items():
+        n = len(layout or ())
+        if n and values.shape[1] > n:
+            narrow = ~present[:, n:].any(axis=1)  # rows logged under this (narrower) layout
+            rows, values, present = rows[narrow], values[narrow, :n], present[narrow, :n]
+        out[key] = (layout, rows, values, present)
+    return out
+
+
 class Monitor:
     """Runs every rule over a run's stream, keeping each rule's state between records."""
 
-    relevant = staticmethod(relevant)
+    relevant = staticmethod(relevant)  # whether a built-in rule reads a key (``reads``: this run's rules)
 
-    def __init__(self, th: Mapping | None = None, meta: dict | None = None):
+    def rules(self) -> tuple:
+        """The registered rules this run applies (all but those its project turned off)."""
+        if self.policy is None or not self.policy.disabled:
+            return registry.RULES
+        return tuple(r for r in registry.RULES if r.kind not in self.policy.disabled)
+
+    def reads(self, key: str) -> bool:
+        """Whether a rule of this run (built in, or a project's custom rule) reads this scalar key."""
+        return relevant(key) or (self.policy is not None and self.policy.reads(key))
+
+    def __init__(self, th: Mapping | None = None, meta: dict | None = None, policy=None):
         self.th = thresholds(th)  # a full table even from a partial or damaged one
         self.meta = meta or {}
+        # A project's rules (rules.policy.Policy): kinds turned off, severities, custom rules on any metric.
+        self.policy = policy
         self.states: dict[str, dict] = {}
+        self.updates: dict = {}  # (kind, key, layer) -> an update Alert folding an open episode's bad steps
 
     def state(self, rule: Rule) -> dict:
         """The rule's state for this run, started from the run's meta on first use."""
@@ -95,21 +134,44 @@ class Monitor:
         obs = Observation(step, scalars, list(layout or []), list(norms if norms is not None else []))
         if len(obs.layers) != len(obs.norms):
             obs.layers = [f"param[{i}]" for i in range(len(obs.norms))]
-        return self.run_rules(obs, None)
+        alerts = self.run_rules(obs, None)
+        self.updates = {}  # record by record (a replay, tests): episode updates are the batch path's news only
+        return alerts
 
     def run_rules(self, obs: Observation, only: set | None) -> list[Alert]:
         """Every registered rule (or those named in ``only``) on one record, in registry order."""
         alerts: list[Alert] = []
         grads = None  # whether the record carries gradients, worked out once if a rule asks
-        for rule in registry.RULES:
+        for rule in self.rules():  # a rule its project turned off keeps its state where it was
             if only is not None and rule.name not in only:
                 continue
             if rule.needs_grads:
                 grads = has_grads(obs) if grads is None else grads
                 if not grads:
                     continue
-            alerts += rule.check(self.state(rule), obs, self.th)
+            for alert in rule.check(self.state(rule), obs, self.th):
+                if alert.update:
+                    self._fold(alert)
+                else:
+                    alerts.append(alert)
         return alerts
+
+    def _fold(self, alert: Alert) -> None:
+        """One update per (kind, key, layer) per batch: the last step, the worst value, how many bad steps."""
+        ident = (alert.kind, alert.key, alert.layer)
+        held = self.updates.get(ident)
+        if held is None:
+            self.updates[ident] = alert
+            return
+        held.update += alert.update
+        held.step = max(held.step, alert.step)
+        if worse(alert.kind, alert.value, held.value):
+            held.value, held.message = alert.value, alert.message
+
+    def take_updates(self) -> list[Alert]:
+        """The open episodes' updates of the last ``observe_batch`` (the alerts follow their episodes)."""
+        out, self.updates = list(self.updates.values()), {}
+        return out if self.policy is None else self.policy.apply(out)
 
     def observe_batch(self, steps, scalars: Mapping, vectors: Mapping) -> list[Alert]:
         """Feed a batch of records at once; the same alerts as ``observe`` on each record in order.
@@ -118,7 +180,11 @@ class Monitor:
         and float64 values. ``vectors``: key -> (layout, rows, values (k, slots), present (k, slots)),
         ``present`` False where ``.grad`` was None.
         """
-        return health_batch.observe_batch(self, steps, scalars, vectors)
+        self.updates = {}  # what a replay of old records (``observe``) folded is not news
+        alerts = health_batch.observe_batch(self, steps, scalars, named_slots(vectors))
+        if self.policy is None:
+            return alerts
+        return self.policy.apply(alerts) + self.policy.run_custom(steps, scalars)
 
     def flush(self) -> list[Alert]:
         """Alerts held back waiting for the next record (a non-finite-gradients alert waits for the loss

@@ -12,11 +12,11 @@ rule module also goes into ``MODULES``. Tests and plug-ins can ``register`` a ru
 from __future__ import annotations
 
 from gradwatch.protocol import is_loss_key
-from gradwatch_server.health import grads, layers, loss, system
+from gradwatch_server.health import early_warning, grads, layers, loss, stuck, system, throughput
 from gradwatch_server.health.rule import Rule
 
 # Their rules run in this order, which is the order of the alerts several rules raise on one record.
-MODULES = (loss, grads, layers, system)
+MODULES = (loss, grads, layers, system, stuck, early_warning, throughput)
 
 RULES: tuple[Rule, ...] = ()
 _reads: frozenset = frozenset()  # the scalar keys some rule reads

@@ -9,20 +9,23 @@ malformed record, a key over the run's limit) is left out, counted, and reported
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 
 from gradwatch import contract, protocol
 from gradwatch_server.health import monitor as health
 from gradwatch_server.health.alerts import AlertBook
-from gradwatch_server.health.diagnose import diagnose
+from gradwatch_server.health.diagnose import diagnose, with_incident
 from gradwatch_server.ingest.batch import Batch
 from gradwatch_server.ingest.hello import clean_json
-from gradwatch_server.storage import chunks, db, rollup
+from gradwatch_server.ingest.limits import cap_alert_events
+from gradwatch_server.rules import policy as project_rules
+from gradwatch_server.storage import chunks, db, rollup, summaries
 
 
 @dataclass
@@ -55,12 +58,13 @@ def load_state(conn, run_id: int) -> RunState:
         state.key_ids[row.key] = row.id
         if row.layers is not None:
             state.layouts[row.key] = json.loads(row.layers)
-    cfg, meta, state.last_step, state.last_seq = conn.execute(
-        select(db.runs.c.alert_config, db.runs.c.meta, db.runs.c.last_step, db.runs.c.last_seq).where(
-            db.runs.c.id == run_id
-        )
+    cfg, meta, state.last_step, state.last_seq, project = conn.execute(
+        select(
+            db.runs.c.alert_config, db.runs.c.meta, db.runs.c.last_step, db.runs.c.last_seq, db.runs.c.project
+        ).where(db.runs.c.id == run_id)
     ).one()
-    state.monitor = health.Monitor(health.thresholds(_loads(cfg)), meta=_loads(meta))
+    th, policy = project_rules.for_run(conn, project, _loads(cfg))  # the run's own alerts= win over the project's
+    state.monitor = health.Monitor(health.thresholds(th), meta=_loads(meta), policy=policy)
     state.alerts = AlertBook.load(conn, run_id)
     _replay_recent(conn, state)
     return state
@@ -122,10 +126,22 @@ def claim_seq(conn, run_id: int, seq: int) -> bool:
     The conditional update locks the run's row until commit, so of two server processes holding the
     same batch (a client that reconnected elsewhere) exactly one stores it; the other sees 0 rows.
     """
-    done = conn.execute(
-        update(db.runs).where(db.runs.c.id == run_id, db.runs.c.last_seq == seq - 1).values(last_seq=seq)
-    )
+    done = conn.execute(_CLAIM, {"rid": run_id, "prev": seq - 1, "new_seq": seq})
     return done.rowcount == 1
+
+
+# Statements run once per batch, built once: building one in SQLAlchemy cost more than running it.
+_CLAIM = (
+    update(db.runs)
+    .where(db.runs.c.id == bindparam("rid"), db.runs.c.last_seq == bindparam("prev"))
+    .values(last_seq=bindparam("new_seq"))
+)
+
+
+@functools.lru_cache(maxsize=64)
+def _run_update(columns: tuple):
+    """``UPDATE runs SET <columns> WHERE id = :rid``, one per set of columns (a handful in practice)."""
+    return update(db.runs).where(db.runs.c.id == bindparam("rid")).values({c: bindparam(f"v_{c}") for c in columns})
 
 
 def committed_seq(conn, run_id: int) -> int | None:
@@ -140,9 +156,10 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
     del batch.problems[batch.decoding_problems :]  # a retry (after a failed group commit) starts afresh
     _apply_layouts(conn, state, batch, limits)
     stored = _store_columns(conn, state, batch, limits)
-    new_alerts = _observe(state, batch)
+    summaries.record(conn, state.run_id, stored)  # last/min/max per key, one upsert per batch
+    new_alerts = _observe(state, batch) + state.monitor.take_updates()  # alerts follow their open episodes
     run_changes: dict = {"updated_at": now}  # last_seq: written by claim_seq, in this same transaction
-    for ev in batch.events:
+    for ev in cap_alert_events(batch.events, state.alerts.rows, batch.problems):
         try:
             new_alerts += _apply_event(state, ev, run_changes)
         except (protocol.ProtocolError, TypeError, ValueError, OverflowError) as exc:
@@ -150,10 +167,14 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
     if batch.problems:
         new_alerts.append(refused_alert(batch))
     changed = [state.alerts.record(conn, a, now) for a in new_alerts]
+    if "error" in run_changes:  # a crash right after a divergence (even in the same batch) is told as part of it
+        run_changes["error"] = with_incident(run_changes["error"], state.alerts.incidents.rows)
     if len(batch.steps):
         newest = int(batch.steps.max())
         run_changes["last_step"] = newest if state.last_step is None else max(newest, state.last_step)
-    conn.execute(update(db.runs).where(db.runs.c.id == state.run_id).values(**run_changes))
+    conn.execute(
+        _run_update(tuple(run_changes)), {"rid": state.run_id, **{f"v_{c}": v for c, v in run_changes.items()}}
+    )
     state.last_step = run_changes.get("last_step", state.last_step)
     state.last_seq = batch.seq
     return {
@@ -250,7 +271,7 @@ def _accept(conn, state: RunState, batch: Batch, limits: Limits, kind: str, key:
 
 def _observe(state: RunState, batch: Batch) -> list:
     """The health rules over the whole batch (``Monitor.observe_batch``): the keys they read, in record order."""
-    scalars = {k: c for k, c in batch.scalars.items() if health.relevant(k)}
+    scalars = {k: c for k, c in batch.scalars.items() if state.monitor.reads(k)}  # a project's custom rules too
     grad = batch.vectors.get(health.GRAD_VECTOR)
     if not scalars and grad is None:
         return []

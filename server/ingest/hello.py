@@ -14,6 +14,7 @@ from gradwatch import contract, protocol
 from gradwatch_server.health import monitor as health
 from gradwatch_server.health.alerts import insert_alert
 from gradwatch_server.storage import db
+from gradwatch_server.storage.store import json_depth
 
 
 def open_run(conn, info: dict, server_alerts: dict, now: float | None = None, resume_from: int | None = None) -> dict:
@@ -25,12 +26,21 @@ def open_run(conn, info: dict, server_alerts: dict, now: float | None = None, re
     if row is not None and row.secret is not None and not hmac.compare_digest(row.secret, _secret_hash(info) or ""):
         # A uid alone (it shows in URLs and logs) must not let anyone resume, move the run's sequence or add data.
         raise protocol.ProtocolError("this run uid belongs to another client (its run secret does not match)")
+    if row is not None and row.secret is None:
+        # Nothing can prove who owns a run made without a secret (gradwatch before run secrets, or a
+        # client that sent none): resuming it would let anyone with the token move its sequence ahead
+        # so the real client's batches are dropped as duplicates. Its data stays readable.
+        raise protocol.ProtocolError(
+            f"run {row.id} was created without a run secret, so nothing proves this client owns it: it is "
+            "read-only (its data stays); start a new run to keep logging"
+        )
     if row is not None:
         conn.execute(update(db.runs).where(db.runs.c.id == row.id).values(seen_at=now))
         if row.status in ("crashed", "stalled"):
             conn.execute(update(db.runs).where(db.runs.c.id == row.id).values(status="running", updated_at=now))
         out = {"run_id": row.id, "acked_seq": row.last_seq, "created": False}
     else:
+        check_limits(info)  # only a new run stores the documents: a resume never re-reads them
         out = _create_run(conn, info, server_alerts, now)
     if resume_from is not None and resume_from > out["acked_seq"] + 1:
         _skip_lost_batches(conn, out, resume_from, now)
@@ -82,6 +92,34 @@ def ensure_layouts(
         )
         added.append(key)
     return added
+
+
+def check_limits(info: dict) -> None:
+    """The size, nesting and tag caps of a new run's hello; ProtocolError naming the cap (docs/security.md)."""
+    for name in ("config", "meta", "alerts"):
+        value = info.get(name)
+        if value is None:
+            continue
+        depth = json_depth(value, contract.MAX_DOC_DEPTH)
+        if depth > contract.MAX_DOC_DEPTH:
+            raise protocol.ProtocolError(
+                f"hello.run.{name} is nested more than {contract.MAX_DOC_DEPTH} levels deep; flatten it"
+            )
+        size = len(json.dumps(value, ensure_ascii=False, default=str))
+        if size > contract.MAX_DOC_BYTES:
+            raise protocol.ProtocolError(
+                f"hello.run.{name} is {size} bytes of JSON, over the limit of {contract.MAX_DOC_BYTES}; "
+                "log big values as artifacts, not in the config"
+            )
+    check_tags(info.get("tags") or [], "hello.run.tags")
+
+
+def check_tags(tags, field: str = "tags") -> None:
+    """The tag caps shared by a hello and an edit (PATCH); ProtocolError (a ValueError) naming them."""
+    if not isinstance(tags, list) or len(tags) > contract.MAX_TAGS:
+        raise protocol.ProtocolError(f"{field} must be a list of at most {contract.MAX_TAGS} tags")
+    if not all(isinstance(t, str) and 0 < len(t) <= contract.MAX_TAG_LEN for t in tags):
+        raise protocol.ProtocolError(f"{field} must be strings of 1-{contract.MAX_TAG_LEN} characters each")
 
 
 def _create_run(conn, info: dict, server_alerts: dict, now: float) -> dict:

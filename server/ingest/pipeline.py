@@ -10,6 +10,7 @@ reloads it from the database. Nothing else touches the cache.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from gradwatch import protocol
 from gradwatch.contract import CLIENT_ENDINGS
@@ -19,6 +20,9 @@ from gradwatch_server.ingest.batch import Batch, decode
 from gradwatch_server.ingest.stats import IngestStats, batch_points
 from gradwatch_server.ingest.writer import Writer
 from gradwatch_server.live.publisher import Publisher
+
+BUSY = 0.5  # the writer's share of time past which clients are asked to batch more (preferred_gap)
+MAX_GAP = 0.2  # the longest gap asked for, in seconds: a point still reaches an open page in < 250 ms
 
 
 class Pipeline:
@@ -40,6 +44,7 @@ class Pipeline:
         self.limits = limits or apply.Limits()
         self.alert_overrides = alert_overrides or {}
         self._states: dict[int, apply.RunState] = {}  # touched only on the writer thread
+        self._load = (time.perf_counter(), 0.0, 0.0)  # (when, writer busy seconds then, utilisation)
 
     # -- the cache -----------------------------------------------------------------------------
     def invalidate(self, run_id: int) -> None:
@@ -69,6 +74,24 @@ class Pipeline:
         if result.get("skipped") or added or not result["created"]:
             self.invalidate(result["run_id"])  # its cached seq / keys may be behind the database now
         return result
+
+    # -- how busy the writer is -----------------------------------------------------------------
+    def preferred_gap(self) -> float:
+        """Seconds a client should leave between its batches (0: send at once), sent in every ack.
+
+        Each batch costs the writer about the same whatever its size, so when the writer is busy
+        the cheapest relief is fewer, larger batches: past ``BUSY`` of the writer's time over the
+        last half second, the gap grows linearly to ``MAX_GAP`` at saturation. An idle server
+        asks for nothing, so a lone run's points still arrive within milliseconds.
+        """
+        now, busy = time.perf_counter(), self.writer.busy_seconds
+        then, busy_then, load = self._load
+        if now - then >= 0.5:
+            load = min(1.0, (busy - busy_then) / (now - then))
+            self._load = (now, busy, load)
+        if load <= BUSY:
+            return 0.0
+        return round(MAX_GAP * min(1.0, (load - BUSY) / (1.0 - BUSY)), 3)
 
     # -- a batch -------------------------------------------------------------------------------
     @staticmethod

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -29,6 +30,7 @@ class Writer:
         self.on_group_failure = on_group_failure
         self._jobs: queue.Queue = queue.Queue()
         self._held = None  # a job taken while collecting a group that did not belong to it
+        self.busy_seconds = 0.0  # seconds spent running jobs (read by Pipeline.preferred_gap, any thread)
         self._thread = threading.Thread(target=self._loop, name="gradwatch-writer", daemon=True)
         self._thread.start()
 
@@ -68,7 +70,10 @@ class Writer:
                         self._held = more  # run after this group, in order
                         break
                     jobs.append(more)
+                # Wall time, not CPU: a writer waiting on fsync or starved of a core is a bottleneck all the same.
+                started = time.perf_counter()
                 self._run(conn, [j for j in jobs if j[2].set_running_or_notify_cancel()])
+                self.busy_seconds += time.perf_counter() - started
 
     def _run(self, conn, jobs: list) -> None:
         if len(jobs) > 1:

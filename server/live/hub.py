@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+from collections import deque
 
 import numpy as np
 
@@ -12,7 +13,8 @@ from gradwatch import protocol
 
 log = logging.getLogger("gradwatch.server")
 RUNS_CHANNEL = "runs"
-QUEUE_LIMIT = 1000
+QUEUE_LIMIT = 1000  # messages one page may have waiting
+PAGE_BYTES = 8 << 20  # default bytes one page may have waiting (the max_page_bytes setting)
 
 
 def encode(message: dict) -> str:
@@ -23,6 +25,42 @@ def encode(message: dict) -> str:
 RESYNC = encode({"type": "resync"})
 
 
+class Feed:
+    """One page's pushes waiting to be sent, bounded in count and bytes: a page that falls behind
+    either is dropped to a single ``resync`` (it reloads its data) instead of holding ever more."""
+
+    def __init__(self, budget: int = PAGE_BYTES):
+        self.budget = budget
+        self.items: deque = deque()
+        self.bytes = 0
+        self.resyncs = 0  # how often this page fell behind (tests, diagnostics)
+        self._ready = asyncio.Event()
+
+    def put(self, text: str) -> None:
+        if len(self.items) >= QUEUE_LIMIT or self.bytes + len(text) > self.budget:
+            self.items.clear()
+            self.bytes, text = 0, RESYNC
+            self.resyncs += 1
+        self.items.append(text)
+        self.bytes += len(text)
+        self._ready.set()
+
+    async def get(self) -> str:
+        while not self.items:
+            self._ready.clear()
+            await self._ready.wait()
+        return self.get_nowait()
+
+    def get_nowait(self) -> str:
+        """The oldest waiting push; IndexError when none waits."""
+        text = self.items.popleft()
+        self.bytes -= len(text)
+        return text
+
+    def qsize(self) -> int:
+        return len(self.items)
+
+
 class Hub:
     """Channels are a run id (its points, alerts, status) or "runs" (the runs list).
 
@@ -30,7 +68,8 @@ class Hub:
     holds the same string, and its websocket sends it as is.
     """
 
-    def __init__(self):
+    def __init__(self, page_bytes: int = PAGE_BYTES):
+        self.page_bytes = page_bytes
         self._subs: dict = {}
         # Set with several server processes: forward(channel, message, text) also sends every
         # message to the others (text: the encoded message, None when no page here listens).
@@ -47,13 +86,13 @@ class Hub:
     def channels(self) -> int:
         return sum(1 for queues in self._subs.values() if queues)
 
-    def subscribe(self, channel) -> asyncio.Queue:
-        """A page's queue of pushes on ``channel``, each already encoded text."""
-        queue: asyncio.Queue = asyncio.Queue(QUEUE_LIMIT)
+    def subscribe(self, channel) -> Feed:
+        """A page's feed of pushes on ``channel``, each already encoded text."""
+        queue = Feed(self.page_bytes)
         self._subs.setdefault(channel, set()).add(queue)
         return queue
 
-    def unsubscribe(self, channel, queue: asyncio.Queue) -> None:
+    def unsubscribe(self, channel, queue: Feed) -> None:
         self._subs.get(channel, set()).discard(queue)
 
     def publish(self, channel, message: dict) -> None:
@@ -72,12 +111,7 @@ class Hub:
     def deliver_text(self, channel, text: str) -> None:
         """Deliver encoded text on the event loop; a page too slow to keep up is told to reload its data."""
         for queue in list(self._subs.get(channel, ())):
-            try:
-                queue.put_nowait(text)
-            except asyncio.QueueFull:
-                while not queue.empty():
-                    queue.get_nowait()
-                queue.put_nowait(RESYNC)
+            queue.put(text)
 
     @staticmethod
     def _encoded(message: dict) -> str:

@@ -29,6 +29,8 @@ class Publisher:
         self.aread = aread
         self.webhook = webhook
         self.base_url = ""  # for links in webhook posts
+        self.notifier = None  # notify.dispatcher.Notifier: a project's channels (set by services)
+        self._summaries: dict = {}  # run id -> another change came while its summary was being read
         # Several server processes over one PostgreSQL: pages see what any of them ingests.
         self.fanout = PgFanout(engine, self._from_other_process) if engine.dialect.name == "postgresql" else None
 
@@ -54,6 +56,8 @@ class Publisher:
     def alert(self, run_id: int, alert: dict) -> None:
         """A new or updated alert to the run's pages; a new one also to the webhook."""
         self.hub.publish(run_id, {"type": "alert", "alert": alert})
+        if self.notifier is not None and alert.get("count", 1) == 1:  # queued, never waited on
+            self.notifier.offer(run_id, alert)
         if self.webhook is not None and alert.get("count", 1) == 1:  # a recurrence updates, it does not re-page
             asyncio.ensure_future(self._post_alert(run_id, alert))
 
@@ -62,25 +66,41 @@ class Publisher:
         self.hub.publish(RUNS_CHANNEL, {"type": "progress", "id": run_id, "last_step": last_step})
 
     async def run_changed(self, run_id: int) -> None:
-        """A run's summary (status, name, alert count, ...) to the runs list and the run's pages."""
+        """A run's summary (status, name, alert count, ...; never its config) to the runs list and the
+        run's pages. At most one read per run is in flight: changes meanwhile are folded into one more."""
+        if not (self.hub.has(RUNS_CHANNEL) or self.hub.has(run_id) or self.fanout is not None):
+            return  # nobody could see it
+        if run_id in self._summaries:
+            self._summaries[run_id] = True
+            return
+        self._summaries[run_id] = False
         try:
-            summary = await self.aread(store.get_run, run_id)
+            while True:
+                summary = await self.aread(store.run_summary, run_id)
+                self.hub.publish(RUNS_CHANNEL, {"type": "run", "run": summary})
+                self.hub.publish(run_id, {"type": "run", "run": summary})
+                if not self._summaries[run_id]:
+                    return
+                self._summaries[run_id] = False
         except store.NotFound:
             return
-        self.hub.publish(RUNS_CHANNEL, {"type": "run", "run": summary})
-        self.hub.publish(run_id, {"type": "run", "run": summary})
+        finally:
+            del self._summaries[run_id]
 
     def deleted(self, run_id: int) -> None:
         self.hub.publish(RUNS_CHANNEL, {"type": "deleted", "id": run_id})
         self.hub.publish(run_id, {"type": "deleted", "id": run_id})
 
     async def _post_alert(self, run_id: int, alert: dict) -> None:
+        if not self.webhook.accepts(run_id):  # over this run's rate: counted there, no read needed
+            self.webhook.send(None, run_id)
+            return
         try:
-            run = await self.aread(store.get_run, run_id)
+            run = await self.aread(store.run_summary, run_id)
         except store.NotFound:
             run = None
         brief = {k: run[k] for k in ("id", "project", "name", "status", "last_step")} if run else None
-        self.webhook.send(payload(alert, brief, self.base_url))
+        self.webhook.send(payload(alert, brief, self.base_url), run_id)
 
     # -- the other server processes (PostgreSQL LISTEN/NOTIFY) ----------------------------------
     def _to_other_processes(self, channel, message: dict, encoded: str | None) -> None:
@@ -103,7 +123,8 @@ class Publisher:
         """A message from another process too big for a NOTIFY: read it back, for this process's pages."""
         try:
             if ref.get("type") == "run" and ref.get("run_id") is not None:
-                self.hub.deliver(channel, {"type": "run", "run": await self.aread(store.get_run, ref["run_id"])})
+                summary = await self.aread(store.run_summary, ref["run_id"])
+                self.hub.deliver(channel, {"type": "run", "run": summary})
             elif ref.get("type") == "points" and ref.get("lo") is not None:
                 stored = await self.aread(store.points_between, ref["run_id"], ref["keys"], ref["lo"], ref["hi"])
                 self.hub.deliver(channel, points_message(ref["run_id"], stored, ref.get("last_step")))

@@ -111,19 +111,16 @@ class Writes:
         if self.full:
             conn.execute(db.chunks.insert(), self.full)
         if self.small:
-            ids = (
-                conn.execute(
-                    db.chunks.insert().returning(db.chunks.c.id, sort_by_parameter_order=True),
-                    [row for _tail, _points, row in self.small],
-                )
-                .scalars()
-                .all()
-            )
+            ids = conn.execute(_INSERT_SMALL, [row for _tail, _points, row in self.small]).scalars().all()
             for (tail, points, _row), row_id in zip(self.small, ids):
                 tail.ids.append(row_id)
                 tail.parts.append(points)
                 tail.n += len(points)
         self.deletes, self.full, self.small = [], [], []
+
+
+# Built once: a live batch writes a small row per key, and building the statement cost more than running it.
+_INSERT_SMALL = db.chunks.insert().returning(db.chunks.c.id, sort_by_parameter_order=True)
 
 
 def append(writes: Writes, tail: Tail, key_id: int, points: Points) -> None:

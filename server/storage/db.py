@@ -35,6 +35,14 @@ from gradwatch.contract import MAX_KEY_LEN, MAX_NAME_LEN
 
 metadata = MetaData()
 
+sessions = Table(  # browser logins (web/sessions.py): the cookie's SHA-256, never the cookie itself
+    "sessions",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("created_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False, index=True),
+)
+
 runs = Table(
     "runs",
     metadata,
@@ -94,6 +102,22 @@ rollups = Table(  # per-block summaries for fast, spike-preserving reads of big 
     UniqueConstraint("key_id", "level", "block", name="uq_rollups_key_level_block"),
 )
 
+summaries = Table(  # per run and scalar key: last, min, max (with their steps), count; kept at ingest (summaries.py)
+    "summaries",
+    metadata,
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("key", String(MAX_KEY_LEN), nullable=False),
+    Column("count", Integer, nullable=False),
+    Column("nans", Integer, nullable=False, default=0, server_default="0"),  # NaN values (SQL has no NaN)
+    Column("last", Float),  # NULL: the last value was NaN
+    Column("last_step", BigInteger),
+    Column("min", Float),  # NULL: no value but NaN so far
+    Column("min_step", BigInteger),
+    Column("max", Float),
+    Column("max_step", BigInteger),
+    UniqueConstraint("run_id", "key", name="uq_summaries_run_key"),
+)
+
 alerts = Table(
     "alerts",
     metadata,
@@ -111,6 +135,67 @@ alerts = Table(
     Column("message", Text, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float),
+    Column("incident_id", Integer, index=True),  # the incident it belongs to (health/incidents.py)
+)
+
+project_rules = Table(  # a project's alert rules as edited in the page (server/rules/policy.py)
+    "project_rules",
+    metadata,
+    Column("project", String(MAX_NAME_LEN), primary_key=True),
+    Column("rules", Text, nullable=False),  # the validated rules document, JSON
+    Column("updated_at", Float, nullable=False),
+    Column("updated_by", String(200)),
+)
+
+rules_log = Table(  # who changed a project's rules, what and when
+    "rules_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("project", String(MAX_NAME_LEN), nullable=False, index=True),
+    Column("at", Float, nullable=False),
+    Column("by", String(200)),
+    Column("changes", Text, nullable=False),  # JSON list of "what: before -> after"
+)
+
+notify_channels = Table(  # a project's notification channels (server/notify/channels.py)
+    "notify_channels",
+    metadata,
+    Column("project", String(MAX_NAME_LEN), primary_key=True),
+    Column("channels", Text, nullable=False),  # JSON list of validated channels
+    Column("updated_at", Float, nullable=False),
+)
+
+deliveries = Table(  # every notification sent or given up on, with why
+    "deliveries",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("project", String(MAX_NAME_LEN), nullable=False, index=True),
+    Column("run_id", Integer),
+    Column("incident_id", Integer),
+    Column("channel", String(400), nullable=False),  # e.g. "slack https://hooks..." or "email a@b"
+    Column("status", String(16), nullable=False),  # delivered / failed / limited
+    Column("reason", Text),
+    Column("attempts", Integer, nullable=False),
+    Column("at", Float, nullable=False),
+)
+
+incidents = Table(  # alerts of a run that share a cause: a root and its consequences (health/incidents.py)
+    "incidents",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False, index=True),
+    Column("root_alert_id", Integer),
+    Column("kind", String(40), nullable=False),  # the root alert's kind
+    Column("family", String(40), nullable=False),  # which kinds may join it
+    Column("cause", Text),  # the cause when one is visible (the LR at onset against where the loss fell, a layer)
+    Column("first_step", BigInteger),
+    Column("last_step", BigInteger),
+    Column("severity", String(16), nullable=False),
+    Column("status", String(16), nullable=False, default="open"),  # open / acknowledged / snoozed / resolved
+    Column("snoozed_until", Float),
+    Column("status_by", String(200)),  # who changed the status
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
 )
 
 

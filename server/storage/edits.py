@@ -7,7 +7,7 @@ import json
 from sqlalchemy import delete, select, update
 
 from gradwatch import protocol
-from gradwatch.contract import MAX_NAME_LEN
+from gradwatch.contract import MAX_NAME_LEN, MAX_TAG_LEN, MAX_TAGS
 from gradwatch_server.storage import chunks, db
 from gradwatch_server.storage.store import NotFound
 
@@ -30,8 +30,12 @@ def check_changes(body: dict) -> dict:
         changes["name"] = body["name"].strip()
     if "tags" in body:
         tags = body["tags"]
-        if not isinstance(tags, list) or not all(isinstance(t, str) and 0 < len(t) <= 64 for t in tags):
-            raise ValueError("tags must be a list of strings (1-64 characters each)")
+        if (
+            not isinstance(tags, list)
+            or len(tags) > MAX_TAGS
+            or not all(isinstance(t, str) and 0 < len(t) <= MAX_TAG_LEN for t in tags)
+        ):
+            raise ValueError(f"tags must be a list of at most {MAX_TAGS} strings (1-{MAX_TAG_LEN} characters each)")
         changes["tags"] = json.dumps(list(dict.fromkeys(tags)))
     if "notes" in body:
         if not isinstance(body["notes"], str) or len(body["notes"]) > 20000:
@@ -57,6 +61,7 @@ def delete_run(conn, run_id: int) -> None:
     conn.execute(delete(db.rollups).where(db.rollups.c.key_id.in_(key_ids)))
     conn.execute(delete(db.metric_keys).where(db.metric_keys.c.run_id == run_id))
     conn.execute(delete(db.alerts).where(db.alerts.c.run_id == run_id))
+    conn.execute(delete(db.incidents).where(db.incidents.c.run_id == run_id))
     conn.execute(delete(db.runs).where(db.runs.c.id == run_id))
 
 

@@ -23,7 +23,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 from sqlalchemy.schema import CreateColumn
 
-from gradwatch_server.storage import chunks, db, rollup
+from gradwatch_server.storage import chunks, db, rollup, summaries
 
 log = logging.getLogger("gradwatch.server")
 
@@ -58,6 +58,7 @@ def upgrade(engine) -> None:
             )
             command.upgrade(config, "head")
         ensure_schema(conn)  # repairs by hand-made changes too (a dropped column or index): cheap, idempotent
+        summaries.backfill(conn)  # runs stored before the summaries table: from their chunks, once
 
 
 def revision(conn) -> str | None:

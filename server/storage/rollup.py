@@ -117,11 +117,11 @@ class Writes:
 
     def flush(self, conn) -> None:
         if self.inserts:
-            conn.execute(db.rollups.insert(), self.inserts)
+            conn.execute(_INSERT, self.inserts)
         if self.updates:
-            conn.execute(_UPDATE.values(n=bindparam("n"), data=bindparam("d")), self.updates)
+            conn.execute(_REWRITE, self.updates)
         if self.counts:
-            conn.execute(_UPDATE.values(n=bindparam("n")), self.counts)
+            conn.execute(_RECOUNT, self.counts)
         self.inserts, self.updates, self.counts = [], [], []
 
 
@@ -162,6 +162,7 @@ def _update(conn, cache: dict, targets: list, slots: int, steps, walls, values, 
     # A live batch (~20 steps) usually falls inside one block of every level but the finest: one
     # summary of the whole batch serves all of those; only levels it straddles are cut per block.
     whole = summarise(st, wl, vals, present, np.zeros(len(st), dtype=np.int64))
+    items = []  # (key_id, level, block, n, summary) of every level: folded in one stacked numpy pass
     for level in levels_for(slots):
         first, last = int(st[0] // level), int(st[-1] // level)
         if first == last:
@@ -170,29 +171,31 @@ def _update(conn, cache: dict, targets: list, slots: int, steps, walls, values, 
             ids, ns, sums = summarise(st, wl, vals, present, (st // level).astype(np.int64))
             parts = list(zip(ids.tolist(), ns.tolist(), sums))
         for b, n, data in parts:
-            _fold(conn, cache, writes, targets, level, int(b), int(n), data)
+            items += [(key_id, level, int(b), int(n), data[:, cols]) for key_id, cols in targets]
+    _fold(conn, cache, writes, items)
 
 
-def _fold(conn, cache: dict, writes: Writes, targets: list, level: int, b: int, n: int, data: np.ndarray) -> None:
-    """One block summary of every target key into its stored block (a new row, a rewrite or a recount).
+def _fold(conn, cache: dict, writes: Writes, items: list) -> None:
+    """Block summaries ``(key_id, level, block, n, data)`` into their stored blocks (new rows, rewrites or recounts).
 
-    The keys whose block already holds points are merged in one stacked numpy pass, not key by key.
+    The blocks that already hold points are merged in one stacked numpy pass, not level by level
+    and key by key: a live batch of one step touches every level of every key, and the fixed cost
+    of a numpy call, not the arithmetic, is what a small batch pays.
     """
     existing = []
-    for key_id, cols in targets:
-        part = data[:, cols]
+    for key_id, level, b, n, part in items:
         hit = cache.get((key_id, level))
         if hit is not None and b > hit[2]:  # a block never seen before: its summary is the batch's
             cache[(key_id, level)] = (b, Block(part.copy(), n, True), b)
             writes.inserts.append({"key_id": key_id, "level": level, "block": b, "n": n, "data": encode(part)})
         else:
-            existing.append((key_id, _cached(conn, cache, key_id, level, b, part.shape[1]), part))
+            existing.append((key_id, level, b, n, _cached(conn, cache, key_id, level, b, part.shape[1]), part))
     if not existing:
         return
-    stacked = np.concatenate([blk.data for _k, blk, _p in existing], axis=1)
-    changed = merge_into(stacked, np.concatenate([p for _k, _b, p in existing], axis=1))
+    stacked = np.concatenate([e[4].data for e in existing], axis=1)
+    changed = merge_into(stacked, np.concatenate([e[5] for e in existing], axis=1))
     offset = 0
-    for key_id, block, part in existing:
+    for key_id, level, b, n, block, part in existing:
         width = part.shape[1]
         block.data[:] = stacked[:, offset : offset + width]
         block.n += n
@@ -212,6 +215,10 @@ def _fold(conn, cache: dict, writes: Writes, targets: list, level: int, b: int, 
 _UPDATE = update(db.rollups).where(
     db.rollups.c.key_id == bindparam("k"), db.rollups.c.level == bindparam("lv"), db.rollups.c.block == bindparam("b")
 )
+# Built once (a live batch runs them every time; building one cost more than running it).
+_INSERT = db.rollups.insert()
+_REWRITE = _UPDATE.values(n=bindparam("n"), data=bindparam("d"))
+_RECOUNT = _UPDATE.values(n=bindparam("n"))
 
 
 def new_key(cache: dict, key_id: int) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 
 from sqlalchemy import func, select
 
-from gradwatch import protocol
-from gradwatch_server.storage import chunks, db, series
+from gradwatch import contract, protocol
+from gradwatch_server.storage import chunks, db, series, summaries
+from gradwatch_server.storage import query as runs_query
 
 
 class NotFound(LookupError):
@@ -30,9 +32,38 @@ def _summary(row, alert_count: int) -> dict:
     }
 
 
+def _json_dict(text) -> dict:
+    try:
+        value = json.loads(text or "{}")
+    except (ValueError, RecursionError):
+        return {}
+    if (
+        json_depth(value, contract.MAX_DOC_DEPTH) > contract.MAX_DOC_DEPTH
+    ):  # stored before the hello checked it: unanswerable
+        return {"gradwatch": f"not shown: nested more than {contract.MAX_DOC_DEPTH} levels deep"}
+    return value if isinstance(value, dict) else {}
+
+
+def json_depth(value, limit: int) -> int:
+    """Nesting depth of a parsed JSON value, counted without recursion and stopping just past ``limit``."""
+    depth, level = 0, [value]
+    while level and depth <= limit:
+        depth += 1
+        nxt = []
+        for item in level:
+            if isinstance(item, dict):
+                nxt.extend(v for v in item.values() if isinstance(v, (dict, list)))
+            elif isinstance(item, list):
+                nxt.extend(v for v in item if isinstance(v, (dict, list)))
+        level = nxt
+    return depth
+
+
 def _last_alerts(conn, run_ids: list[int]) -> dict:
-    """run id -> its newest alert in brief (kind, step, layer, severity, message)."""
-    newest = select(func.max(db.alerts.c.id)).where(db.alerts.c.run_id.in_(run_ids)).group_by(db.alerts.c.run_id)
+    """run id -> the root of its newest incident in brief (kind, step, layer, severity, message): the cause, not
+    the latest consequence (an alert from before incidents is its own root)."""
+    roots = db.alerts.c.incident_id.is_(None) | db.alerts.c.id.in_(select(db.incidents.c.root_alert_id))
+    newest = select(func.max(db.alerts.c.id)).where(db.alerts.c.run_id.in_(run_ids), roots).group_by(db.alerts.c.run_id)
     rows = conn.execute(select(db.alerts).where(db.alerts.c.id.in_(newest.scalar_subquery())))
     return {
         r.run_id: {
@@ -48,9 +79,18 @@ def _last_alerts(conn, run_ids: list[int]) -> dict:
 
 
 def list_runs(
-    conn, project: str | None = None, status: str | None = None, q: str | None = None, tag: str | None = None
+    conn,
+    project: str | None = None,
+    status: str | None = None,
+    q: str | None = None,
+    tag: str | None = None,
+    where: str | None = None,
+    order_by: str | None = None,
+    columns: str | None = None,
+    limit: int | None = None,
 ) -> list[dict]:
-    """Runs, newest first, with their alert counts; optional filters."""
+    """Runs, newest first, with their alert counts and configs; optional filters, the ``where``/``order_by``
+    language (``storage.query``, QueryError on a bad one) and the metric summaries ``columns`` names."""
     counts = select(db.alerts.c.run_id, func.count().label("n")).group_by(db.alerts.c.run_id).subquery()
     query = (
         select(db.runs, func.coalesce(counts.c.n, 0).label("alert_count"))
@@ -63,14 +103,33 @@ def list_runs(
         query = query.where(db.runs.c.status == status)
     if q:
         query = query.where(db.runs.c.name.contains(q, autoescape=True))
-    out = [_summary(r, r.alert_count) for r in conn.execute(query)]
+    query = runs_query.narrow(conn, query, where, order_by)
+    out = [{**_summary(r, r.alert_count), "config": _json_dict(r.config)} for r in conn.execute(query)]
     if tag:
         out = [r for r in out if tag in r["tags"]]
+    out = out[:limit] if limit else out
+    summaries.attach(conn, out, columns)
     alerted = [r["id"] for r in out if r["alert_count"]]
     last = _last_alerts(conn, alerted) if alerted else {}
+    needing = open_incidents(conn, alerted) if alerted else {}
     for r in out:
         r["last_alert"] = last.get(r["id"])
+        r["open_incidents"] = needing.get(r["id"], 0)
     return out
+
+
+def open_incidents(conn, run_ids: list[int]) -> dict:
+    """run id -> how many of its incidents need a look (open, or snoozed until a time now past)."""
+    now = time.time()
+    needing = (db.incidents.c.status == "open") | (
+        (db.incidents.c.status == "snoozed") & (db.incidents.c.snoozed_until <= now)
+    )
+    rows = conn.execute(
+        select(db.incidents.c.run_id, func.count().label("n"))
+        .where(db.incidents.c.run_id.in_(run_ids), needing)
+        .group_by(db.incidents.c.run_id)
+    )
+    return {r.run_id: r.n for r in rows}
 
 
 def get_run(conn, run_id: int) -> dict:
@@ -81,13 +140,35 @@ def get_run(conn, run_id: int) -> dict:
     count = conn.execute(select(func.count()).select_from(db.alerts).where(db.alerts.c.run_id == run_id)).scalar()
     out = _summary(row, count)
     out["last_alert"] = _last_alerts(conn, [run_id]).get(run_id) if count else None
+    out["open_incidents"] = open_incidents(conn, [run_id]).get(run_id, 0) if count else 0
     out.update(
         uid=row.uid,
-        config=json.loads(row.config or "{}"),
-        meta=json.loads(row.meta or "{}"),
+        config=_json_dict(row.config),
+        meta=_json_dict(row.meta),
         error=json.loads(row.error) if row.error else None,
         alert_config=json.loads(row.alert_config or "{}"),
     )
+    return out
+
+
+SUMMARY_COLUMNS = ("id", "project", "name", "status", "created_at", "updated_at", "finished_at", "last_step")
+
+
+def run_summary(conn, run_id: int) -> dict:
+    """A run as live pushes and webhooks carry it: the summary and the error, never config or meta
+    (a client's documents can be large, and pushes go to every open page)."""
+    row = conn.execute(
+        select(*(db.runs.c[name] for name in SUMMARY_COLUMNS), db.runs.c.tags, db.runs.c.notes, db.runs.c.error).where(
+            db.runs.c.id == run_id
+        )
+    ).first()
+    if row is None:
+        raise NotFound(f"run {run_id} not found")
+    count = conn.execute(select(func.count()).select_from(db.alerts).where(db.alerts.c.run_id == run_id)).scalar()
+    out = _summary(row, count)
+    out["last_alert"] = _last_alerts(conn, [run_id]).get(run_id) if count else None
+    out["open_incidents"] = open_incidents(conn, [run_id]).get(run_id, 0) if count else 0
+    out["error"] = json.loads(row.error) if row.error else None
     return out
 
 
@@ -108,6 +189,24 @@ def list_keys(conn, run_id: int) -> list[str]:
         else:
             expanded += [f"{row.key}/{name}" for name in json.loads(row.layers)]
     return sorted(scalars) + expanded
+
+
+def loss_keys(conn, run_ids: list[int]) -> dict[int, str | None]:
+    """Each run's loss key (``contract.main_loss_key``: the one it declared, else the usual names), in two
+    queries for all of them; a run that does not exist is left out."""
+    declared = {}
+    for row in conn.execute(select(db.runs.c.id, db.runs.c.meta).where(db.runs.c.id.in_(run_ids))):
+        key = json.loads(row.meta or "{}").get("loss_key")
+        declared[row.id] = key if isinstance(key, str) else None
+    wanted = {*contract.LOSS_KEYS, *(k for k in declared.values() if k)}
+    logged: dict[int, list[str]] = {run_id: [] for run_id in declared}
+    for row in conn.execute(
+        select(db.metric_keys.c.run_id, db.metric_keys.c.key).where(
+            db.metric_keys.c.run_id.in_(list(declared)), db.metric_keys.c.key.in_(wanted)
+        )
+    ):
+        logged[row.run_id].append(row.key)
+    return {run_id: contract.main_loss_key(logged[run_id], declared[run_id]) for run_id in declared}
 
 
 def vector_layouts(conn, run_id: int) -> dict:
@@ -162,6 +261,9 @@ def points_between(conn, run_id: int, keys: list[str], lo: int, hi: int) -> dict
     return stored
 
 
+MAX_HEATMAP_CELLS = 250_000  # layers x step columns in one heatmap read (docs/security.md)
+
+
 def get_heatmap(
     conn, run_id: int, key: str = "grad", max_steps: int = 400, start: int | None = None, end: int | None = None
 ) -> dict:
@@ -173,7 +275,9 @@ def get_heatmap(
         select(db.metric_keys.c.id).where(db.metric_keys.c.run_id == run_id, db.metric_keys.c.key == key)
     ).scalar()
     layers = layouts[key]
-    return {"key": key, "layers": layers, **series.read_heatmap(conn, key_id, len(layers), max_steps, start, end)}
+    # layers x columns is what one read costs (memory, JSON): many layers get fewer, wider columns
+    columns = max(1, min(max_steps, MAX_HEATMAP_CELLS // max(1, len(layers))))
+    return {"key": key, "layers": layers, **series.read_heatmap(conn, key_id, len(layers), columns, start, end)}
 
 
 NONFINITE_KINDS = ("nan_loss", "nonfinite_gradients")
@@ -201,6 +305,7 @@ def alert_dict(r) -> dict:
         "count": count,
         "last_step": get("last_step") if get("last_step") is not None else get("step"),
         "confirmed_step": get("confirmed_step"),
+        "incident_id": get("incident_id"),
     }
 
 

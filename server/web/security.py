@@ -2,24 +2,26 @@
 
 It wraps the whole app, so every HTTP route, both websockets and the pages are covered without
 any route knowing about it. A refused websocket is answered with a plain HTTP status before the
-upgrade (401 for the token, 403 for Host/Origin, 503 when full), so a client sees why at once.
+upgrade (401 for the token, 403 for Host/Origin, 503 when full, 429 when one client holds too
+many), so a client sees why at once. Request bodies are cut at max_frame_bytes as they are read
+(chunked ones too); /healthz is never refused for load.
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
 import re
 import secrets
-from http.cookies import SimpleCookie
 from urllib.parse import quote, urlsplit
+
+from starlette.exceptions import HTTPException
 
 from gradwatch_server.settings import LOOPBACK_NAMES, Settings, strip_port
 
 COOKIE = "gradwatch_session"
-OPEN_PATHS = frozenset({"/healthz", "/login"})  # reachable without the token
+OPEN_PATHS = frozenset({"/healthz", "/login", "/logout"})  # reachable without the token
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 
@@ -32,13 +34,11 @@ class Refusal(Exception):
 
 
 class Auth:
-    """The shared token, the cookie derived from it and the one-time login codes."""
+    """The shared token, browser sessions (``web.sessions``) and the one-time login codes."""
 
-    def __init__(self, token: str):
+    def __init__(self, token: str, sessions=None):
         self.token = token
-        # The cookie is an HMAC of the token, not the token: a leaked cookie does not reveal it,
-        # and it stays valid across restarts as long as the token does.
-        self.cookie_value = hmac.new(token.encode(), b"gradwatch-session-v1", hashlib.sha256).hexdigest()
+        self.sessions = sessions  # None: no database (unit tests); only the bearer token then
         self._once: set[str] = set()
 
     @property
@@ -46,7 +46,7 @@ class Auth:
         return bool(self.token)
 
     def new_once_code(self) -> str:
-        """A random code that /login?once= exchanges for the cookie exactly once."""
+        """A random code that /login?once= exchanges for a session exactly once."""
         code = secrets.token_urlsafe(24)
         self._once.add(code)
         return code
@@ -62,20 +62,34 @@ class Auth:
     def token_matches(self, candidate: str) -> bool:
         return hmac.compare_digest(self.token.encode(), candidate.encode())
 
-    def cookie_matches(self, candidate: str) -> bool:
-        return hmac.compare_digest(self.cookie_value.encode(), candidate.encode())
-
-    def allows(self, headers: dict) -> bool:
-        """A right bearer token or session cookie in the request's headers."""
+    async def allows(self, headers: dict) -> bool:
+        """A right bearer token or a live session cookie in the request's headers."""
         scheme, _, value = headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and self.token_matches(value.strip()):
             return True
-        cookie = SimpleCookie()
-        try:
-            cookie.load(headers.get("cookie", ""))
-        except Exception:  # a malformed Cookie header is just not a session
+        if self.sessions is None:
             return False
-        return COOKIE in cookie and self.cookie_matches(cookie[COOKIE].value)
+        for candidate in cookie_values(headers.get("cookie", ""), COOKIE)[:4]:
+            if await self.sessions.valid(candidate):
+                return True
+        return False
+
+
+def cookie_values(header: str, name: str) -> list[str]:
+    """Every value of cookie ``name`` in a Cookie header, read leniently: a malformed cookie of some
+    other site or app on this host (the stdlib parser gives up on the whole header) hides nothing."""
+    out = []
+    for part in header.split(";"):
+        key, sep, value = part.strip().partition("=")
+        if sep and key.strip() == name:
+            out.append(value.strip().strip('"'))
+    return out
+
+
+def client_address(scope) -> str:
+    """The peer's address (no port): what the per-client connection limit counts."""
+    client = scope.get("client")
+    return str(client[0]) if client else ""
 
 
 def header_dict(scope) -> dict:
@@ -131,9 +145,9 @@ def check_size(settings: Settings, headers: dict) -> None:
         raise Refusal(413, f"request body of {length} bytes is over max_frame_bytes ({settings.max_frame_bytes})")
 
 
-def check_token(auth: Auth, scope, headers: dict) -> None:
+async def check_token(auth: Auth, scope, headers: dict) -> None:
     """With a token set, everything but /healthz and /login needs it; pages go to the login form."""
-    if not auth.enabled or scope.get("path") in OPEN_PATHS or auth.allows(headers):
+    if not auth.enabled or scope.get("path") in OPEN_PATHS or await auth.allows(headers):
         return
     path = scope.get("path", "/")
     wants_page = (
@@ -154,39 +168,93 @@ def check_token(auth: Auth, scope, headers: dict) -> None:
     )
 
 
+class BodyTooLarge(HTTPException):
+    """A request body (chunked, or longer than it said) went past max_frame_bytes while being read.
+
+    An HTTPException, so the app's handler answers it as a 413 wherever a route was reading the body."""
+
+    def __init__(self, message: str):
+        super().__init__(413, message, headers={"connection": "close"})  # the rest is never read
+
+
 class Guard:
-    """The middleware: refuses what the checks refuse, counts what it lets through."""
+    """The middleware: refuses what the checks refuse, counts what it lets through (in all and per client)."""
 
     def __init__(self, app, settings: Settings, auth: Auth):
         self.app, self.settings, self.auth = app, settings, auth
         self.active = 0
+        self.per_client: dict[str, int] = {}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
+        if scope.get("path") == "/healthz":  # never refused for load: a probe must see a busy server is up
+            return await self.app(scope, receive, send)
         try:
-            self.check(scope)
+            headers = self.check(scope)
         except Refusal as refusal:
             return await refuse(scope, receive, send, refusal)
-        self.active += 1
+        client = client_address(scope)
+        self.active += 1  # counted from here: a session check may wait on the database
+        self.per_client[client] = self.per_client.get(client, 0) + 1
+        started = False
+
+        async def watched_send(message):
+            nonlocal started
+            started = started or message["type"] in ("http.response.start", "websocket.accept")
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await check_token(self.auth, scope, headers)
+            await self.app(scope, self.limited(scope, receive), watched_send)
+        except Refusal as refusal:
+            await refuse(scope, receive, send, refusal)
+        except BodyTooLarge as exc:
+            if not started:
+                await refuse(scope, receive, send, Refusal(413, exc.detail, exc.headers))
         finally:
             self.active -= 1
+            self.per_client[client] -= 1
+            if not self.per_client[client]:
+                del self.per_client[client]
 
-    def check(self, scope) -> None:
-        """Raise Refusal if this request may not go on."""
+    def limited(self, scope, receive):
+        """``receive`` that stops a request body at max_frame_bytes, however it is sent (chunked too)."""
+        if scope["type"] != "http":
+            return receive  # websocket messages: uvicorn's ws_max_size
+        limit, seen = self.settings.max_frame_bytes, 0
+
+        async def receive_limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise BodyTooLarge(f"request body is over max_frame_bytes ({limit} bytes); not read further")
+            return message
+
+        return receive_limited
+
+    def check(self, scope) -> dict:
+        """Raise Refusal if this request may not go on (the token is checked after); returns its headers."""
         if self.active >= self.settings.max_connections:
             raise Refusal(
                 503,
                 f"server full: {self.active} connections open (max_connections="
                 f"{self.settings.max_connections}); try again later",
             )
+        held = self.per_client.get(client_address(scope), 0)
+        if held >= self.settings.max_connections_per_client:
+            raise Refusal(
+                429,
+                f"too many connections from this address: {held} open (max_connections_per_client="
+                f"{self.settings.max_connections_per_client}); close some or try again later",
+            )
         headers = header_dict(scope)
         check_host(self.settings, headers)
         check_origin(scope, headers)
         check_size(self.settings, headers)
-        check_token(self.auth, scope, headers)
+        return headers
 
 
 async def refuse(scope, receive, send, refusal: Refusal) -> None:

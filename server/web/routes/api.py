@@ -26,18 +26,6 @@ def healthz(request: Request) -> dict:
     return {"status": "ok"}
 
 
-@router.get("/api/runs")
-def list_runs(
-    request: Request,
-    project: str | None = None,
-    status: str | None = None,
-    q: str | None = None,
-    tag: str | None = None,
-) -> list[dict]:
-    """Runs, newest first; filter by project, status, name substring (q) and tag."""
-    return _services(request).read(store.list_runs, project=project, status=status, q=q, tag=tag)
-
-
 @router.get("/api/runs/{run_id}")
 def get_run(request: Request, run_id: int) -> dict:
     """One run with config, metadata, error and diagnosis."""
@@ -143,13 +131,18 @@ def _id_list(ids: str, limit: int = 200) -> list[int]:
 
 @router.get("/api/sparklines")
 def sparklines(request: Request, ids: str, key: str = "loss", points: int = Query(40, ge=4, le=400)) -> dict:
-    """Small envelopes of one key for many runs at once (the runs list's per-row sparkline)."""
-    services, out = _services(request), {}
-    for run_id in _id_list(ids):
+    """Small envelopes of one key for many runs at once (the runs list's per-row sparkline).
+
+    ``key=loss`` means each run's own loss key (the one it declared, else ``train_loss`` ...), named per run.
+    """
+    services, out, run_ids = _services(request), {}, _id_list(ids)
+    own = services.read(store.loss_keys, run_ids) if key == "loss" else {}
+    for run_id in run_ids:
         try:
-            s = services.read(store.get_series, run_id, key, points)
+            used = own.get(run_id) or key
+            s = services.read(store.get_series, run_id, used, points)
         except store.NotFound:
             out[str(run_id)] = None  # no such run, or it never logged the key: no sparkline, not an error
             continue
-        out[str(run_id)] = {"steps": s["steps"], "values": s["values"], "total_points": s["total_points"]}
+        out[str(run_id)] = {"steps": s["steps"], "values": s["values"], "total_points": s["total_points"], "key": used}
     return {"key": key, "runs": out}

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import html
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from gradwatch_server.web.routes.pages import frontend_dir
-from gradwatch_server.web.security import COOKIE, Auth
+from gradwatch_server.web.security import COOKIE, Auth, cookie_values
 
 router = APIRouter()
-COOKIE_MAX_AGE = 30 * 24 * 3600
 
 MESSAGES = {
     "": "",
@@ -26,8 +25,12 @@ def _auth(request: Request) -> Auth:
 
 
 def safe_next(target: str | None) -> str:
-    """Only a path on this server: no //other.site or /\\other.site open redirects."""
-    if not target or not target.startswith("/") or target.startswith(("//", "/\\")) or "\\" in target:
+    """Only a path on this server: no //other.site, /\\other.site or /<tab>/other.site open redirects
+    (browsers drop tabs and newlines from a URL and read a backslash as a slash)."""
+    if not target or not target.startswith("/") or "\\" in target or any(c < " " or c == "\x7f" for c in target):
+        return "/"
+    parts = urlsplit(target)
+    if target.startswith("//") or parts.scheme or parts.netloc:
         return "/"
     return target
 
@@ -39,30 +42,31 @@ def _form(next_path: str, message: str = "", status: int = 200) -> HTMLResponse:
     return HTMLResponse(text, status_code=status, headers={"Cache-Control": "no-store"})
 
 
-def _logged_in(request: Request, next_path: str) -> RedirectResponse:
-    """Redirect to ``next_path`` with the session cookie set."""
+async def _logged_in(request: Request, next_path: str) -> RedirectResponse:
+    """Redirect to ``next_path`` with a new session's cookie set."""
     response = RedirectResponse(next_path, status_code=303)
     response.set_cookie(
         COOKIE,
-        _auth(request).cookie_value,
-        max_age=COOKIE_MAX_AGE,
+        await _auth(request).sessions.create(),
+        max_age=int(request.app.state.services.settings.session_days * 86400),
         path="/",
         httponly=True,
         samesite="strict",
+        # https to this server, or from a trusted_proxy that says so (uvicorn's forwarded_allow_ips)
         secure=request.url.scheme == "https",
     )
     return response
 
 
 @router.get("/login", include_in_schema=False)
-def login_page(request: Request, next: str | None = None, once: str | None = None):
+async def login_page(request: Request, next: str | None = None, once: str | None = None):
     """The form; with ?once=<code> a one-time link that logs in without typing the token."""
     target = safe_next(next)
     if not _auth(request).enabled:
         return RedirectResponse(target, status_code=303)
     if once is not None:
         if _auth(request).redeem(once):
-            return _logged_in(request, target)
+            return await _logged_in(request, target)
         return _form(target, "used", status=401)
     return _form(target)
 
@@ -74,7 +78,19 @@ async def login(request: Request):
     target = safe_next((form.get("next") or ["/"])[0])
     if _auth(request).enabled and not _auth(request).token_matches((form.get("token") or [""])[0].strip()):
         return _form(target, "wrong", status=401)
-    return _logged_in(request, target)
+    return await _logged_in(request, target)
+
+
+@router.post("/logout", include_in_schema=False)
+async def logout(request: Request):
+    """End this browser's session (here at once, in other server processes within 30 s); back to /login."""
+    auth = _auth(request)
+    if auth.sessions is not None:
+        for value in cookie_values(request.headers.get("cookie", ""), COOKIE)[:4]:
+            await auth.sessions.end(value)
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    return response
 
 
 @router.get("/login/status", include_in_schema=False)

@@ -158,6 +158,9 @@ async def _answer(ws: WebSocket, pipeline, run_id: int, replies: asyncio.Queue, 
                 await ws.send_text(protocol.dumps({"type": "nack", "expected": result["expected"]}))
                 continue
             ack = {"type": "ack", "seq": seq}
+            gap = pipeline.preferred_gap()  # a busy server asks for fewer, larger batches
+            if gap:
+                ack["gap"] = gap
             if "duplicate" not in result:
                 pipeline.publish(run_id, result)
                 if result.get("refused"):

@@ -52,6 +52,18 @@ def compare_page() -> FileResponse:
     return _page("compare.html")
 
 
+@router.get("/inbox", include_in_schema=False)
+def inbox_page() -> FileResponse:
+    """Incidents across runs, open first: acknowledge, snooze, mute, resolve."""
+    return _page("inbox.html")
+
+
+@router.get("/rules", include_in_schema=False)
+def rules_page() -> FileResponse:
+    """A project's alert rules: /rules?project=p, replayed on its recent runs before saving."""
+    return _page("rules.html")
+
+
 @router.get("/favicon.ico", include_in_schema=False)
 def favicon() -> FileResponse:
     """Browsers ask for /favicon.ico on every page; an SVG answers (a 404 was a console error everywhere)."""

@@ -1,0 +1,137 @@
+"""Reading runs back in Python: ``gradwatch.Api().runs(where=...)`` and ``run.history()`` as a pandas DataFrame.
+
+Over the server's HTTP API with the standard library only (pandas is needed for ``history`` alone:
+``pip install gradwatch[pandas]``). Non-finite values come back exact: the API's "NaN"/"Infinity"
+strings are decoded through the contract's codec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from gradwatch import contract, protocol
+
+
+class ApiError(RuntimeError):
+    """The server refused a request (a bad ``where``, an unknown run) or could not be reached: one line."""
+
+
+class Api:
+    """A gradwatch server's runs, read over HTTP.
+
+    Args:
+        server: the server's URL; default ``$GRADWATCH_SERVER`` or http://127.0.0.1:8765.
+        token: the server's access token; default ``$GRADWATCH_TOKEN`` (none for a local server).
+    """
+
+    def __init__(self, server: str | None = None, token: str | None = None, timeout: float = 60.0):
+        self.server = (server or os.environ.get("GRADWATCH_SERVER") or protocol.DEFAULT_SERVER).rstrip("/")
+        self.token = token or os.environ.get("GRADWATCH_TOKEN") or None
+        self.timeout = timeout
+
+    def get(self, path: str, **query):
+        """GET a JSON API path (query values None are left out); raises ApiError with the server's reason."""
+        query = {k: v for k, v in query.items() if v is not None}
+        url = self.server + path + ("?" + urllib.parse.urlencode(query) if query else "")
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=self.timeout) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as err:
+            try:
+                why = json.loads(err.read()).get("error")
+            except Exception:
+                why = err.reason
+            raise ApiError(f"{self.server}{path}: {why} (HTTP {err.code})") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise ApiError(
+                f"cannot reach the gradwatch server at {self.server}: {getattr(exc, 'reason', exc)}"
+            ) from None
+
+    def runs(
+        self,
+        project: str | None = None,
+        where: str | None = None,
+        order_by: str | None = None,
+        limit: int | None = None,
+    ) -> list[RunRecord]:
+        """Runs matching a filter, in order.
+
+        Args:
+            project: only this project's runs.
+            where: the runs language, e.g. ``'config.lr < 1e-3 and summary.val/loss.min < 0.5'``.
+            order_by: e.g. ``'-summary.val/acc.max'`` (a leading '-' sorts descending); default newest first.
+            limit: at most this many runs.
+
+        Returns:
+            ``RunRecord`` objects with ``.id .name .project .status .config .summary`` and ``.history()``.
+        """
+        rows = self.get("/api/runs", project=project, where=where, order_by=order_by, limit=limit, columns="summary.*")
+        return [RunRecord(self, row) for row in rows]
+
+    def run(self, run_id: int) -> RunRecord:
+        """One run by id (with its summaries)."""
+        rows = self.get("/api/runs", where=f"id == {int(run_id)}", columns="summary.*")
+        if not rows:
+            raise ApiError(f"{self.server}: run {run_id} not found")
+        return RunRecord(self, rows[0])
+
+
+def _decode_summary(summary: dict) -> dict:
+    out = {}
+    for key, figures in (summary or {}).items():
+        out[key] = {
+            name: contract.decode_float(v) if isinstance(v, (str, float)) and name not in ("count", "nans") else v
+            for name, v in figures.items()
+        }
+    return out
+
+
+class RunRecord:
+    """One run as the API lists it: ``.id .name .project .status .config .summary`` (key → last/min/max/…)."""
+
+    def __init__(self, api: Api, row: dict):
+        self.api = api
+        self.row = row
+        self.id: int = row["id"]
+        self.name: str = row["name"]
+        self.project: str = row["project"]
+        self.status: str = row["status"]
+        self.config: dict = row.get("config") or {}
+        self.summary: dict = _decode_summary(row.get("summary"))
+        self.tags: list = row.get("tags") or []
+
+    def __repr__(self) -> str:
+        return f"<RunRecord {self.id} {self.project}/{self.name} {self.status}>"
+
+    def keys(self) -> list[str]:
+        """Every metric key of the run (per-layer keys as ``grad/<parameter>``)."""
+        return self.api.get(f"/api/runs/{self.id}/keys")
+
+    def history(self, keys: list[str] | None = None):
+        """Every point of some keys (default: every scalar key with a summary) as a pandas DataFrame.
+
+        Returns:
+            A DataFrame indexed by step, one float64 column per key; NaN and ±inf exactly as logged,
+            and NaN where a key has no value at a step.
+        """
+        try:
+            import pandas as pd
+        except ImportError:
+            raise ImportError(
+                "RunRecord.history() needs pandas: pip install 'gradwatch[pandas]' (or pip install pandas)"
+            ) from None
+        keys = list(self.summary) if keys is None else list(keys)
+        columns = {}
+        for key in keys:
+            s = self.api.get(f"/api/runs/{self.id}/series", key=key)
+            values = [contract.decode_float(v) for v in s["values"]]
+            series = pd.Series([float("nan") if v is None else v for v in values], index=s["steps"], dtype="float64")
+            columns[key] = series[~series.index.duplicated(keep="last")]  # a repeated step: the last value
+        frame = pd.DataFrame(columns, columns=keys)
+        frame.index.name = "step"
+        return frame.sort_index()

@@ -1,0 +1,1 @@
+"""Capture beyond the gradients: per-layer signals that precede instability and NaN provenance (``layer_signals``), step time."""

@@ -1,0 +1,157 @@
+"""Health rule that warns before the loss moves: per-layer update-to-weight ratios growing past a safe size.
+
+The client's layer signals (gradwatch/capture/layer_signals.py) send, per sampled step, the largest update/weight
+ratio ‖Δw‖/‖w‖ over the weight matrices and the largest module-output RMS, each with where it is (an index
+into the gradient layout). Healthy training keeps the ratio near 1e-3 to 1e-2; a run heading for a blow-up
+(an LR schedule gone too high, no clipping on a deep net, attention logits growing) shows it rising to ~0.1
+and beyond tens to hundreds of steps before the loss moves. The rule warns when the median ratio of the last
+steps is both above ``level`` and ``factor`` x its own median over an earlier window, so a run that is
+always aggressive, a warmup, and the late gradient-norm rise of weight decay (Defazio 2025) stay quiet.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+
+import numpy as np
+
+from gradwatch_server.health.common import GLOBAL, Alert, Observation, episode, fmt
+from gradwatch_server.health.rule import Columns, Rule
+
+RATIO = "signals/update_ratio_max"
+RATIO_AT = "signals/update_ratio_argmax"
+ACT = "signals/act_rms_max"
+ACT_AT = "signals/act_rms_argmax"
+RECENT = 10  # steps whose median is the current level
+LOGIT_HINTS = ("q", "k", "query", "key", "qkv", "in_proj", "attn", "attention", "head", "lm_head", "decoder", "logits")
+
+
+def _level(values) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def check_instability_warning(state: dict, obs: Observation, th: dict) -> list[Alert]:
+    """Update/weight ratios (‖Δw‖/‖w‖) growing past a safe size: a warning tens of steps before a divergence."""
+    if obs.layers:
+        state["layers"] = obs.layers  # the signals come in a record of their own: name layers from the last layout
+    u = obs.scalars.get(RATIO)
+    for key, name in ((ACT, "act"), (GLOBAL, "grad")):
+        v = obs.scalars.get(key)
+        if v is not None and math.isfinite(v):
+            state.setdefault(name, deque(maxlen=_span(th))).append(v)
+    if u is None or not math.isfinite(u):
+        return []
+    hist = state.setdefault("ratio", deque(maxlen=_span(th)))
+    hist.append(u)
+    state["seen"] = state.get("seen", 0) + 1
+    level, base = _now_and_before(hist, th)
+    bad = (
+        state["seen"] >= th["instability_warning.min_history"]
+        and level >= th["instability_warning.level"]
+        and base > 0
+        and level >= th["instability_warning.factor"] * base
+    )
+    if not episode(state, bad, th["instability_warning.cooldown"]):
+        return []
+    return [_alert(state, obs, level, base, th)]
+
+
+def _span(th: dict) -> int:
+    """Values kept: the baseline window, the gap after it, and the recent steps."""
+    window = int(th["instability_warning.window"])
+    return window + window // 2 + RECENT
+
+
+def _now_and_before(hist: deque, th: dict) -> tuple[float, float]:
+    """(median of the last RECENT values, median of the baseline window that ended window/2 values ago)."""
+    window = int(th["instability_warning.window"])
+    values = list(hist)
+    recent = values[-RECENT:]
+    end = max(0, len(values) - window // 2)
+    return _level(recent), _level(values[max(0, end - window) : end])
+
+
+def _growth(state: dict, name: str, th: dict) -> float:
+    """How many times a side signal (output RMS, gradient norm) grew over the same windows; NaN if unknown."""
+    hist = state.get(name)
+    if not hist or len(hist) < RECENT * 2:
+        return math.nan
+    level, base = _now_and_before(hist, th)
+    return level / base if base > 0 else math.nan
+
+
+def _layer(state: dict, obs: Observation, key: str) -> str | None:
+    layers = obs.layers or state.get("layers") or []
+    index = obs.scalars.get(key)
+    if index is None or not math.isfinite(index) or not 0 <= int(index) < len(layers):
+        return None
+    return layers[int(index)]
+
+
+def _alert(state: dict, obs: Observation, level: float, base: float, th: dict) -> Alert:
+    where = _layer(state, obs, RATIO_AT)
+    act_where = _layer(state, obs, ACT_AT)
+    act, grad = _growth(state, "act", th), _growth(state, "grad", th)
+    parts = [
+        f"The update/weight ratio ‖Δw‖/‖w‖ is {fmt(level)} per step"
+        + (f" (largest in {where})" if where else "")
+        + f" at step {obs.step}, {level / base:.1f}x its earlier {fmt(base)} (healthy: ~1e-3 to 1e-2)"
+    ]
+    if math.isfinite(act) and act >= 1.2:
+        parts.append(
+            f"module output RMS grew {act:.1f}x" + (f" (largest after {_module(act_where)})" if act_where else "")
+        )
+    if math.isfinite(grad) and grad >= 1.2:
+        parts.append(f"the gradient norm grew {grad:.1f}x")
+    advice = "Lower the peak learning rate (or lengthen warmup) and clip gradients (clip_grad_norm_)"
+    if any(_is_logit_layer(n) for n in (where, act_where) if n):
+        advice += "; attention or output logits are growing: add qk-norm (LayerNorm on queries and keys) or a z-loss"
+    return Alert(
+        "instability_warning",
+        obs.step,
+        level,
+        "warning",
+        layer=where,
+        key=RATIO,
+        message="; ".join(parts) + ". This growth comes before divergence. " + advice + ".",
+    )
+
+
+def _module(param: str) -> str:
+    return param.rsplit(".", 1)[0] if "." in param else param
+
+
+def _is_logit_layer(param: str) -> bool:
+    parts = _module(param).lower().replace("_", ".").split(".")
+    return any(p in LOGIT_HINTS for p in parts)
+
+
+def bulk_instability_warning(state: dict, cols: Columns) -> bool:
+    """A batch without update ratios changes nothing; one with them is checked record by record."""
+    ratio = cols.scalars.get(RATIO)
+    if ratio is not None and len(ratio[0]):
+        return False
+    if cols.grad is not None and cols.grad[0]:
+        state["layers"] = cols.grad[0]
+    for key, name in ((ACT, "act"), (GLOBAL, "grad")):  # the side signals' history, as check() keeps it
+        got = cols.scalars.get(key)
+        if got is not None and len(got[0]):
+            order = np.argsort(got[0], kind="stable")
+            vals = got[1][order]
+            vals = vals[np.isfinite(vals)]
+            if len(vals):
+                state.setdefault(name, deque(maxlen=_span(cols.th))).extend(vals.tolist())
+    return True
+
+
+RULES = (
+    Rule(
+        "instability",
+        "instability_warning",
+        check_instability_warning,
+        bulk_instability_warning,
+        reads=frozenset({RATIO, RATIO_AT, ACT, ACT_AT, GLOBAL}),
+    ),
+)

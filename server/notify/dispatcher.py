@@ -1,0 +1,192 @@
+"""The notifier: a background thread that turns a new incident into notifications on the project's channels.
+
+Ingest only puts the new alert on a bounded queue (``offer``, never blocks; a full queue drops and counts).
+The thread waits ``grace`` seconds after a root (what the same steps bring joins its incident: the story
+and the worst severity go out together), then reads the run and the incident: only the root of an incident pages (its consequences join the
+incident, they do not page again), and not while the incident is acknowledged, snoozed or resolved. Each
+channel whose ``min_severity`` the incident reaches gets it, retried with backoff; every delivery is
+recorded (delivered / failed with the reason / limited) through the writer. At most ``per_run``
+notifications per run per minute: the rest are recorded as limited.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+import urllib.request
+from collections import deque
+
+from sqlalchemy import select
+
+from gradwatch import contract
+from gradwatch_server.health import incidents
+from gradwatch_server.notify import channels, formats, mail
+from gradwatch_server.storage import db, store
+
+log = logging.getLogger("gradwatch.server")
+RANK = {s: i for i, s in enumerate(contract.SEVERITIES)}
+
+
+def post(url: str, body: dict, timeout: float = 10.0) -> None:
+    """One JSON POST; raises on a network error or a non-2xx answer."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        if not 200 <= resp.status < 300:
+            raise OSError(f"HTTP {resp.status}")
+
+
+class Notifier:
+    """Delivers incidents to channels off the ingest path; see the module docstring."""
+
+    def __init__(self, engine, writer, settings, retries: int = 3, backoff: float = 0.5, grace: float = 2.0):
+        self.engine, self.writer = engine, writer
+        self.smtp_url, self.base_url = settings.smtp_url, settings.base_url.rstrip("/")
+        self.alert_email = [a.strip() for a in settings.alert_email.split(",") if a.strip()]
+        self.per_run, self.retries, self.backoff = settings.webhook_per_run, retries, backoff
+        self.grace = grace  # seconds a root waits for what its step brought along (the story, the worst severity)
+        self.queue: queue.Queue = queue.Queue(maxsize=1000)
+        self.dropped = 0
+        self.sent: dict[int, deque] = {}
+        self.thread: threading.Thread | None = None
+
+    def offer(self, run_id: int, alert: dict) -> None:
+        """A new alert (from the event loop): queued for the thread, never waited on."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._loop, name="gradwatch-notify", daemon=True)
+            self.thread.start()
+        try:
+            self.queue.put_nowait((run_id, alert))
+        except queue.Full:
+            self.dropped += 1
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.queue.put(None)
+            self.thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while (item := self.queue.get()) is not None:
+            try:
+                self._handle(*item)
+            except Exception:  # a notification must never take the server down
+                log.exception("gradwatch: notification failed")
+
+    def _handle(self, run_id: int, alert: dict) -> None:
+        wait = self.grace - (time.time() - (alert.get("created_at") or 0))
+        if alert.get("incident_id") is not None and wait > 0:
+            time.sleep(min(wait, self.grace))
+        with self.engine.connect() as conn:
+            note = self._note(conn, run_id, alert)
+            if note is None:
+                return
+            chans = channels.load(conn, note["run"]["project"])
+        for ch in self._targets(chans):
+            if RANK[note["severity"]] < RANK[ch["min_severity"]]:
+                continue
+            if not self._allowed(run_id):
+                self._record(note, ch, "limited", f"over {self.per_run} notifications per run per minute", 0)
+                continue
+            self._deliver(note, ch)
+
+    def _targets(self, chans: list[dict]) -> list[dict]:
+        extra = [{"kind": "email", "to": self.alert_email, "min_severity": "critical"}] if self.alert_email else []
+        return chans + extra
+
+    def _allowed(self, run_id: int) -> bool:
+        now, sent = time.monotonic(), self.sent.setdefault(run_id, deque())
+        while sent and now - sent[0] > 60:
+            sent.popleft()
+        if len(sent) >= self.per_run:
+            return False
+        sent.append(now)
+        return True
+
+    def _note(self, conn, run_id: int, alert: dict) -> dict | None:
+        """What to send for this alert, or None when it must not page (a consequence, a muted incident)."""
+        run = conn.execute(select(db.runs.c.name, db.runs.c.project).where(db.runs.c.id == run_id)).first()
+        if run is None:
+            return None
+        inc = None
+        if alert.get("incident_id") is not None:
+            row = conn.execute(select(db.incidents).where(db.incidents.c.id == alert["incident_id"])).first()
+            if row is not None:
+                if row.root_alert_id != alert.get("id"):
+                    return None  # a consequence: the incident already paged
+                joined = conn.execute(select(db.alerts).where(db.alerts.c.incident_id == row.id))
+                inc = incidents.incident_dict(row, [store.alert_dict(a) for a in joined] or [alert])
+                if inc["status"] != "open":
+                    return None
+        return {
+            "run_id": run_id,
+            "run": {"id": run_id, "name": run.name, "project": run.project},
+            "alert": alert,
+            "incident": inc,
+            "severity": (inc or alert).get("severity") or "warning",
+            "link": f"{self.base_url}/runs/{run_id}" if self.base_url else None,
+        }
+
+    def _send(self, note: dict, ch: dict) -> None:
+        if ch["kind"] == "webhook":
+            post(ch["url"], formats.render(ch["format"], note))
+            return
+        if not self.smtp_url:
+            raise ValueError("no smtp_url set on the server")
+        mail.send(self.smtp_url, ch["to"], formats.headline(note), formats.text(note))
+
+    def _deliver(self, note: dict, ch: dict) -> dict:
+        """Send with retries and backoff; record and return the outcome."""
+        error = None
+        for attempt in range(1, self.retries + 1):
+            try:
+                self._send(note, ch)
+                return self._record(note, ch, "delivered", None, attempt)
+            except ValueError as exc:  # not worth retrying
+                return self._record(note, ch, "failed", exc, attempt)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                if attempt < self.retries:
+                    time.sleep(self.backoff * 2 ** (attempt - 1))
+        return self._record(note, ch, "failed", error, self.retries)
+
+    def _record(self, note: dict, ch: dict, status: str, reason, attempts: int) -> dict:
+        inc = note.get("incident") or {}
+        out = {
+            "channel": channels.describe(ch),
+            "status": status,
+            "reason": reason and str(reason),
+            "attempts": attempts,
+        }
+        self.writer.submit(
+            channels.record,
+            note["run"]["project"],
+            note.get("run_id"),
+            inc.get("id"),
+            out["channel"],
+            status,
+            reason,
+            attempts,
+        )
+        return out
+
+    def test(self, project: str) -> list[dict]:
+        """'Send a test notification': every channel of the project now, each outcome returned and recorded."""
+        with self.engine.connect() as conn:
+            chans = channels.load(conn, project)
+        alert = {"kind": "test", "step": 0, "severity": "critical", "message": "A test notification from gradwatch."}
+        note = {
+            "run_id": None,
+            "run": {"id": None, "name": "test", "project": project},
+            "alert": alert,
+            "incident": {"root": alert, "story": "a test notification", "cause": None},
+            "severity": "critical",
+            "link": self.base_url or None,
+            "test": True,
+        }
+        out = [self._deliver(note, ch) for ch in self._targets(chans)]
+        self.writer.submit(lambda conn: None).result(timeout=30)  # in submission order: the records are stored
+        return out

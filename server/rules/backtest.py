@@ -1,0 +1,165 @@
+"""Replaying rules on history: where proposed rules would have fired on a project's recent runs, next to
+where its current rules fired, before anyone saves them.
+
+The current rules' firings are the runs' stored alerts. For the proposal only what it changes is replayed:
+the built-in kinds whose threshold, switch or severity differ, and its custom rules. Their scalar keys
+are read from the chunks once and fed to a Monitor with every other rule off, through ``observe_batch``
+in large batches (the rules' numpy bulk checks make a healthy stretch cost a few array operations).
+Per-layer vectors are not replayed: a per-layer rule's changes show as its alerts kept or dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from sqlalchemy import select
+
+from gradwatch import contract
+from gradwatch_server.health import monitor as health
+from gradwatch_server.health import registry
+from gradwatch_server.rules.policy import EMPTY, Policy
+from gradwatch_server.storage import chunks, db
+
+BATCH = 2048  # records per observe_batch call after the first
+FIRST = 256
+WORKERS = min(8, os.cpu_count() or 1)  # replays run in parallel where numpy lets go of the GIL
+MAX_RUNS = 100
+
+
+def _keys(conn, run_id: int, wanted) -> dict:
+    """key -> key id for the run's scalar keys the rules read."""
+    rows = conn.execute(
+        select(db.metric_keys.c.id, db.metric_keys.c.key).where(
+            db.metric_keys.c.run_id == run_id, db.metric_keys.c.layers.is_(None)
+        )
+    )
+    return {r.key: r.id for r in rows if wanted(r.key)}
+
+
+def run_columns(conn, run_id: int, wanted) -> tuple[np.ndarray, dict]:
+    """(steps, key -> (rows, values)) of a run, the shape Monitor.observe_batch takes."""
+    series = {}
+    for key, key_id in _keys(conn, run_id, wanted).items():
+        p = chunks.read(conn, key_id, column=0)
+        series[key] = (p.steps, p.values[:, 0])
+    if not series:
+        return np.empty(0, dtype=np.int64), {}
+    steps = max((s for s, _ in series.values()), key=len)
+    if not _covers(steps, series.values()):
+        steps = np.unique(np.concatenate([s for s, _ in series.values()]))
+    return steps, {k: (np.searchsorted(steps, s), v) for k, (s, v) in series.items()}
+
+
+def _covers(steps: np.ndarray, series) -> bool:
+    """Whether ``steps`` is strictly increasing and holds every series' steps (the usual case: a loss logged every
+    step holds the rest, a validation loss every 100 steps among them): then no union is needed."""
+    if len(steps) > 1 and not (np.diff(steps) > 0).all():
+        return False
+    for other, _ in series:
+        idx = np.searchsorted(steps, other)
+        if (idx >= len(steps)).any() or (steps[np.minimum(idx, len(steps) - 1)] != other).any():
+            return False
+    return True
+
+
+def affected(current: dict, proposed: dict) -> set:
+    """The built-in kinds whose verdicts the proposal can change: a threshold, the on/off switch or the severity."""
+    kinds = set(registry.kinds())
+    out = set(current["disabled"]) ^ set(proposed["disabled"])
+    for name in set(current["thresholds"]) | set(proposed["thresholds"]):
+        if current["thresholds"].get(name) != proposed["thresholds"].get(name):
+            out.add(name.split(".", 1)[0])
+    for kind in set(current["severity"]) | set(proposed["severity"]):
+        if current["severity"].get(kind) != proposed["severity"].get(kind):
+            out.add(kind)
+    return out & kinds
+
+
+def replay(steps: np.ndarray, cols: dict, doc: dict, run_alerts: dict, kinds: set) -> list:
+    """Where the rules of ``doc`` for ``kinds`` (and its custom rules) fire on one run, in step order."""
+    off = sorted(set(registry.kinds()) - (kinds - set(doc["disabled"])))
+    policy = Policy({**{k: doc[k] for k in EMPTY}, "disabled": off})
+    monitor = health.Monitor(health.thresholds({**doc["thresholds"], **run_alerts}), policy=policy)
+    fired, lo = [], 0
+    while lo < len(steps):
+        hi = min(lo + (FIRST if lo == 0 else BATCH), len(steps))  # a short first batch: rules warming up go
+        part = {}  # record by record until their history is full, and that costs per record
+        for key, (rows, values) in cols.items():
+            a, b = np.searchsorted(rows, [lo, hi])
+            if b > a:
+                part[key] = (rows[a:b] - lo, values[a:b])
+        fired += monitor.observe_batch(steps[lo:hi], part, {})
+        lo = hi
+    return [_brief(a.kind, a.step, a.value, a.key, a.layer, a.severity) for a in fired + policy.apply(monitor.flush())]
+
+
+def _brief(kind, step, value, key, layer, severity) -> dict:
+    return {"kind": kind, "step": step, "value": value, "key": key, "layer": layer, "severity": severity}
+
+
+def stored(conn, run_id: int) -> list[dict]:
+    """Where the rules fired on the run as it went (its stored alerts), in brief."""
+    rows = conn.execute(select(db.alerts).where(db.alerts.c.run_id == run_id).order_by(db.alerts.c.step))
+    return [
+        _brief(r.kind, r.step, contract.encode_float(db.from_db_float(r.value)), r.key, r.layer, r.severity)
+        for r in rows
+    ]
+
+
+def backtest(conn, project: str, current: dict, proposed: dict, limit: int = MAX_RUNS) -> dict:
+    """Per run of the project's ``limit`` newest: where the current rules fired (its alerts) and where the
+    proposed ones would have (the kinds the proposal changes and its custom rules replayed, the rest as fired)."""
+    t0 = time.perf_counter()
+    kinds = affected(current, proposed)
+    keys = {r["key"] for r in proposed["custom"]}
+    wanted = lambda k: (kinds and health.relevant(k)) or k in keys  # noqa: E731
+    rows = conn.execute(
+        select(db.runs.c.id, db.runs.c.name, db.runs.c.alert_config)
+        .where(db.runs.c.project == project)
+        .order_by(db.runs.c.id.desc())
+        .limit(limit)
+    ).all()
+    jobs = []  # reads on this connection, in order; the replays (numpy, most of the time) on a thread pool
+    for r in rows:
+        fired = stored(conn, r.id)
+        cols = run_columns(conn, r.id, wanted) if kinds or keys else None
+        jobs.append((r, fired, cols))
+    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
+        out = list(pool.map(lambda job: _one(job, proposed, kinds), jobs))
+    points = sum(sum(len(v) for _, v in job[2][1].values()) for job in jobs if job[2] is not None)
+    return {
+        "project": project,
+        "replayed": sorted(kinds) + (["custom_rule"] if keys else []),
+        "runs": out,
+        "points": points,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+def _one(job, proposed: dict, kinds: set) -> dict:
+    """One run's answer: its alerts, and the proposal's (kept where unchanged, replayed where changed)."""
+    r, fired, cols = job
+    kept = [
+        a
+        for a in fired
+        if a["kind"] not in kinds and a["kind"] != "custom_rule" and a["kind"] not in proposed["disabled"]
+    ]
+    if cols is not None:
+        new = replay(*cols, proposed, _own_alerts(r.alert_config), kinds)
+        for a in new:
+            a["value"] = contract.encode_float(a["value"]) if a["value"] is not None else None
+        kept = sorted(kept + new, key=lambda a: a["step"] if a["step"] is not None else -1)
+    return {"run_id": r.id, "name": r.name, "current": fired, "proposed": kept}
+
+
+def _own_alerts(text) -> dict:
+    """A run's own alert thresholds (its init(alerts=...)): they win in the replay too."""
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

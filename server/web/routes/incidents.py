@@ -1,0 +1,58 @@
+"""Incidents over HTTP: a run's incidents, the inbox across runs, acknowledge / snooze / mute / resolve."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Body, HTTPException, Request
+
+from gradwatch_server.health import incidents
+from gradwatch_server.storage import store
+
+router = APIRouter()
+
+
+def _services(request: Request):
+    return request.app.state.services
+
+
+@router.get("/api/runs/{run_id}/incidents")
+def run_incidents(request: Request, run_id: int) -> list[dict]:
+    """A run's incidents in step order: id, root, alerts (step order), first_step, last_step, status, cause."""
+    services = _services(request)
+    services.read(store.get_run, run_id)  # 404 for an unknown run
+    return services.read(incidents.list_incidents, run_id)
+
+
+@router.get("/api/incidents")
+def inbox(request: Request, project: str | None = None, status: str | None = None) -> list[dict]:
+    """Incidents across runs (the inbox): open first, then acknowledged, snoozed, resolved."""
+    if status is not None and status not in incidents.STATUSES:
+        raise HTTPException(400, f"status must be one of {', '.join(incidents.STATUSES)}")
+    return _services(request).read(incidents.inbox, project, status)
+
+
+def _checked(body: dict):
+    try:
+        return incidents.check_status(body)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+
+
+@router.post("/api/incidents/{incident_id}/status")
+async def incident_status(request: Request, incident_id: int, body: dict = Body(...)) -> dict:
+    """Acknowledge, snooze (``minutes``; null = mute), resolve or reopen one incident."""
+    status, until, by = _checked(body)
+    services = _services(request)
+    run_id = await services.aread(incidents.incident_run, incident_id)
+    await services.write(incidents.set_status, run_id, incident_id, status, until, by)
+    found = await services.aread(incidents.list_incidents, run_id)
+    return next(i for i in found if i["id"] == incident_id)
+
+
+@router.post("/api/runs/{run_id}/incidents/status")
+async def run_status(request: Request, run_id: int, body: dict = Body(...)) -> dict:
+    """The same for every incident of a run (acknowledge all, mute the run with ``minutes`` null)."""
+    status, until, by = _checked(body)
+    services = _services(request)
+    await services.aread(store.get_run, run_id)
+    changed = await services.write(incidents.set_status, run_id, None, status, until, by)
+    return {"run_id": run_id, "changed": changed, "status": status}

@@ -1,0 +1,125 @@
+"""The early-warning rule (``instability_warning``) against real CPU training runs: it warns >= 10 steps before every
+diverging run blows up, and never on sound aggressive recipes.
+
+The runs are in ``early_warning_cases.py`` (real ``watch()`` hooks, the server's rules through
+``training.Recorder``). ``docs/alerts.md`` carries the table this corpus produces; regenerate it with
+``python tests/test_early_warning_corpus.py`` (a test checks it is current).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from early_warning_cases import DIVERGING, SOUND, lr_ramp
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "alerts.md"
+START, END = "<!-- early-warning-table:start -->\n", "<!-- early-warning-table:end -->"
+MIN_LEAD = 10
+# Left out of the table's last column: the warning itself, and the pace of a loop on a shared machine.
+LEFT_OUT = {"instability_warning", "throughput_drop"}
+BLOWUP = 10.0  # the loss blows up at the first step it is NaN/inf or more than this x its first value
+
+
+def blowup_step(records) -> int | None:
+    losses = [(r[1], r[2]["loss"]) for r in records if r[0] == "rec" and "loss" in r[2]]
+    first = losses[0][1]
+    return next((s for s, v in losses if not math.isfinite(v) or v > BLOWUP * first), None)
+
+
+@functools.cache
+def result(name: str) -> tuple:
+    """(blow-up step or None, the instability warnings, every alert) of one corpus run."""
+    rec = {**DIVERGING, **SOUND}[name]()
+    alerts = rec.alerts()
+    return blowup_step(rec.records()), [a for a in alerts if a.kind == "instability_warning"], alerts
+
+
+def lead(name: str) -> int | None:
+    blow, warnings, _ = result(name)
+    return blow - warnings[0].step if warnings and blow is not None else None
+
+
+def render() -> str:
+    lines = [
+        f"From `tests/test_early_warning_corpus.py`: {len(DIVERGING) + len(SOUND)} real CPU training runs. *Lead* "
+        f"is the blow-up step (the first loss NaN/inf or over {BLOWUP:g}x the first loss) minus the step the "
+        "warning was raised at; a *false warning* is one on a run that never blows up.",
+        "",
+        "| run | blows up at | first warning | lead (steps) | other alerts before the blow-up |",
+        "|---|---|---|---|---|",
+    ]
+    for name in [*DIVERGING, *SOUND]:
+        blow, warnings, alerts = result(name)
+        first = warnings[0].step if warnings else None
+        earlier = sorted({a.kind for a in alerts if a.kind not in LEFT_OUT and (blow is None or a.step < blow)})
+        lines.append(
+            f"| {name} | {blow if blow is not None else 'never'} | {first if first is not None else '-'} "
+            f"| {lead(name) if blow is not None else ('false warning' if warnings else '-')} "
+            f"| {', '.join(f'`{k}`' for k in earlier) or '-'} |"
+        )
+    leads = [lead(n) for n in DIVERGING]
+    false = sum(bool(result(n)[1]) for n in SOUND)
+    lines += [
+        "",
+        f"Lead: {min(leads)} to {max(leads)} steps (goal >= {MIN_LEAD}); false warnings: {false} of {len(SOUND)}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def documented() -> str:
+    text = DOC.read_text()
+    return text[text.index(START) + len(START) : text.index(END)]
+
+
+@pytest.mark.parametrize("name", list(DIVERGING))
+def test_warns_well_before_the_blow_up(name):
+    blow, warnings, _ = result(name)
+    assert blow is not None, f"{name}: the run should blow up"
+    assert warnings, f"{name}: no instability_warning before the blow-up at {blow}"
+    assert lead(name) >= MIN_LEAD, (name, blow, [w.step for w in warnings])
+    first = warnings[0]
+    assert first.layer and first.layer in first.message, first.message  # where
+    assert "update/weight ratio" in first.message and "learning rate" in first.message  # what, and what to do
+    assert len(warnings) <= 2, [(w.step, w.message) for w in warnings]  # one episode, not a storm
+
+
+@pytest.mark.parametrize("name", list(SOUND))
+def test_sound_aggressive_recipes_stay_quiet(name):
+    blow, warnings, _ = result(name)
+    assert blow is None
+    assert not warnings, [(w.step, w.message) for w in warnings]
+
+
+def test_attention_growth_suggests_qk_norm():
+    _, warnings, _ = result("attention-logit growth (Transformer, Adam)")
+    assert "qk-norm" in warnings[0].message
+
+
+def test_a_raised_threshold_silences_it():
+    from gradwatch_server.health import monitor as health
+
+    records = lr_ramp().records()
+    for level, expected in ((0.1, True), (10.0, False)):
+        m, alerts = health.Monitor({"instability_warning.level": level}), []
+        for item in records:
+            if item[0] == "rec":
+                alerts += m.observe(item[1], {k: v for k, v in item[2].items() if health.relevant(k)}, {})
+        assert any(a.kind == "instability_warning" for a in alerts) is expected, level
+
+
+def test_docs_carry_the_table_this_corpus_produces():
+    assert documented() == render(), "run: python tests/test_early_warning_corpus.py"
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    text = DOC.read_text()
+    if START not in text:
+        text = text.rstrip("\n") + "\n\n" + START + END + "\n"
+    head, rest = text.split(START, 1)
+    DOC.write_text(head + START + render() + END + rest.split(END, 1)[1])
+    print(render())
