@@ -4,7 +4,10 @@ Run: .venv/bin/python benchmarks/bench_series.py [--quick]
 Builds runs through the real ingest path (a scalar key with a spike, a NaN and an inf; a 300-layer
 gradient-norm vector), then times chart requests (``store.get_series`` / ``get_heatmap``, server
 time without HTTP) against the baseline: a plain ``SELECT step, value`` scan of the same points
-stored one row each in a (key, step) WITHOUT ROWID table of a separate SQLite file.
+stored one row each in a (key, step) WITHOUT ROWID table of a separate SQLite file. The heatmap is
+timed twice: from the small per-block heat rows (``rollup_heat``), and as before they existed (the
+heat rows deleted inside a transaction that is rolled back, so every block's full summary is read).
+The full run builds a 1M-step, 300-layer vector (2.4 GB of points; ~10 minutes to ingest).
 """
 
 from __future__ import annotations
@@ -14,15 +17,17 @@ import math
 import sqlite3
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+from sqlalchemy import delete
 
 from gradwatch import protocol
 from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.storage import database, store
+from gradwatch_server.storage import database, db, store
 
 LAYERS = 300
 BATCH = 20_000
@@ -122,6 +127,12 @@ def report(tmp: Path, steps: int, vector_steps: int) -> None:
         for name, fn, (lo, hi) in cases:
             ours, raw = timed(fn), timed(lambda lo=lo, hi=hi: raw_scan(con, lo, hi))
             print(f"| {name} | {ours * 1e3:.1f} | {raw * 1e3:.1f} | **{ours / raw:.3f}** |")
+        with _without_heat_rows(conn):
+            ours = timed(lambda: store.get_heatmap(conn, run_id, "grad", 400))
+        raw = timed(lambda: raw_scan(con, 0, vector_steps - 1))
+        print(
+            f"| heatmap, as before heat rows (full summaries) | {ours * 1e3:.1f} | {raw * 1e3:.1f} | **{ours / raw:.3f}** |"
+        )
         kept = dict(zip(*(lambda s: (s["steps"], s["values"]))(store.get_series(conn, run_id, "loss", 2000))))
         marks = spikes(steps)
         ok = [kept.get(s) == protocol.encode_float(v) for s, v in marks.items()]
@@ -130,15 +141,30 @@ def report(tmp: Path, steps: int, vector_steps: int) -> None:
     con.close()
 
 
+@contextmanager
+def _without_heat_rows(conn):
+    """The heat rows gone (a run stored before they existed) for a while, then put back (rolled back)."""
+    trans = conn.begin_nested() if conn.in_transaction() else conn.begin()
+    conn.execute(delete(db.rollup_heat))
+    try:
+        yield
+    finally:
+        trans.rollback()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (CI keeps the script working)")
+    parser.add_argument("--steps", type=int, help="one run of this many steps (with --vector-steps) instead")
+    parser.add_argument("--vector-steps", type=int, default=100_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        if args.quick:
+        if args.steps:
+            report(Path(tmp), args.steps, min(args.steps, args.vector_steps))
+        elif args.quick:
             report(Path(tmp), 100_000, 10_000)
         else:
-            report(Path(tmp), 1_000_000, 100_000)
+            report(Path(tmp), 1_000_000, 1_000_000)  # the heatmap of a 1M-step, 300-layer run
             report(Path(tmp), 10_000_000, 100_000)
 
 

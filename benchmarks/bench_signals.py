@@ -23,7 +23,12 @@ from server_process import ServerProcess  # noqa: E402
 
 import gradwatch  # noqa: E402
 
-CONFIGS = {"plain": None, "no signals": dict(signals=False), "every 1": {}, "every 10": {"signals_every": 10}}
+CONFIGS = {
+    "plain": None,
+    "no signals": dict(signals=False),
+    "every 1": {"signals_every": 1},
+    "every 10": {"signals_every": 10},
+}
 CONFIGS["every 100"] = {"signals_every": 100}
 
 

@@ -58,7 +58,11 @@ def signals_and_system(url: str, get, model, opt, timed) -> list[str]:
     """4. Layer signals and system metrics on the GPU: keys stored, NVML counters present, cost per setting."""
     failures = []
     costs = {}
-    for name, kwargs in (("no signals", {"signals": False}), ("every 1", {}), ("every 10", {"signals_every": 10})):
+    for name, kwargs in (
+        ("no signals", {"signals": False}),
+        ("every 1", {"signals_every": 1}),
+        ("every 10", {"signals_every": 10}),
+    ):
         run = gradwatch.init(project="gpu", name=f"signals-{name}", server=url)
         run.watch(model, opt, system_every=0.5, **kwargs)
         costs[name] = timed(run)

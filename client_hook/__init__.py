@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gradwatch.api import Api
 from gradwatch.distributed import NoopRun
 from gradwatch.protocol import PROTOCOL_VERSION
 from gradwatch.run import Run, TrainingDiverged
@@ -37,6 +36,15 @@ __all__ = [
 ]
 
 run: Run | NoopRun | None = None
+
+
+def __getattr__(name: str):
+    """``gradwatch.Api`` on first use: reading runs back is rare in a training job, so its HTTP modules load late."""
+    if name == "Api":
+        from gradwatch.api import Api
+
+        return Api
+    raise AttributeError(f"module 'gradwatch' has no attribute {name!r}")
 
 
 def init(

@@ -17,7 +17,34 @@ from gradwatch import contract, protocol
 
 
 class ApiError(RuntimeError):
-    """The server refused a request (a bad ``where``, an unknown run) or could not be reached: one line."""
+    """The server refused a request (a bad ``where``, an unknown run) or could not be reached: one line.
+
+    ``reason`` is the server's one-line reason (or why it could not be reached), ``status`` the HTTP status (None
+    when the server was not reached).
+    """
+
+    def __init__(self, message: str, reason: str = "", status: int | None = None):
+        super().__init__(message)
+        self.reason, self.status = reason or message, status
+
+
+def call(server: str, token: str | None, method: str, path: str, timeout: float = 60.0, **query):
+    """One JSON API call with the token (query values None are left out); ApiError says why it failed."""
+    query = {k: v for k, v in query.items() if v is not None}
+    url = server + path + ("?" + urllib.parse.urlencode(query) if query else "")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method, headers=headers), timeout=timeout) as r:
+            return json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as err:
+        try:
+            why = json.loads(err.read()).get("error")
+        except Exception:  # not a JSON error body: the status line says it
+            why = err.reason
+        raise ApiError(f"{server}{path}: {why} (HTTP {err.code})", str(why), err.code) from None
+    except (urllib.error.URLError, OSError) as exc:
+        why = str(getattr(exc, "reason", exc))
+        raise ApiError(f"cannot reach the gradwatch server at {server}: {why}", why) from None
 
 
 class Api:
@@ -35,22 +62,7 @@ class Api:
 
     def get(self, path: str, **query):
         """GET a JSON API path (query values None are left out); raises ApiError with the server's reason."""
-        query = {k: v for k, v in query.items() if v is not None}
-        url = self.server + path + ("?" + urllib.parse.urlencode(query) if query else "")
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=self.timeout) as resp:
-                return json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as err:
-            try:
-                why = json.loads(err.read()).get("error")
-            except Exception:
-                why = err.reason
-            raise ApiError(f"{self.server}{path}: {why} (HTTP {err.code})") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise ApiError(
-                f"cannot reach the gradwatch server at {self.server}: {getattr(exc, 'reason', exc)}"
-            ) from None
+        return call(self.server, self.token, "GET", path, self.timeout, **query)
 
     def runs(
         self,

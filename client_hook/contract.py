@@ -41,7 +41,7 @@ RULE_KINDS = (
     "throughput_drop",
 )
 # raised by the server about the data itself; custom_rule: a project's own rule on any metric (server/rules/)
-SERVER_KINDS = ("data_gap", "data_refused", "stalled", "custom_rule")
+SERVER_KINDS = ("data_gap", "data_refused", "stalled", "custom_rule", "straggler")
 # sent by the client as alert events (nan_provenance: where the first NaN/inf was born, capture/layer_signals.py)
 CLIENT_KINDS = ("missing_gradients", "data_gap", "lr_suggestion", "nan_provenance")
 ALERT_KINDS = tuple(dict.fromkeys(RULE_KINDS + SERVER_KINDS + CLIENT_KINDS))  # every kind an alert can have

@@ -34,7 +34,10 @@ class GradwatchCallback(pl.Callback):
         on_nan: "warn", "raise" or "stop" (sets ``trainer.should_stop`` so the Trainer ends the
             fit cleanly at the step a loss went NaN/inf). With "stop" and "raise", loss metrics
             are read off the device at once so the check is not a step late.
-        watch_gradients: capture gradient norms, LRs and memory (default True).
+        watch_gradients: capture gradient norms, LRs and memory (default True), and with them, from the first
+            optimizer, update/weight ratios and output RMS (every ``signals_every``-th step, default 10), the
+            step timer (``perf/step_time``, ``perf/data_wait``) and the machine (``system/*``), as ``Run.watch``.
+        signals_every: sample the update ratios and output RMS every N-th step (1: every step).
     """
 
     def __init__(
@@ -45,12 +48,14 @@ class GradwatchCallback(pl.Callback):
         *,
         on_nan: str = "warn",
         watch_gradients: bool = True,
+        signals_every: int | None = None,
         **kwargs,
     ):
         super().__init__()
         self.init_args = dict(project=project, name=name, on_nan=on_nan, **{"loss_key": "train_loss", **kwargs})
         self.extra_config = dict(config or {})
         self.watch_gradients = watch_gradients
+        self.signals_every = signals_every
         self.run = None
         self._watcher = None
         self._seen: dict = {}
@@ -79,7 +84,9 @@ class GradwatchCallback(pl.Callback):
         from gradwatch.step_watcher import StepWatcher
 
         scaler = getattr(trainer.precision_plugin, "scaler", None)
-        self._watcher = StepWatcher(self.run.recorder, pl_module, trainer.optimizers, scaler=scaler)
+        self._watcher = StepWatcher(
+            self.run.recorder, pl_module, trainer.optimizers, scaler=scaler, signals_every=self.signals_every
+        )
 
     def on_fit_end(self, trainer, pl_module) -> None:
         self._end("finished")

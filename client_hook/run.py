@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import numbers
 import os
 import secrets
 import sys
@@ -16,17 +15,12 @@ from typing import Any
 
 from gradwatch import distributed, metadata, protocol, signals
 from gradwatch.contract import OUTBOX_MEMORY_BYTES
+from gradwatch.delivery import hello, spool
 from gradwatch.delivery import pending as delivery
 from gradwatch.delivery import resume as resuming
-from gradwatch.delivery import spool
 from gradwatch.delivery.sender import Sender
 from gradwatch.recorder import Recorder
 from gradwatch.values import to_value
-
-try:  # the health engineer's threshold checks; init() works without them until they land
-    from gradwatch import thresholds as _thresholds
-except ImportError:  # pragma: no cover - depends on the tree
-    _thresholds = None
 
 ON_NAN_MODES = ("warn", "raise", "stop")
 
@@ -98,7 +92,7 @@ class Run:
     ):
         if on_nan not in ON_NAN_MODES:
             raise ValueError(f"on_nan must be one of {ON_NAN_MODES}, got {on_nan!r}")
-        alerts, tags = _check_alerts(alerts), _check_tags(tags)
+        alerts, tags = hello.check_alerts(alerts), hello.check_tags(tags)
         self.project = str(project)
         prior = resuming.find(resume, id, self.project, name)
         self.resumed = prior is not None
@@ -126,7 +120,7 @@ class Run:
             "secret": prior["secret"] if prior else secrets.token_hex(16),
             "project": self.project,
             "name": self.name,
-            "config": _jsonable(self.config),
+            "config": hello.jsonable(self.config),
             "meta": {**metadata.collect(), **job, **({"loss_key": self.loss_key} if self.loss_key else {})},
             "alerts": alerts,
             "tags": tags,
@@ -226,7 +220,8 @@ class Run:
             signals: with an optimizer, also record per-layer update/weight ratios (``update_ratio``) and
                 module output RMS (``act_rms``), which the ``instability_warning`` rule reads, and name the
                 module where a NaN/inf was born (a ``nan_provenance`` alert). See docs/alerts.md.
-            signals_every: sample those signals every N-th optimizer step (default: ``every``).
+            signals_every: sample those signals every N-th optimizer step (default: 10, or ``every`` when larger;
+                1: every step; the cost of each setting is in docs/alerts.md).
             on_nan: ``"skip"`` to skip an optimizer step whose gradients are NaN/inf (as GradScaler does),
                 so one bad batch does not poison the weights; it reads one flag per step (a device sync).
             batch_size: samples per optimizer step, to record ``perf/samples_per_sec`` beside the step time
@@ -387,70 +382,3 @@ class Run:
         elif self.on_nan == "raise":
             self._raise_pending = message
         warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-def _jsonable(value: Any) -> Any:
-    """Config values as JSON-friendly data (unknown objects become their repr)."""
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    value = _plain(value)  # numpy scalars are numbers, not their repr
-    if isinstance(value, float):
-        return protocol.encode_float(float(value))
-    if value is None or isinstance(value, (bool, int, str)):
-        return (
-            value
-            if type(value) in (bool, int, str, type(None))
-            else (str(value) if isinstance(value, str) else int(value))
-        )
-    return repr(value)
-
-
-def _plain(value: Any) -> Any:
-    """numpy scalars (and other number types) as Python numbers; anything else unchanged."""
-    if isinstance(value, (bool, int, float, str)) or value is None:
-        return value
-    if type(value).__module__ == "numpy" and hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    return value
-
-
-def _check_alerts(alerts: Mapping | None) -> dict:
-    """Thresholds as {str: number}; a clear error now instead of a refused hello at every connection."""
-    if alerts is None:
-        return {}
-    if not isinstance(alerts, Mapping):
-        raise TypeError(f"alerts must be a dict of rule.threshold -> number, got {type(alerts).__name__}")
-    out = {}
-    for key, value in alerts.items():
-        value = _plain(value)
-        if (
-            not isinstance(key, str)
-            or isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-        ):
-            raise ValueError(f"alerts[{key!r}] must be a finite number, got {value!r}")
-        out[key] = value
-    if _thresholds is not None and hasattr(_thresholds, "validate"):
-        _thresholds.validate(out)
-    return out
-
-
-def _check_tags(tags) -> list[str]:
-    if tags is None:
-        return []
-    if isinstance(tags, str) or not isinstance(tags, (list, tuple, set)):
-        raise TypeError(f"tags must be a list of strings, got {tags!r}")
-    out = []
-    for tag in tags:
-        tag = _plain(tag)
-        if not isinstance(tag, (str, int, float)) or isinstance(tag, bool):
-            raise TypeError(f"tags must be strings, got {tag!r}")
-        out.append(str(tag))
-    return out

@@ -26,16 +26,32 @@ class StepWatcher(Watcher):
         pre_clip: the framework clips before its hook: read the norms when backward ends instead,
             and record the clipped global norm as ``grad/global_norm_clipped`` when ``clipping``.
         clipping: whether the framework clips (only then is the clipped norm recorded).
+        signals, signals_every, system_every: as for ``Run.watch``; update ratios, output RMS and the
+            step timer follow the first optimizer, from when it is known.
     """
 
-    def __init__(self, recorder, model, optimizers=(), scaler=None, *, pre_clip=False, clipping=False):
+    def __init__(
+        self,
+        recorder,
+        model,
+        optimizers=(),
+        scaler=None,
+        *,
+        pre_clip=False,
+        clipping=False,
+        signals: bool = True,
+        signals_every: int | None = None,
+        system_every: float | None = 5.0,
+    ):
         self.step: int | None = None
         self.optimizers: list = []
         self._wrapped: list = []
         self.pre_clip, self.clipping = pre_clip, clipping
         self._pre = None  # (ids of the gradients, their norms) when the last backward ended
         self._clipped = None  # the global norm at the hook, after the framework clipped
-        super().__init__(recorder, model, None, scaler)
+        super().__init__(
+            recorder, model, None, scaler, signals=signals, signals_every=signals_every, system_every=system_every
+        )
         self.set_optimizers(optimizers)
 
     def set_optimizers(self, optimizers) -> None:
@@ -44,6 +60,7 @@ class StepWatcher(Watcher):
         self.optimizers = [getattr(o, "optimizer", o) for o in self._wrapped]  # unwrap accelerate's
         if self.optimizers:
             self._report_orphans()
+            self.start_optimizer_signals(self.optimizers[0])
 
     def capture_at(self, step: int) -> None:
         """Record gradients, learning rates and memory for ``step``; never raises into training."""

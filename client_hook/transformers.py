@@ -43,7 +43,10 @@ class GradwatchCallback(TrainerCallback):
             logged ``loss`` or ``grad_norm`` is NaN/inf, so the Trainer ends through its own
             control flow (the Trainer's ``logging_nan_inf_filter`` hides NaN losses, not
             ``grad_norm``).
-        watch_gradients: capture per-layer gradient norms (default True).
+        watch_gradients: capture per-layer gradient norms (default True), and with them, from the Trainer's
+            optimizer, update/weight ratios and output RMS (every ``signals_every``-th step, default 10), the
+            step timer (``perf/step_time``, ``perf/data_wait``) and the machine (``system/*``), as ``Run.watch``.
+        signals_every: sample the update ratios and output RMS every N-th step (1: every step).
     """
 
     def __init__(
@@ -54,12 +57,14 @@ class GradwatchCallback(TrainerCallback):
         *,
         on_nan: str = "warn",
         watch_gradients: bool = True,
+        signals_every: int | None = None,
         **kwargs,
     ):
         self.init_args = dict(project=project, on_nan=on_nan, **kwargs)
         self.name = name
         self.extra_config = dict(config or {})
         self.watch_gradients = watch_gradients
+        self.signals_every = signals_every
         self.run = None
         self._watcher = None
         self._loss_hook = None
@@ -84,7 +89,14 @@ class GradwatchCallback(TrainerCallback):
             from gradwatch.step_watcher import StepWatcher
 
             clipping = bool(args.max_grad_norm and args.max_grad_norm > 0)
-            self._watcher = StepWatcher(self.run.recorder, model, [optimizer], pre_clip=True, clipping=clipping)
+            self._watcher = StepWatcher(
+                self.run.recorder,
+                model,
+                [optimizer],
+                pre_clip=True,
+                clipping=clipping,
+                signals_every=self.signals_every,
+            )
 
     def _on_forward(self, module, args, kwargs, output) -> None:
         """A training forward pass: keep its loss (a device tensor, no sync) for this optimizer step."""

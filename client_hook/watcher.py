@@ -17,7 +17,8 @@ from gradwatch.capture.system_metrics import SystemMetrics
 from gradwatch.values import defer_vector
 
 GRAD_VECTOR = "grad"
-DEFAULT_SIGNALS_EVERY = 1  # update ratios and output RMS on every step (their cost: docs/alerts.md)
+# Update ratios and output RMS every 10th step: every step costs up to ~25 % on small layers (docs/alerts.md).
+DEFAULT_SIGNALS_EVERY = 10
 
 
 class Watcher:
@@ -71,22 +72,25 @@ class Watcher:
             self._hook_new_trainables()
         if scaler is not None:
             self._wrap_scaler_update(scaler)
-        # Update ratios, output RMS and NaN provenance (capture/layer_signals.py); they need the optimizer's step.
-        self.signals = None
-        if signals and optimizer is not None:
-            self.signals = LayerSignals(
-                recorder,
-                model,
-                optimizer,
-                signals_every or max(every, DEFAULT_SIGNALS_EVERY),
-                lambda: [(n, p) for n, p in self.params if p.requires_grad],
-                scaler,
-                on_nan,
-            )
-        # Step time, data-loader wait and throughput (capture/step_timer.py): host clocks, at each optimizer step.
-        self.timer = StepTimer(recorder, model, optimizer, batch_size) if optimizer is not None else None
+        self.signals = self.timer = None
+        self.signals_args = (signals, signals_every or max(every, DEFAULT_SIGNALS_EVERY), on_nan, batch_size)
+        if optimizer is not None:
+            self.start_optimizer_signals(optimizer)
         # CPU, RAM, disk, network and GPU counters on a thread of their own (capture/system_metrics.py).
         self.system = SystemMetrics(recorder, system_every) if system_every else None
+
+    def start_optimizer_signals(self, optimizer) -> None:
+        """Update ratios, output RMS, NaN provenance and the step timer: they need an optimizer's step (once)."""
+        if self.timer is not None:
+            return
+        signals, every, on_nan, batch_size = self.signals_args
+        if signals:  # capture/layer_signals.py
+            trainable = lambda: [(n, p) for n, p in self.params if p.requires_grad]  # noqa: E731
+            self.signals = LayerSignals(
+                self.recorder, self.model, optimizer, every, trainable, self.scaler, on_nan, self._step_now
+            )
+        # Step time, data-loader wait and throughput (capture/step_timer.py): host clocks, at each optimizer step.
+        self.timer = StepTimer(self.recorder, self.model, optimizer, batch_size, step_now=self._step_now)
 
     def _hook_new_trainables(self) -> None:
         """Without an optimizer, capture when gradients are ready: hook every trainable parameter once."""

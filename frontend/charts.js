@@ -187,7 +187,9 @@ export class LiveChart {
     const layout = plotLayout({
       yaxis: Object.assign(base.yaxis, this.y.axis),
       yaxis2: { overlaying: "y", range: [0, 1], visible: false, fixedrange: true },
-      xaxis: Object.assign(base.xaxis, { title: { text: mode === "relative" ? "seconds" : "" } }),
+      xaxis: Object.assign(base.xaxis, {
+        title: { text: this.opts.xTitle ? esc(this.opts.xTitle(mode)) : mode === "relative" ? "seconds" : "" },
+      }),
       shapes: this.shapes,
     });
     Plotly.react(this.div, traces, layout, { responsive: true, displaylogo: false });

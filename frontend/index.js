@@ -50,26 +50,41 @@ async function load() {
     return;
   }
   state.runs = new Map(runs.map((r) => [r.id, { ...r, config_loaded: true }]));
-  render();
-  refreshSparks();
+  render(); // rows in view ask for their sparklines as they are made (wantSpark)
 }
 const reload = throttle(load, 3000, 1);
 
-// Latest loss and a small loss curve per row: one request for every listed run, at most every 3 s
-// while runs make progress.
-async function loadSparks() {
-  const ids = [...state.runs.keys()].slice(0, 200);
+// Latest loss and a small loss curve per row, only for the rows the table draws (those in view): the
+// rows made in one frame share one request at once (not after the 3 s refresh throttle: that made the
+// first curves take > 3 s), and while runs make progress the drawn rows refresh at most every 3 s.
+const SPARK_POINTS = 40; // a 120 px curve: 3,000 points would be 25 per pixel
+const sparkWanted = new Set();
+let sparkFrame = 0;
+function wantSpark(id) {
+  if (state.sparks.has(id)) return fillSpark(id);
+  sparkWanted.add(id);
+  if (sparkFrame) return;
+  sparkFrame = requestAnimationFrame(() => {
+    sparkFrame = 0;
+    const ids = [...sparkWanted];
+    sparkWanted.clear();
+    loadSparks(ids);
+  });
+}
+
+async function loadSparks(ids) {
   if (!ids.length) return;
   let out;
   try {
-    out = await getJSON(`/api/sparklines?ids=${ids.join(",")}&key=loss&points=40`);
+    out = await getJSON(`/api/sparklines?ids=${ids.join(",")}&key=loss&points=${SPARK_POINTS}`);
   } catch {
     return;
   } // a list without curves still works
   for (const [id, s] of Object.entries(out.runs)) state.sparks.set(Number(id), s);
   for (const id of ids) fillSpark(id);
 }
-const refreshSparks = throttle(loadSparks, 3000, 1);
+const drawnRuns = () => [...document.querySelectorAll("#runs tbody tr[data-run]")].map((tr) => Number(tr.dataset.run));
+const refreshSparks = throttle(() => loadSparks(drawnRuns().slice(0, 200)), 3000, 1);
 
 function fillSpark(id) {
   const tr = document.querySelector(`tr[data-run="${id}"]`);
@@ -239,7 +254,7 @@ function render() {
   } else {
     table.makeRow = (r) => {
       const tr = row(r, extras);
-      queueMicrotask(() => fillSpark(r.id));
+      queueMicrotask(() => wantSpark(r.id));
       return tr;
     };
     table.set(rows);

@@ -1,6 +1,7 @@
 // Runs of one torch.distributed job (init(all_ranks=True) streams each rank as a run of its own,
 // grouped by meta.group): a rank selector, and one chart overlaying a metric across every rank so
-// a straggler (fewer steps) or a rank that diverges stands out.
+// a straggler (fewer steps) or a rank that diverges stands out. The server names the straggler (a rank
+// whose recent median step time is >= 30 % above the ranks' median, storage/ranks.py); the selector says so.
 import { el, esc, fetchSeries, getJSON, PALETTE, plotLayout } from "./common.js";
 
 const REFRESH_MS = 5000;
@@ -22,7 +23,7 @@ export async function renderRanks(box, run, keys) {
         location.href = "/runs/" + ev.target.value;
       },
     },
-    ...ranks.map((r) => el("option", { value: r.id }, `rank ${r.rank} · ${r.status}`)),
+    ...ranks.map((r) => el("option", { value: r.id, class: r.straggler ? "straggler" : "" }, rankLabel(r))),
   );
   rankSel.value = String(run.id);
   const choices = keys.filter((k) => !k.startsWith("grad/") || k === "grad/global_norm");
@@ -37,6 +38,7 @@ export async function renderRanks(box, run, keys) {
         "h3",
         {},
         `Ranks: ${ranks.length} of ${data.world_size} `,
+        ...straggler(ranks),
         el("label", {}, "rank ", rankSel),
         " ",
         el("label", {}, "metric ", keySel),
@@ -63,4 +65,28 @@ export async function renderRanks(box, run, keys) {
   keySel.addEventListener("change", draw);
   await draw();
   if (ranks.some((r) => r.status === "running")) setInterval(draw, REFRESH_MS);
+}
+
+// "rank 1 · running · 210 ms/step (wait 101 ms) · straggler": the pace is the recent median per step.
+function rankLabel(r) {
+  const pace = r.step_time == null ? "" : ` · ${fmtSeconds(r.step_time)}/step`;
+  const wait = r.data_wait == null || r.step_time == null ? "" : ` (wait ${fmtSeconds(r.data_wait)})`;
+  return `rank ${r.rank} · ${r.status}${pace}${wait}${r.straggler ? " · straggler" : ""}`;
+}
+
+function straggler(ranks) {
+  const slow = ranks.find((r) => r.straggler);
+  if (!slow) return [];
+  return [
+    el(
+      "span",
+      { id: "rank-straggler", class: "badge", title: "the rank the others wait for (its step time or data wait)" },
+      `straggler: rank ${slow.rank}`,
+    ),
+    " ",
+  ];
+}
+
+function fmtSeconds(s) {
+  return s >= 1 ? `${s.toFixed(2)} s` : `${(s * 1000).toPrecision(3)} ms`;
 }

@@ -7,7 +7,6 @@ import {
   compact,
   el,
   fetchSeries,
-  fmtBytes,
   fmtTime,
   getJSON,
   isLossKey,
@@ -19,8 +18,10 @@ import {
 import { configTree, kv } from "./config_view.js";
 import { LiveHeatmap } from "./heatmap.js";
 import { renderLrFind } from "./lr_find.js";
+import { MEMORY_KEYS, renderMemoryBreakdown } from "./memory_view.js";
 import { isMetric, metricCard, metricSection } from "./metrics.js";
 import { renderRanks } from "./ranks.js";
+import { offerKeys, seriesAgainst, xAt, xKeyOf } from "./run_xaxis.js";
 import { mountSignals } from "./signals.js";
 
 const RUN_ID = Number(location.pathname.split("/").pop());
@@ -29,6 +30,7 @@ const S = {
   run: null,
   keys: [],
   series: {},
+  against: {}, // key -> its series against the chosen x key (run_xaxis.js), for that x key only
   alerts: [],
   loading: true,
   buffer: [],
@@ -38,16 +40,12 @@ const S = {
   seenStep: -1,
 };
 const MAX_POINTS = 4000;
-const MEMORY_PARTS = [
-  ["parameters", "memory/params"],
-  ["gradients", "memory/grads"],
-  ["optimizer state", "memory/optimizer_state"],
-];
 const HEAT = new LiveHeatmap($("heatmap"), RUN_ID, "grad");
 mountSignals(HEAT, RUN_ID); // update ratio and output RMS heatmaps beside it (signals.js)
 
 const WATCH_HINT = (what) => `No ${what} yet. run.watch(model, optimizer) records it at every optimizer step.`;
 const xMode = () => $("x-mode").value;
+const X_TITLE = (mode) => xKeyOf(mode) ?? (mode === "relative" ? "seconds" : "");
 const CHARTS = {}; // name -> {keys(allKeys), chart, box}; the fixed four, then one per logged metric
 
 // A log-y checkbox is "auto" until the user touches it: the chart then picks log for series
@@ -78,7 +76,12 @@ function addChart(name, div, box, note, spec) {
   };
   c.chart = new LiveChart(
     div,
-    Object.assign({ t0: () => S.t0, redraw: () => c.chart.render(entriesFor(c), xMode()) }, logOpt, spec, { onAxis }),
+    Object.assign(
+      { t0: () => S.t0, redraw: () => c.chart.render(entriesFor(c), xMode()), xTitle: X_TITLE },
+      logOpt,
+      spec,
+      { onAxis },
+    ),
   );
   box.addEventListener("change", () => c.chart.render(entriesFor(c), xMode()));
   CHARTS[name] = c;
@@ -109,11 +112,13 @@ function ensureMetricChart(key) {
   addChart("m:" + key, card.chart, card.box, card.note, { keys: () => [key], empty: "No points yet.", scalars: true });
 }
 
+// With a key as x axis, the charts draw the series aligned to it (S.against), else the raw ones.
+const held = (k) => (xKeyOf(xMode()) ? S.against[k] : S.series[k]);
 const entriesFor = (c) =>
   c
     .keys(S.keys)
-    .filter((k) => S.series[k])
-    .map((k, i) => ({ label: k, series: S.series[k], color: PALETTE[i % PALETTE.length] }));
+    .filter((k) => held(k))
+    .map((k, i) => ({ label: k, series: held(k), color: PALETTE[i % PALETTE.length] }));
 
 async function load() {
   S.loading = true;
@@ -129,17 +134,19 @@ async function load() {
     S.alerts = alerts;
     S.t0 = run.meta?.start_time || run.created_at; // the client clock, like the points
     for (const k of keys) ensureMetricChart(k);
+    offerKeys($("x-mode"), keys);
     // The memory breakdown's parts are fetched too: they are on the page from the first draw, not
     // only once a live memory point arrives.
     const wanted = new Set([
       ...Object.values(CHARTS).flatMap((c) => c.keys(keys)),
-      ...MEMORY_PARTS.map(([, k]) => k).filter((k) => keys.includes(k)),
+      ...MEMORY_KEYS.filter((k) => keys.includes(k)),
     ]);
     const fetched = await Promise.all(
       [...wanted].map(async (k) => [k, await fetchSeries(RUN_ID, k, "max_points=" + MAX_POINTS)]),
     );
     S.series = Object.fromEntries(fetched);
-  } catch {
+    if (xKeyOf(xMode())) await fetchAgainst();
+  } catch (e) {
     $("notice").replaceChildren(
       el("div", { class: "alert critical", "data-kind": "load-failed" }, "Could not load run: " + e.message),
     );
@@ -166,10 +173,25 @@ async function load() {
   S.buffer = [];
 }
 
+// Every charted key against the chosen x key, fetched again when it changes or points arrive.
+async function fetchAgainst() {
+  const x = xKeyOf(xMode()),
+    keys = [...new Set(Object.values(CHARTS).flatMap((c) => c.keys(S.keys)))].filter((k) => S.series[k]);
+  const got = await Promise.all(keys.map(async (k) => [k, await seriesAgainst(RUN_ID, k, x)]));
+  if (xKeyOf(xMode()) === x) S.against = Object.fromEntries(got); // not if the user chose again meanwhile
+}
+const refetchAgainst = throttle(() => fetchAgainst().then(renderAll), 2000, 1);
+
+async function onXMode() {
+  S.against = {};
+  if (xKeyOf(xMode())) await fetchAgainst();
+  renderAll();
+}
+
 function renderAll() {
   for (const c of Object.values(CHARTS)) c.chart.render(entriesFor(c), xMode());
   renderAlertLines();
-  renderMemoryBreakdown();
+  renderMemoryBreakdown($("memory-breakdown"), S.series);
   renderLrFind($("lr-find"), S);
 }
 
@@ -208,6 +230,7 @@ async function zoomTo(step) {
 
 function alertX(step) {
   if (xMode() === "step") return step;
+  if (xKeyOf(xMode())) return xAt(S.series[xKeyOf(xMode())], step);
   const s = S.series["grad/global_norm"] || S.series.loss || Object.values(S.series)[0];
   if (!s?.steps.length) return null;
   let i = s.steps.findIndex((x) => x >= step);
@@ -257,33 +280,12 @@ function renderConfig() {
   });
 }
 
-function renderMemoryBreakdown() {
-  const last = (k) => {
-    const s = S.series[k];
-    return s?.values.length ? s.values[s.values.length - 1] : null;
-  };
-  const parts = MEMORY_PARTS.map(([name, k]) => [name, last(k)]);
-  const total = last("memory/cuda_allocated") ?? last("memory/rss");
-  if (parts.every(([, v]) => v === null)) {
-    $("memory-breakdown").replaceChildren();
-    return;
-  }
-  const known = parts.reduce((a, [, v]) => a + (v || 0), 0);
-  if (total !== null)
-    parts.push([
-      S.series["memory/cuda_allocated"] ? "activations, cache & rest" : "rest of the process",
-      Math.max(0, total - known),
-    ]);
-  $("memory-breakdown").replaceChildren(
-    el("table", {}, ...parts.map(([n, v]) => el("tr", {}, el("td", {}, n), el("td", {}, fmtBytes(v))))),
-  );
-}
-
 function onPoints(msg) {
   for (const [k, pts] of Object.entries(msg.series)) {
     if (!S.keys.includes(k)) {
       S.keys.push(k);
       ensureMetricChart(k);
+      offerKeys($("x-mode"), [k]);
     }
     S.series[k] ??= { steps: [], values: [], walls: [] };
     const store = S.series[k];
@@ -345,12 +347,15 @@ function flush() {
       redraw.add(k);
     }
   }
-  for (const c of Object.values(CHARTS)) {
-    const entries = entriesFor(c);
-    if (entries.some((e) => redraw.has(e.label))) c.chart.render(entries, xMode());
-    else if (entries.some((e) => fresh[e.label] !== undefined)) c.chart.extend(entries, fresh, xMode());
-  }
-  renderMemoryBreakdown();
+  if (xKeyOf(xMode()))
+    refetchAgainst(); // aligned on the server: fetched again, not extended here
+  else
+    for (const c of Object.values(CHARTS)) {
+      const entries = entriesFor(c);
+      if (entries.some((e) => redraw.has(e.label))) c.chart.render(entries, xMode());
+      else if (entries.some((e) => fresh[e.label] !== undefined)) c.chart.extend(entries, fresh, xMode());
+    }
+  renderMemoryBreakdown($("memory-breakdown"), S.series);
   renderLrFind($("lr-find"), S);
   refetchLate();
 }
@@ -392,7 +397,7 @@ function attachZoom(c) {
 
 for (const a of document.querySelectorAll("a.csv[data-key]"))
   a.href = `/api/runs/${RUN_ID}/series.csv?key=${encodeURIComponent(a.dataset.key)}`;
-$("x-mode").addEventListener("change", renderAll);
+$("x-mode").addEventListener("change", onXMode);
 $("smoothing").addEventListener("input", () => {
   $("smoothing-value").textContent = Number($("smoothing").value).toFixed(2);
   CHARTS.loss.chart.render(entriesFor(CHARTS.loss), xMode());

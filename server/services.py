@@ -17,7 +17,6 @@ from gradwatch_server.ingest.stats import IngestStats
 from gradwatch_server.ingest.writer import Writer
 from gradwatch_server.live.hub import Hub
 from gradwatch_server.live.publisher import Publisher
-from gradwatch_server.live.webhook import WebhookSender
 from gradwatch_server.notify.dispatcher import Notifier
 from gradwatch_server.settings import Settings
 from gradwatch_server.storage import database
@@ -31,8 +30,7 @@ class Services:
         self.engine = database.make_engine(settings.db_url, settings.sqlite_synchronous)
         self.writer = Writer(self.engine)
         self.hub = Hub(settings.max_page_bytes)
-        webhook = WebhookSender(settings.webhook, per_run=settings.webhook_per_run) if settings.webhook else None
-        self.publisher = Publisher(self.engine, self.hub, self.aread, webhook)
+        self.publisher = Publisher(self.engine, self.hub, self.aread)
         self.notifier = self.publisher.notifier = Notifier(self.engine, self.writer, settings)
         activity = Activity()  # shared: batches record it, the liveness watch reads it
         self.ingest_stats = IngestStats()

@@ -55,7 +55,7 @@ SETTINGS: list[Setting] = [
         "SQLAlchemy database URL: sqlite:///path/file.db or postgresql://user:pw@host/db. "
         "Empty means a SQLite file in ~/.local/share/gradwatch/.",
     ),
-    Setting("webhook", "", "URL that receives every alert as a JSON POST (Slack-compatible 'text' field)."),
+    Setting("webhook", "", "URL that gets each incident once as a Slack-format JSON POST ('text')."),
     Setting(
         "smtp_url",
         "",
@@ -128,9 +128,7 @@ SETTINGS: list[Setting] = [
         "Most bytes of live pushes waiting for one open page; a page further behind gets one 'resync' instead.",
         int,
     ),
-    Setting(
-        "webhook_per_run", 10, "Most webhook posts per run per minute; the rest are counted in its next post.", int
-    ),
+    Setting("webhook_per_run", 10, "Most notifications per run per minute per channel; the rest are recorded.", int),
     Setting(
         "session_days",
         30.0,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import socket
@@ -9,8 +10,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import Api
+
 import gradwatch
 from gradwatch import distributed
+from gradwatch_server.serve import BackgroundServer
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "integrations" / "distributed.md"
 SCRIPT = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)[0]
@@ -86,6 +90,35 @@ def test_all_ranks_stream_grouped_runs(server, api, tmp_path, page):
     assert not page.js_errors
 
 
+def test_a_rank_that_sleeps_in_its_loop_is_named_the_straggler(settings, tmp_path, page):
+    # DDP keeps the ranks in step, so rank 1's sleep before its forward shows as its data wait (the others
+    # spend that time waiting for it in the all-reduce); the watch runs every 0.5 s with crash_timeout=2.
+    srv = BackgroundServer(dataclasses.replace(settings, crash_timeout=2.0)).start()
+    try:
+        api = Api(srv.url)
+        slow = SCRIPT.replace("range(20)", "range(40)").replace(
+            "    x = torch.randn(16, 8)\n", "    x = torch.randn(16, 8)\n    if rank == 1:\n        time.sleep(0.1)\n"
+        )
+        launch(tmp_path, srv, "import time\n" + slow)
+        runs = sorted(api.get("/api/runs"), key=lambda r: r["name"])
+        ranks = api.get(f"/api/runs/{runs[0]['id']}/ranks")
+        fast, late = ranks["ranks"]
+        assert ranks["straggler"] == late["id"] == runs[1]["id"] and late["straggler"] and not fast["straggler"]
+        assert late["data_wait"] - fast["data_wait"] > 0.05 and fast["step_time"] > 0.05  # in step: both wait
+        alerts = api.get(f"/api/runs/{late['id']}/alerts")
+        assert [a["kind"] for a in alerts if a["kind"] == "straggler"] == ["straggler"]
+        assert "Rank 1 is the straggler" in next(a["message"] for a in alerts if a["kind"] == "straggler")
+        assert not [a for a in api.get(f"/api/runs/{fast['id']}/alerts") if a["kind"] == "straggler"]
+        page.goto(f"{srv.url}/runs/{runs[0]['id']}")
+        page.wait_for_selector("#rank-straggler", timeout=15000)
+        assert page.inner_text("#rank-straggler") == "straggler: rank 1"
+        options = page.locator("#rank-select option").all_inner_texts()
+        assert options[1].endswith("· straggler") and "/step" in options[0] and not options[0].endswith("straggler")
+        assert not page.js_errors
+    finally:
+        srv.stop()
+
+
 def test_ranks_from_the_environment_and_noop_run(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
@@ -109,3 +142,16 @@ def test_init_does_not_import_torch_or_touch_cuda():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["NoopRun", "False"]
+
+
+def test_the_straggler_rule_by_step_time_and_by_data_wait():
+    from gradwatch_server.storage.ranks import straggler
+
+    def job(*paces):
+        return [{"id": i, "step_time": t, "data_wait": w} for i, (t, w) in enumerate(paces)]
+
+    assert straggler(job((0.10, 0.0), (0.10, 0.0), (0.14, 0.0))) == 2  # 40 % slower than the ranks' median
+    assert straggler(job((0.10, 0.0), (0.10, 0.0), (0.12, 0.0))) is None  # 20 %: jitter, not a straggler
+    assert straggler(job((0.20, 0.01), (0.20, 0.15), (0.20, 0.01))) == 1  # lock-step DDP: it waits on its data
+    assert straggler(job((0.20, 0.01), (0.20, 0.04), (0.20, 0.01))) is None
+    assert straggler(job((0.20, 0.0), (None, None))) is None  # one rank with a pace: nothing to compare

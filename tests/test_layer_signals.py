@@ -10,6 +10,7 @@ from torch import nn
 from training import Recorder
 
 from gradwatch.capture.layer_signals import ACT_VECTOR, SAMPLE, UPDATE_VECTOR
+from gradwatch.watcher import Watcher
 
 
 def recs(rec: Recorder, key: str) -> dict:
@@ -34,7 +35,8 @@ def test_update_ratio_is_the_exact_ratio_for_small_tensors_and_close_for_big_one
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1), nn.Linear(1, 300 * SAMPLE // 100))
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    rec = Recorder().watch(model, opt)
+    rec = Recorder()
+    Watcher(rec, model, opt, signals_every=1)  # every step (the default samples every 10th)
     x, y = torch.randn(32, 8), torch.randn(32, 300 * SAMPLE // 100)
     before = [p.detach().clone() for p in model.parameters()]
     step(model, opt, x, y, rec)
@@ -46,11 +48,22 @@ def test_update_ratio_is_the_exact_ratio_for_small_tensors_and_close_for_big_one
         assert g == pytest.approx(e, rel=0.1 if big else 1e-4), name  # sampled: an estimate within 10 %
 
 
+def test_the_default_samples_every_tenth_step():
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = Recorder().watch(model, opt)  # watch() without signals_every: its cost is in docs/alerts.md
+    for _ in range(25):
+        step(model, opt, torch.randn(16, 4), torch.zeros(16, 2), rec)
+    sampled = [r[1] for r in rec.records() if r[0] == "rec" and UPDATE_VECTOR in r[3]]
+    assert sampled == [0, 10, 20]
+
+
 def test_act_rms_is_each_leaf_modules_output_rms_in_forward_order():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    rec = Recorder().watch(model, opt)
+    rec = Recorder()
+    Watcher(rec, model, opt, signals_every=1)  # every step (the default samples every 10th)
     x = torch.randn(16, 4)
     with torch.no_grad():
         h0 = model[0](x)
@@ -70,7 +83,6 @@ def test_signals_every_k_samples_only_every_kth_step_and_remove_detaches():
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     rec = Recorder()
-    from gradwatch.watcher import Watcher
 
     watcher = Watcher(rec, model, opt, signals_every=4)
     x, y = torch.randn(8, 4), torch.randn(8, 1)
@@ -88,7 +100,6 @@ def test_signals_off():
     model = nn.Sequential(nn.Linear(4, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     rec = Recorder()
-    from gradwatch.watcher import Watcher
 
     Watcher(rec, model, opt, signals=False)
     step(model, opt, torch.randn(8, 4), torch.randn(8, 1), rec)
@@ -115,9 +126,8 @@ def zero_batch_run(on_nan=None, bad_step=6, steps=10):
     model = nan_model()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     rec = Recorder()
-    from gradwatch.watcher import Watcher
 
-    Watcher(rec, model, opt, on_nan=on_nan)
+    Watcher(rec, model, opt, on_nan=on_nan, signals_every=1)  # the exact birth step needs every step
     g = torch.Generator().manual_seed(1)
     for s in range(steps):
         x = torch.randn(16, 4, generator=g)
@@ -152,7 +162,7 @@ def test_signals_provenance_and_warning_through_the_server(server, api):
     run = gradwatch.init(project="signals", name="zero-batch", server=server.url)
     model = nan_model()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    run.watch(model, opt)
+    run.watch(model, opt, signals_every=1)
     g = torch.Generator().manual_seed(1)
     for s in range(10):
         x = torch.zeros(16, 4) if s == 6 else torch.randn(16, 4, generator=g)

@@ -72,7 +72,8 @@ def series(api, run_id, key):
 
 def test_fit_streams_config_metrics_and_gradients(server, api):
     model = Tiny()
-    trainer(GradwatchCallback(project="pl", name="fit", server=server.url), max_epochs=2).fit(model, *loaders())
+    callback = GradwatchCallback(project="pl", name="fit", server=server.url, signals_every=1)
+    trainer(callback, max_epochs=2).fit(model, *loaders())
     run = api.get("/api/runs")[0]
     assert run["name"] == "fit" and run["status"] == "finished"
     detail = api.get(f"/api/runs/{run['id']}")
@@ -90,6 +91,13 @@ def test_fit_streams_config_metrics_and_gradients(server, api):
     for step, value in zip(stored["steps"], stored["values"]):
         assert math.isclose(value, model.seen_norms[step], rel_tol=1e-5)
     assert set(series(api, rid, "lr")["values"]) == {0.05}
+    # The optimizer reaches the watcher: update ratios, output RMS and the step timer, at Lightning's steps.
+    assert {"update_ratio/net.0.weight", "act_rms/net.0", "signals/update_ratio_max", "perf/step_time"} <= set(keys)
+    # Lightning steps with a closure: the pre-step hook runs before backward, so the first step of each epoch
+    # (its gradients freshly zeroed to None) has no ratio.
+    ratio_steps = series(api, rid, "update_ratio/net.0.weight")["steps"]
+    assert set(ratio_steps) <= set(range(1, 8)) and len(ratio_steps) >= 6
+    assert series(api, rid, "perf/step_time")["steps"] == list(range(1, 8))  # the first step has no previous end
     assert gradwatch.run is not None and gradwatch.run.finished
 
 

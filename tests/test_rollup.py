@@ -69,3 +69,16 @@ def test_candidates_are_the_named_points_in_step_order():
     steps, values, walls = rollup.candidates(data[None], 0)
     assert steps.tolist() == [3, 7, 9] and values[0] == 5.0 and math.isnan(values[1]) and values[2] == -1.0
     assert walls.tolist() == [103.0, 107.0, 109.0]  # each point keeps its own wall time
+
+
+def test_heat_is_the_summary_maxima_and_which_non_finite_kinds_occurred():
+    steps = np.arange(6, dtype=np.float64)
+    values = np.array([[1.0, math.nan, -1.0], [2.0, 5.0, -math.inf], [math.inf, 4.0, -3.0]] * 2)
+    present = np.ones_like(values, dtype=bool)
+    present[:, 2] = [False, True, False, False, True, False]  # layer 2: only the -inf steps had a value
+    _, _, data = rollup.summarise(steps, steps, values, present, np.zeros(6, dtype=np.int64))
+    heat = rollup.heat_of(data[0])
+    maxima, flags = np.frombuffer(heat[:24], "<f8"), np.frombuffer(heat[24:], np.uint8)
+    assert len(heat) == 9 * 3 and maxima.tolist() == [2.0, 5.0, -math.inf]
+    assert flags.tolist() == [rollup.FLAG_PINF, rollup.FLAG_NAN, rollup.FLAG_NINF]
+    assert (rollup.flags_of(data) == flags).all()

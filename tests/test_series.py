@@ -7,12 +7,13 @@ import random
 
 import numpy as np
 import pytest
+from sqlalchemy import delete, func, select
 
 from gradwatch import protocol
 from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.storage import database, store
+from gradwatch_server.storage import chunks, database, db, rollup, series, store
 
 N = 60_000
 LAYERS = 6
@@ -169,3 +170,97 @@ def test_rollup_reads_fall_back_to_raw_when_the_layout_changed(tmp_path):
         heat = store.get_heatmap(conn, run_id, "grad", max_steps=10)
     assert s["total_points"] == 10_000 and max(protocol.decode_float(v) for v in s["values"]) == 9.0
     assert len(heat["values"]) == 3 and heat["values"][0][0] == 9.0
+
+
+def _old_heatmap(conn, key_id: int, slots: int, max_steps: int, start, end) -> dict:
+    """The heatmap as read before heat rows existed: every rollup row's full summary decoded."""
+    lo, hi = chunks.bounds(conn, key_id, start, end)
+    width = max(1, math.ceil((hi - lo + 1) / max(1, max_steps)))
+    level = rollup.pick_level(width, slots)
+
+    def raw_units(a, b):
+        p = chunks.read(conn, key_id, a, b, slots)
+        v, pr = p.values, p.present()
+        return (
+            p.steps,
+            np.where(pr & np.isfinite(v), v, -np.inf),
+            pr & np.isnan(v),
+            pr & (v == np.inf),
+            pr & (v == -np.inf),
+        )
+
+    units = None
+    first, last = (-(-lo // level), (hi + 1) // level - 1) if level else (0, -1)
+    if level and last >= first:
+        blocks, _, s = rollup.read_blocks(conn, key_id, level, first, last, slots)
+        if s is not None:
+            mid = (
+                blocks * level,
+                s[:, rollup.MAX_V],
+                *(s[:, r] != rollup.NONE for r in (rollup.NAN_S, rollup.PINF_S, rollup.NINF_S)),
+            )
+            parts = (raw_units(lo, first * level - 1), mid, raw_units((last + 1) * level, hi))
+            units = tuple(np.concatenate(x) for x in zip(*parts))
+    steps, fmax, nan, pinf, ninf = units if units is not None else raw_units(lo, hi)
+    bucket = (steps - lo) // width
+    starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
+    top = np.maximum.reduceat(fmax, starts, axis=0)
+    out = top.astype(object)
+    out[top == -np.inf] = None
+    for flag, value in zip((ninf, pinf, nan), (-math.inf, math.inf, math.nan)):
+        out[np.logical_or.reduceat(flag, starts, axis=0)] = value
+    values = [[None if v is None else protocol.encode_float(float(v)) for v in col] for col in out.T.tolist()]
+    return {"steps": (lo + bucket[starts] * width).tolist(), "values": values, "bucket": width}
+
+
+def _random_vector_run(engine, seed: int, slots: int, steps: int) -> int:
+    """A vector key of random values (NaN, ±inf, no value) through real ingest, in random-sized batches."""
+    rng = np.random.default_rng(seed)
+    with engine.begin() as conn:
+        run_id = open_run(conn, {"uid": f"r{seed}", "project": "p", "name": "n"}, {})["run_id"]
+        state = load_state(conn, run_id)
+    pool = [math.nan, math.inf, -math.inf, None]
+    lo, seq = 0, 0
+    while lo < steps:
+        hi = min(steps, lo + int(rng.integers(1, 700)))
+        seq += 1
+        records = []
+        for i in range(lo, hi):
+            vec = [float(v) for v in rng.normal(size=slots) * 10.0 ** rng.integers(-3, 3)]
+            for j in np.flatnonzero(rng.random(slots) < 0.004).tolist():
+                vec[j] = pool[int(rng.integers(0, 4))]
+            records.append(
+                {"step": i, "t": float(i), "scalars": {}, "vectors": {"grad": [protocol.encode_float(v) for v in vec]}}
+            )
+        msg = {"type": "batch", "seq": seq, "records": records, "layouts": {"grad": [f"l{j}" for j in range(slots)]}}
+        with engine.begin() as conn:
+            apply_batch(conn, state, decode(msg))
+        lo = hi
+    return run_id
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_heatmap_from_heat_rows_equals_the_full_summary_read(tmp_path, seed):
+    engine = database.make_engine(f"sqlite:///{tmp_path / 'heat.db'}")
+    slots = 7
+    run_id = _random_vector_run(engine, seed, slots, 9_000)
+    rng = np.random.default_rng(seed + 100)
+    with engine.begin() as conn:
+        key_id = conn.execute(select(db.metric_keys.c.id).where(db.metric_keys.c.run_id == run_id)).scalar()
+        ranges = [(None, None, 400), (None, None, 37), (None, None, 9_000)]
+        ranges += [
+            (int(a), int(a + rng.integers(1, 6_000)), int(rng.integers(1, 500))) for a in rng.integers(0, 8_000, 6)
+        ]
+
+        def both():
+            for start, end, cols in ranges:
+                new = series.read_heatmap(conn, key_id, slots, cols, start, end)
+                assert new == _old_heatmap(conn, key_id, slots, cols, start, end), (start, end, cols)
+
+        both()
+        assert conn.execute(select(func.count()).select_from(db.rollup_heat)).scalar() > 0
+        h = db.rollup_heat.c
+        conn.execute(delete(db.rollup_heat).where(h.block % 2 == 1))  # part of a run stored before heat rows
+        both()
+        conn.execute(delete(db.rollup_heat))  # a run stored before heat rows
+        both()

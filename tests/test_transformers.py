@@ -83,6 +83,12 @@ def test_trainer_streams_config_logs_and_layer_norms(server, api, tmp_path):
     assert all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(ours["values"], theirs["values"]))
     assert series(api, rid, "lr/0")["values"] == pytest.approx(series(api, rid, "learning_rate")["values"])
     assert series(api, rid, "lr/0")["values"][0] == 1e-3 and "lr" not in keys
+    # The Trainer's optimizer reaches the watcher: update ratios, output RMS and the step timer.
+    assert {"update_ratio/transformer.h.0.attn.c_attn.weight", "signals/update_ratio_max", "perf/step_time"} <= set(
+        keys
+    )
+    assert any(k.startswith("act_rms/") for k in keys)
+    assert set(series(api, rid, "perf/step_time")["steps"]) <= {1, 2, 3, 4, 5, 6}
 
 
 class PoisonAt(TrainerCallback):

@@ -1,4 +1,5 @@
-"""Alerts reach a webhook receiver started by the test, with retries; and they arrive fast."""
+"""The server-wide ``--webhook`` against a real HTTP receiver: one Slack-text notification per incident, with its
+story, retried, recorded in the deliveries, rate-limited per run; and alerts are visible fast."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import json
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
+
+from conftest import Api
+from test_incidents import spirals_run
 
 import gradwatch
 from gradwatch_server.serve import BackgroundServer
@@ -45,6 +49,13 @@ class Receiver:
         return self.bodies
 
 
+def _deliveries(api: Api, project: str, n: int, timeout: float = 20.0) -> list:
+    deadline = time.time() + timeout
+    while len(got := api.get(f"/api/projects/{project}/deliveries")) < n and time.time() < deadline:
+        time.sleep(0.1)
+    return got
+
+
 def test_alert_is_posted_with_slack_text_after_retries(settings):
     receiver = Receiver(fail_first=2)
     srv = BackgroundServer(dataclasses.replace(settings, webhook=receiver.url)).start()
@@ -55,9 +66,29 @@ def test_alert_is_posted_with_slack_text_after_retries(settings):
         bad_step_time = time.time()
         run.finish()
         ((received_at, body),) = receiver.wait(1)
-        assert body["alert"]["kind"] == "nan_loss" and body["alert"]["step"] == 6
-        assert "nan_loss" in body["text"] and "nan-run" in body["text"]
-        assert received_at - bad_step_time < 10  # includes two failed attempts with backoff
+        assert set(body) == {"text"}  # the Slack format, like a project's slack channel
+        assert body["text"].startswith("gradwatch [critical]: nan_loss in nan-run (hooks)") and "step 6" in body["text"]
+        assert received_at - bad_step_time < 10  # the incident's grace, then two failed attempts with backoff
+        (delivery,) = _deliveries(Api(srv.url), "hooks", 1)  # recorded like every notification
+        assert delivery["status"] == "delivered" and delivery["attempts"] == 3
+        assert delivery["channel"] == f"slack {receiver.url}" and delivery["run_id"] == 1
+    finally:
+        srv.stop()
+        receiver.httpd.shutdown()
+
+
+def test_one_incident_is_one_post_with_its_story(settings):
+    receiver = Receiver()
+    srv = BackgroundServer(dataclasses.replace(settings, webhook=receiver.url)).start()
+    try:
+        api = Api(srv.url)
+        spirals_run(gradwatch.init(project="story", name="lr3", server=srv.url), 3.0)
+        assert len(api.get("/api/runs/1/alerts")) > 1  # several alerts ...
+        _deliveries(api, "story", 1)
+        time.sleep(1.5)  # a consequence paging again would show by now
+        ((_, body),) = receiver.bodies  # ... one post: the incident's
+        assert "→" in body["text"] and "Cause: learning rate" in body["text"]
+        assert len(api.get("/api/projects/story/deliveries")) == 1
     finally:
         srv.stop()
         receiver.httpd.shutdown()
@@ -83,27 +114,46 @@ def test_bad_step_to_alert_latency_is_sub_second(server, api):
 
 
 def test_slack_markup_in_names_and_messages_is_escaped():
-    from gradwatch_server.live.webhook import payload
+    from gradwatch_server.notify import formats
 
     alert = {"run_id": 3, "severity": "warning", "kind": "loss_spike", "step": 5, "message": "<!here> & <http://x|y>"}
-    text = payload(alert, {"name": "<!channel> <https://evil.example|click me>"})["text"]
+    note = {"run_id": 3, "run": {"name": "<!channel> <https://evil.example|click me>", "project": "p"}, "alert": alert}
+    text = formats.render("slack", note)["text"]
     assert "<!" not in text and "<http" not in text and "|click me>" not in text
     assert "&lt;!channel&gt; &lt;https://evil.example|click me&gt;" in text and "&amp;" in text
 
 
-def test_webhook_posts_are_rate_limited_per_run_and_taken_in_turns():
-    from gradwatch_server.live.webhook import WebhookSender
+def test_webhook_posts_are_rate_limited_per_run(settings):
+    """One run's flood is limited (and recorded as such); another run's alert still goes out."""
+    from gradwatch_server.ingest.hello import open_run
+    from gradwatch_server.ingest.writer import Writer
+    from gradwatch_server.notify import channels
+    from gradwatch_server.notify.dispatcher import Notifier
+    from gradwatch_server.storage import database
 
     receiver = Receiver()
-    sender = WebhookSender(receiver.url, per_run=5)
+    engine = database.make_engine(settings.db_url)
+    with engine.begin() as conn:
+        for uid in ("a", "b"):
+            open_run(conn, {"uid": uid, "project": "flood", "name": uid}, {})
+    writer = Writer(engine)
+    notifier = Notifier(engine, writer, dataclasses.replace(settings, webhook=receiver.url, webhook_per_run=5))
     try:
-        for i in range(200):  # one run floods
-            sender.send({"text": f"flood {i}", "run": 1}, 1)
-        sender.send({"text": "quiet run's alert", "run": 2}, 2)
-        bodies = [b for _, b in receiver.wait(6, timeout=10)]
-        # the quiet run's alert is not behind the flood: at most the few flood posts ahead of it
-        assert [b["text"] for b in bodies].index("quiet run's alert") <= 2
-        time.sleep(0.3)
-        assert len(receiver.bodies) == 6 and sender.suppressed[1] == 195
+        for i in range(30):  # run 1 floods
+            notifier.offer(1, {"kind": "loss_spike", "step": i, "severity": "warning", "message": f"flood {i}"})
+        notifier.offer(2, {"kind": "nan_loss", "step": 1, "severity": "critical", "message": "quiet run's alert"})
+        bodies = [b["text"] for _, b in receiver.wait(6, timeout=20)]
+        assert any("quiet run's alert" in t for t in bodies)
+        deadline, got = time.time() + 20, []
+        while len(got) < 31 and time.time() < deadline:
+            time.sleep(0.1)
+            with engine.connect() as conn:
+                got = channels.deliveries(conn, "flood")
+        status = [(d["run_id"], d["status"]) for d in got]
+        assert status.count((1, "delivered")) == 5 and status.count((1, "limited")) == 25
+        assert status.count((2, "delivered")) == 1 and len(receiver.bodies) == 6
     finally:
+        notifier.close()
+        writer.close()
+        engine.dispose()
         receiver.httpd.shutdown()

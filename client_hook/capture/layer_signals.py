@@ -84,10 +84,13 @@ class LayerSignals:
         trainable: returns the watcher's [(name, param)] in grad-layout order.
         scaler: a GradScaler, for the AMP scale in NaN provenance.
         on_nan: "skip" to skip the optimizer step whose gradients are non-finite (a host sync on that path).
+        step_now: the step a sample is recorded at (default: the run's next one; frameworks give their own).
     """
 
-    def __init__(self, recorder, model, optimizer, every, trainable, scaler=None, on_nan=None):
+    def __init__(self, recorder, model, optimizer, every, trainable, scaler=None, on_nan=None, step_now=None):
         import torch
+
+        self.step_now = step_now or recorder.current_step
 
         self.torch, self.recorder, self.optimizer = torch, recorder, optimizer
         self.every, self.trainable, self.scaler, self.on_nan = max(1, int(every)), trainable, scaler, on_nan
@@ -161,6 +164,8 @@ class LayerSignals:
     def _after_step(self) -> None:
         torch = self.torch
         params, before, norms, acts = self.snapshot
+        if acts is None and self.outputs:  # step(closure) (Lightning): the forward ran inside the step
+            acts = self._act_rms()
         scalars, vectors = {}, {}
         if params:
             wnorm = norms
@@ -200,7 +205,7 @@ class LayerSignals:
                     at.index_select(0, top.argmax().reshape(1)).reshape(())
                 )  # no .item()
         if scalars or vectors:
-            self.recorder.put_record(self.recorder.current_step(), scalars, vectors)
+            self.recorder.put_record(self.step_now(), scalars, vectors)
 
     def _layout(self, key: str, names: list) -> None:
         """Send a vector's layout when it is new or changed (before the record that uses it)."""
@@ -253,7 +258,7 @@ class LayerSignals:
             first = torch.tensor(-1.0, device=dev)
         w_bad = (~torch.isfinite(wnorm.sum())).float()
         names = acts[0] if acts is not None else []
-        step = self.recorder.current_step()
+        step = self.step_now()
         if dev.type != "cuda":
             # On the CPU reading is free, so the optimizer state (still as before this step) is checked only
             # when something is already bad: nothing extra while healthy.

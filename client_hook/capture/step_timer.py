@@ -23,10 +23,14 @@ class StepTimer:
         recorder: the run's ``Recorder``.
         model, optimizer: what ``Run.watch`` was given.
         batch_size: samples per optimizer step, for ``perf/samples_per_sec`` (None: not recorded).
+        step_now: the step a time is recorded at (default: the run's next one; frameworks give their own).
     """
 
-    def __init__(self, recorder, model, optimizer, batch_size: int | None = None, clock=time.perf_counter):
+    def __init__(
+        self, recorder, model, optimizer, batch_size: int | None = None, clock=time.perf_counter, step_now=None
+    ):
         self.recorder, self.batch_size, self.clock = recorder, batch_size, clock
+        self.step_now = step_now or recorder.current_step
         self.last_end: float | None = None
         self.wait: float | None = None
         self.handles = [
@@ -47,7 +51,7 @@ class StepTimer:
                 scalars[DATA_WAIT] = self.wait
             if self.batch_size and took > 0:
                 scalars[SAMPLES] = self.batch_size / took
-            self.recorder.guarded(lambda: self.recorder.put_record(self.recorder.current_step(), scalars, {}))
+            self.recorder.guarded(lambda: self.recorder.put_record(self.step_now(), scalars, {}))
         self.last_end, self.wait = now, None
 
     def remove(self) -> None:

@@ -3,16 +3,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 
-from gradwatch import protocol
+from gradwatch import api, protocol
 
 
 class SourceError(RuntimeError):
@@ -27,23 +23,13 @@ class HttpSource:
         self.token = token or os.environ.get("GRADWATCH_TOKEN") or None
 
     def _call(self, method: str, path: str, **query):
-        query = {k: v for k, v in query.items() if v is not None}
-        url = self.base + path + ("?" + urllib.parse.urlencode(query) if query else "")
-        req = urllib.request.Request(
-            url, method=method, headers={"Authorization": f"Bearer {self.token}"} if self.token else {}
-        )
         try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                return json.loads(resp.read() or b"null")
-        except urllib.error.HTTPError as err:
-            try:
-                why = json.loads(err.read()).get("error")
-            except Exception:
-                why = err.reason
-            raise SourceError(f"{self.base}: {why} (HTTP {err.code})") from None
-        except (urllib.error.URLError, OSError) as exc:
+            return api.call(self.base, self.token, method, path, **query)
+        except api.ApiError as exc:
+            if exc.status is not None:
+                raise SourceError(f"{self.base}: {exc.reason} (HTTP {exc.status})") from None
             raise SourceError(
-                f"cannot reach the gradwatch server at {self.base} ({getattr(exc, 'reason', exc)}): "
+                f"cannot reach the gradwatch server at {self.base} ({exc.reason}): "
                 "start it with `gradwatch serve`, pass --server URL, or read a database with --db"
             ) from None
 

@@ -25,6 +25,7 @@ RATIO_AT = "signals/update_ratio_argmax"
 ACT = "signals/act_rms_max"
 ACT_AT = "signals/act_rms_argmax"
 RECENT = 10  # steps whose median is the current level
+MIN_RECENT = 3  # ... of at least this many samples (signals sampled every 10 steps: the last three)
 LOGIT_HINTS = ("q", "k", "query", "key", "qkv", "in_proj", "attn", "attention", "head", "lm_head", "decoder", "logits")
 
 
@@ -34,51 +35,58 @@ def _level(values) -> float:
 
 def check_instability_warning(state: dict, obs: Observation, th: dict) -> list[Alert]:
     """Update/weight ratios (‖Δw‖/‖w‖) growing past a safe size: a warning tens of steps before a divergence."""
+    # Windows count steps, not samples: the client samples the ratios every ``signals_every`` steps (default 10).
     if obs.layers:
         state["layers"] = obs.layers  # the signals come in a record of their own: name layers from the last layout
     u = obs.scalars.get(RATIO)
     for key, name in ((ACT, "act"), (GLOBAL, "grad")):
         v = obs.scalars.get(key)
         if v is not None and math.isfinite(v):
-            state.setdefault(name, deque(maxlen=_span(th))).append(v)
+            _keep(state.setdefault(name, deque()), obs.step, v, th)
     if u is None or not math.isfinite(u):
         return []
-    hist = state.setdefault("ratio", deque(maxlen=_span(th)))
-    hist.append(u)
-    state["seen"] = state.get("seen", 0) + 1
-    level, base = _now_and_before(hist, th)
+    hist = state.setdefault("ratio", deque())
+    gap = obs.step - hist[-1][0] if hist else 1
+    _keep(hist, obs.step, u, th)
+    state.setdefault("first", obs.step)
+    level, base = _now_and_before(hist, obs.step, th)
     bad = (
-        state["seen"] >= th["instability_warning.min_history"]
+        obs.step - state["first"] + 1 >= th["instability_warning.min_history"]
         and level >= th["instability_warning.level"]
         and base > 0
         and level >= th["instability_warning.factor"] * base
     )
-    if not episode(state, bad, th["instability_warning.cooldown"]):
+    # The cooldown is in steps: that many quiet steps are this many quiet samples.
+    if not episode(state, bad, max(1, th["instability_warning.cooldown"] / max(1, gap))):
         return []
     return [_alert(state, obs, level, base, th)]
 
 
-def _span(th: dict) -> int:
-    """Values kept: the baseline window, the gap after it, and the recent steps."""
+def _keep(hist: deque, step: int, value: float, th: dict) -> None:
+    """Append (step, value), dropping what is older than the baseline window, the gap after it and the recent steps."""
     window = int(th["instability_warning.window"])
-    return window + window // 2 + RECENT
+    hist.append((step, value))
+    while hist and hist[0][0] <= step - (window + window // 2 + RECENT):
+        hist.popleft()
 
 
-def _now_and_before(hist: deque, th: dict) -> tuple[float, float]:
-    """(median of the last RECENT values, median of the baseline window that ended window/2 values ago)."""
+def _now_and_before(hist: deque, now: int, th: dict) -> tuple[float, float]:
+    """(median of the last RECENT steps' values, at least MIN_RECENT of them; median of the baseline window of
+    ``window`` steps that ended window/2 steps ago)."""
     window = int(th["instability_warning.window"])
-    values = list(hist)
-    recent = values[-RECENT:]
-    end = max(0, len(values) - window // 2)
-    return _level(recent), _level(values[max(0, end - window) : end])
+    recent = [v for s, v in hist if s > now - RECENT]
+    if len(recent) < MIN_RECENT:
+        recent = [v for _, v in list(hist)[-MIN_RECENT:]]
+    end = now - window // 2
+    return _level(recent), _level([v for s, v in hist if end - window < s <= end])
 
 
-def _growth(state: dict, name: str, th: dict) -> float:
+def _growth(state: dict, name: str, now: int, th: dict) -> float:
     """How many times a side signal (output RMS, gradient norm) grew over the same windows; NaN if unknown."""
     hist = state.get(name)
-    if not hist or len(hist) < RECENT * 2:
+    if not hist or len(hist) < 2 * MIN_RECENT or hist[-1][0] - hist[0][0] < 2 * RECENT:
         return math.nan
-    level, base = _now_and_before(hist, th)
+    level, base = _now_and_before(hist, now, th)
     return level / base if base > 0 else math.nan
 
 
@@ -93,7 +101,7 @@ def _layer(state: dict, obs: Observation, key: str) -> str | None:
 def _alert(state: dict, obs: Observation, level: float, base: float, th: dict) -> Alert:
     where = _layer(state, obs, RATIO_AT)
     act_where = _layer(state, obs, ACT_AT)
-    act, grad = _growth(state, "act", th), _growth(state, "grad", th)
+    act, grad = _growth(state, "act", obs.step, th), _growth(state, "grad", obs.step, th)
     parts = [
         f"The update/weight ratio ‖Δw‖/‖w‖ is {fmt(level)} per step"
         + (f" (largest in {where})" if where else "")
@@ -139,10 +147,12 @@ def bulk_instability_warning(state: dict, cols: Columns) -> bool:
         got = cols.scalars.get(key)
         if got is not None and len(got[0]):
             order = np.argsort(got[0], kind="stable")
-            vals = got[1][order]
-            vals = vals[np.isfinite(vals)]
-            if len(vals):
-                state.setdefault(name, deque(maxlen=_span(cols.th))).extend(vals.tolist())
+            steps, vals = got[0][order], got[1][order]
+            window = int(cols.th["instability_warning.window"])
+            fine = np.isfinite(vals) & (steps > steps[-1] - (window + window // 2 + RECENT))  # what _keep would keep
+            hist = state.setdefault(name, deque())
+            for step, value in zip(steps[fine].tolist(), vals[fine].tolist()):
+                _keep(hist, int(step), value, cols.th)
     return True
 
 

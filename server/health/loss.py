@@ -189,46 +189,83 @@ def bulk_loss_spike(state: dict, cols: Columns) -> bool:
     return True
 
 
-def _spike_plan(ks: dict | None, fin: np.ndarray, th):
-    """(values to append, final age, final baseline) when no value of ``fin`` is a spike, else None."""
-    W, mh, factor = int(th["loss_spike.window"]), th["loss_spike.min_history"], th["loss_spike.factor"]
-    old = list(ks["window"]) if ks else []
-    age, baseline = (ks["age"], ks.get("baseline")) if ks else (SPIKE_REFRESH, None)
+def _spike_baselines(old: list, age: int, baseline, fin: np.ndarray, th, lazy: bool = False):
+    """The baseline each value of ``fin`` is checked against, from a state (window ``old``, ``age``, ``baseline``)
+    in which none of them is a spike: (first checked index, recompute offsets, medians, scales, which baseline
+    each checked value uses: 0 = the old one, j = the j-th recompute), or None when the state cannot say.
+
+    ``lazy``: a median only where a value could be a spike (NaN elsewhere): a value no more than the spike
+    margin above its window's minimum (which the median is not below) cannot be one, whatever the spread."""
+    W, mh = int(th["loss_spike.window"]), th["loss_spike.min_history"]
     arr = np.concatenate([np.asarray(old, dtype=np.float64), fin])
     L0, m = len(old), len(fin)
     # The i-th new value is checked when the window before it (the last W of arr[:L0 + i]) holds min_history.
     first = max(0, int(np.ceil(mh)) - L0) if mh <= W else m
-    tail = fin[-W:].tolist()
     if first >= m:
-        return tail, age, baseline
+        return first, None, None, None, None
     c = m - first
     offset = 0 if age >= SPIKE_REFRESH else SPIKE_REFRESH - age  # checked index of the first recompute
     recompute = np.arange(offset, c, SPIKE_REFRESH)
     if offset > 0 and baseline is None:
         return None  # cannot happen with a state built by the rules
-    meds = np.empty(len(recompute) + 1)
-    scales = np.empty(len(recompute) + 1)
+    meds = np.full(len(recompute) + 1, np.nan)
+    scales = np.full(len(recompute) + 1, np.nan)
     if baseline is not None:
         meds[0], scales[0] = baseline
     ends = L0 + first + recompute  # window before value i is arr[max(0, end - W): end]
-    full = ends >= W
-    if full.any():
+    # Which baseline each checked value uses: the latest recompute at or before it (0 = the old one).
+    which = np.searchsorted(recompute, np.arange(c), side="right")
+    wanted = np.arange(len(recompute))
+    if lazy:
+        low = np.empty(len(recompute) + 1)
+        low[0] = meds[0]
+        full = ends >= W
+        if full.any():
+            low[1:][full] = np.lib.stride_tricks.sliding_window_view(arr, W)[ends[full] - W].min(axis=1)
+        low[1:][~full] = np.minimum.accumulate(arr)[ends[~full] - 1]
+        v, mn = fin[first:], low[which]
+        maybe = v - mn > np.maximum(0.5 * np.maximum(mn, 0.0), th["loss_spike.min_delta"])
+        wanted = np.unique(which[maybe]) - 1
+        wanted = wanted[wanted >= 0]
+    _baselines_at(arr, ends, wanted, W, meds, scales)
+    return first, recompute, meds, scales, which
+
+
+def _baselines_at(arr: np.ndarray, ends: np.ndarray, wanted: np.ndarray, W: int, meds, scales) -> None:
+    """``spike_baseline`` of the windows before ``ends[wanted]``, into ``meds``/``scales`` at ``wanted + 1``."""
+    full = wanted[ends[wanted] >= W]
+    if len(full):
         wins = np.lib.stride_tricks.sliding_window_view(arr, W)[ends[full] - W]
         med = np.median(wins, axis=1)
         mad = np.median(np.abs(wins - med[:, None]), axis=1) * 1.4826
-        meds[1:][full], scales[1:][full] = med, np.maximum(mad, 1e-12 + 1e-6 * np.abs(med))
-    for j in np.flatnonzero(~full):
+        meds[full + 1], scales[full + 1] = med, np.maximum(mad, 1e-12 + 1e-6 * np.abs(med))
+    for j in wanted[ends[wanted] < W].tolist():
         win = arr[: ends[j]]
         med = float(np.median(win))
         mad = float(np.median(np.abs(win - med))) * 1.4826
         meds[1 + j], scales[1 + j] = med, max(mad, 1e-12 + 1e-6 * abs(med))
-    # Which baseline each checked value uses: the latest recompute at or before it (0 = the old one).
-    which = np.searchsorted(recompute, np.arange(c), side="right")
-    v = fin[first:]
-    med, scale = meds[which], scales[which]
+
+
+def _spikes(v: np.ndarray, med, scale, th) -> np.ndarray:
+    """``is_spike`` over arrays."""
     floor = th["loss_spike.min_delta"]
-    if (((v - med) / scale > factor) & (v - med > np.maximum(0.5 * np.abs(med), floor))).any():
+    return ((v - med) / scale > th["loss_spike.factor"]) & (v - med > np.maximum(0.5 * np.abs(med), floor))
+
+
+def _spike_plan(ks: dict | None, fin: np.ndarray, th):
+    """(values to append, final age, final baseline) when no value of ``fin`` is a spike, else None."""
+    old = list(ks["window"]) if ks else []
+    age, baseline = (ks["age"], ks.get("baseline")) if ks else (SPIKE_REFRESH, None)
+    tail = fin[-int(th["loss_spike.window"]) :].tolist()
+    found = _spike_baselines(old, age, baseline, fin, th)
+    if found is None:
         return None
+    first, recompute, meds, scales, which = found
+    if recompute is None:
+        return tail, age, baseline
+    if _spikes(fin[first:], meds[which], scales[which], th).any():
+        return None
+    c = len(fin) - first
     if len(recompute):
         final_age = c - int(recompute[-1])
         baseline = (float(meds[-1]), float(scales[-1]))
@@ -265,6 +302,108 @@ def bulk_loss_divergence(state: dict, cols: Columns) -> bool:
         ks["recent"].extend(fin[-W:].tolist())
         healthy_run(ks, n_checked, th["loss_divergence.cooldown"])
     return True
+
+
+# -- the same rules over a whole series, for a replay (rules/backtest.py): where episodes open, nothing else --
+SEVERITY = {"nan_loss": "critical", "loss_spike": "warning", "loss_divergence": "critical"}  # as the checks raise them
+
+
+def replay_series(kinds, values: np.ndarray, th: dict) -> list[tuple[int, str]]:
+    """(index, kind) of every loss alert the rules of ``kinds`` raise on one loss key's values, from a fresh state:
+    what ``observe`` record by record would raise, without the episodes' updates (a replay does not show them)."""
+    values = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(values)
+    where = np.flatnonzero(finite)  # the finite values' indices: the spike and divergence rules skip the rest
+    out = []
+    if "nan_loss" in kinds:
+        out += [(i, "nan_loss") for i in _openings(np.flatnonzero(~finite), th["nan_loss.cooldown"])]
+    if "loss_spike" in kinds:
+        out += [
+            (int(where[i]), "loss_spike")
+            for i in _openings(_spike_series(values[finite], th), th["loss_spike.cooldown"])
+        ]
+    if "loss_divergence" in kinds:
+        out += [(int(where[i]), "loss_divergence") for i in _divergences(values[finite], th)]
+    return out
+
+
+def _close_after(cooldown: float) -> int:
+    """Healthy checks in a row that end an episode (``episode``: at least one)."""
+    return max(1, int(math.ceil(cooldown)))
+
+
+def _openings(bad: np.ndarray, cooldown: float) -> list[int]:
+    """The checks of ``bad`` (indices, increasing) that open an episode: the first, and any after enough healthy ones."""
+    if not len(bad):
+        return []
+    gaps = np.diff(bad) - 1
+    return [int(bad[0])] + bad[1:][gaps >= _close_after(cooldown)].tolist()
+
+
+def _aged(age: int, n: int) -> int:
+    """The spike rule's age after ``n`` more checks (each: recompute at SPIKE_REFRESH, then one older)."""
+    if n <= 0:
+        return age
+    t = (0 if age >= SPIKE_REFRESH else age) + n
+    return t if t <= SPIKE_REFRESH else (t - SPIKE_REFRESH - 1) % SPIKE_REFRESH + 1
+
+
+def _spike_series(fin: np.ndarray, th: dict) -> np.ndarray:
+    """Indices of the spikes in a finite series: healthy stretches at numpy speed, each run of spikes (checked
+    against one unchanging baseline: a spike does not enter the window) in one comparison."""
+    W = int(th["loss_spike.window"])
+    old, age, baseline, pos, spikes = [], SPIKE_REFRESH, None, 0, []
+    while pos < len(fin):
+        rest = fin[pos:]
+        first, recompute, meds, scales, which = _spike_baselines(old, age, baseline, rest, th, lazy=True)
+        if recompute is None:
+            break
+        hits = np.flatnonzero(_spikes(rest[first:], meds[which], scales[which], th))
+        if not len(hits):
+            break
+        k = int(hits[0])  # checked index of the first spike
+        old = np.concatenate([np.asarray(old, dtype=np.float64), rest[: first + k]])[-W:].tolist()
+        b = int(which[k])
+        baseline = (float(meds[b]), float(scales[b]))
+        age = k - int(recompute[b - 1]) + 1 if b else age + k + 1  # after the spike's own check
+        after = rest[first + k + 1 :]
+        calm = np.flatnonzero(~_spikes(after, baseline[0], baseline[1], th))
+        n = int(calm[0]) if len(calm) else len(after)  # more spikes in a row
+        spikes.append(pos + first + np.arange(k, k + n + 1))
+        age = _aged(age, n)
+        pos += first + k + 1 + n
+    return np.concatenate(spikes) if spikes else np.empty(0, dtype=np.int64)
+
+
+def _divergences(fin: np.ndarray, th: dict) -> list[int]:
+    """Indices where a divergence episode opens in a finite series (``check_loss_divergence``'s verdicts)."""
+    factor, W, close = (
+        th["loss_divergence.factor"],
+        int(th["loss_divergence.window"]),
+        _close_after(th["loss_divergence.cooldown"]),
+    )
+    nonzero = np.flatnonzero(fin != 0.0)
+    if not len(nonzero):
+        return []
+    f0 = int(nonzero[0])
+    above = f0 + 1 + np.flatnonzero(fin[f0 + 1 :] > factor * abs(float(fin[f0])))  # the only checks that can be bad
+    out, i = [], 0
+    while i < len(above):
+        # closed: bad only with a jump over the recent median too (computed at the candidates alone)
+        cand = above[i:]
+        jump = np.array([fin[a] > factor * np.median(fin[max(0, a - W) : a]) for a in cand[:64].tolist()])
+        if not jump.any():
+            i += len(jump)
+            continue
+        i += int(np.flatnonzero(jump)[0])
+        out.append(int(above[i]))
+        # open: bad while above; it ends after ``close`` checks in a row below
+        gaps = np.diff(above[i:]) - 1
+        ends = np.flatnonzero(gaps >= close)
+        if not len(ends):
+            break  # open to the end (a gap before the end closes it, but no candidate is left to open again)
+        i += int(ends[0]) + 1
+    return out
 
 
 RULES = (

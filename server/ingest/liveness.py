@@ -1,18 +1,26 @@
-"""Is each run's training process still there: connections held, heartbeats, and the crash/stall watch."""
+"""Is each run's training process still there: connections held, heartbeats, the crash/stall watch, stragglers."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import statistics
 import time
 from collections import Counter
 
+from sqlalchemy import select
+
+from gradwatch_server.health.alerts import AlertBook
+from gradwatch_server.health.common import Alert
 from gradwatch_server.ingest import run_states
 from gradwatch_server.ingest.activity import Activity
 from gradwatch_server.ingest.writer import Writer
 from gradwatch_server.live.publisher import Publisher
+from gradwatch_server.storage import db, ranks
 
 log = logging.getLogger("gradwatch.server")
+STRAGGLER_ROUNDS = 5  # look for stragglers every this many rounds of the watch (medians of recent step times)
 
 
 class Liveness:
@@ -24,6 +32,8 @@ class Liveness:
         self.activity = activity
         self.crash_timeout = crash_timeout
         self._connected: Counter = Counter()
+        self._rounds = 0
+        self._flagged: dict = {}  # group -> the run id last alerted as its straggler (one alert per change)
 
     def connect(self, run_id: int) -> None:
         self._connected[run_id] += 1
@@ -62,5 +72,57 @@ class Liveness:
             await asyncio.wrap_future(self.writer.submit(run_states.mark_stalled, stalled, self.activity.intervals()))
         for run_id in crashed:
             self.activity.forget(run_id)
-        for run_id in crashed + stalled:
+        self._rounds += 1
+        slow = []
+        if mine and self._rounds % STRAGGLER_ROUNDS == 0:
+            slow = await asyncio.wrap_future(self.writer.submit(flag_stragglers, mine, self._flagged, now))
+        for run_id in crashed + stalled + slow:
             await self.publisher.run_changed(run_id)
+
+
+def flag_stragglers(conn, run_ids: list[int], flagged: dict, now: float) -> list[int]:
+    """A ``straggler`` alert on the slowest rank of each job these runs belong to, once per job and straggler."""
+    metas = conn.execute(select(db.runs.c.id, db.runs.c.meta).where(db.runs.c.id.in_(run_ids)))
+    groups = {}
+    for row in metas:
+        group = json.loads(row.meta or "{}").get("group")
+        if isinstance(group, str) and group:
+            groups.setdefault(group, row.id)
+    alerted = []
+    for group, run_id in groups.items():
+        job = ranks.get_ranks(conn, run_id)
+        slow = next((r for r in job["ranks"] if r["straggler"]), None)
+        if slow is None or flagged.get(group) == slow["id"]:
+            continue
+        flagged[group] = slow["id"]
+        AlertBook.load(conn, slow["id"]).record(conn, _straggler_alert(job, slow), now)
+        alerted.append(slow["id"])
+    for group in [g for g in flagged if g not in groups]:  # jobs gone from here: memory stays flat
+        del flagged[group]
+    return alerted
+
+
+def _straggler_alert(job: dict, slow: dict) -> Alert:
+    """What the straggler's run is told: its pace against the other ranks', and whether it waits on data."""
+    paces = [r["step_time"] for r in job["ranks"] if r["step_time"] is not None]
+    middle = statistics.median(paces)
+    waits = [r["data_wait"] for r in job["ranks"] if r["data_wait"] is not None]
+    wait, usual = slow["data_wait"], statistics.median(waits) if waits else None
+    if wait is not None and usual is not None and wait - usual >= 0.3 * middle:
+        how = (
+            f"it spends {wait:.3g} s per step before its forward pass against {usual:.3g} s on the other ranks, "
+            "and they wait for it at each all-reduce. Look at its data loading (workers, storage, preprocessing) "
+            "or whatever else its loop does between steps."
+        )
+    else:
+        how = (
+            f"a median step of {slow['step_time']:.3g} s against {middle:.3g} s across the ranks. Its data wait is "
+            "not the difference: look at its device (clocks, temperature, other processes) or its share of work."
+        )
+    return Alert(
+        "straggler",
+        slow["last_step"],
+        slow["step_time"] / middle,
+        "warning",
+        message=f"Rank {slow['rank']} is the straggler of its job ({len(paces)} ranks): " + how,
+    )

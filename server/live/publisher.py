@@ -1,9 +1,10 @@
-"""Telling open pages what was committed: this process's (hub.py), the other processes' (fanout.py), webhooks.
+"""Telling open pages what was committed: this process's (hub.py), the other processes' (fanout.py), notifications.
 
 The one place that turns a committed change into pushes. Callers say what changed (a batch's
 points and alerts, a run's summary, a deletion) after its transaction committed; this module
 builds each push once and hands it to the hub, which encodes it once for every page here and
-forwards it to the other server processes on PostgreSQL.
+forwards it to the other server processes on PostgreSQL. A new alert also goes to the notifier
+(``notify/``), which pages each incident once on the project's channels and the server-wide ``--webhook``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from collections.abc import Awaitable, Callable
 
 from gradwatch_server.live.fanout import PgFanout, stored_reference
 from gradwatch_server.live.hub import RUNS_CHANNEL, Hub, points_message
-from gradwatch_server.live.webhook import WebhookSender, payload
 from gradwatch_server.storage import store
 
 log = logging.getLogger("gradwatch.server")
@@ -23,13 +23,11 @@ log = logging.getLogger("gradwatch.server")
 class Publisher:
     """Pushes for committed changes; ``aread(fn, *args)`` runs a ``store`` read off the event loop."""
 
-    def __init__(self, engine, hub: Hub, aread: Callable[..., Awaitable], webhook: WebhookSender | None = None):
+    def __init__(self, engine, hub: Hub, aread: Callable[..., Awaitable]):
         self.engine = engine
         self.hub = hub
         self.aread = aread
-        self.webhook = webhook
-        self.base_url = ""  # for links in webhook posts
-        self.notifier = None  # notify.dispatcher.Notifier: a project's channels (set by services)
+        self.notifier = None  # notify.dispatcher.Notifier: the channels, --webhook included (set by services)
         self._summaries: dict = {}  # run id -> another change came while its summary was being read
         # Several server processes over one PostgreSQL: pages see what any of them ingests.
         self.fanout = PgFanout(engine, self._from_other_process) if engine.dialect.name == "postgresql" else None
@@ -54,12 +52,10 @@ class Publisher:
             asyncio.ensure_future(asyncio.to_thread(self._notify, run_id, None, ref))
 
     def alert(self, run_id: int, alert: dict) -> None:
-        """A new or updated alert to the run's pages; a new one also to the webhook."""
+        """A new or updated alert to the run's pages; a new one also to the notifier (it pages incidents)."""
         self.hub.publish(run_id, {"type": "alert", "alert": alert})
-        if self.notifier is not None and alert.get("count", 1) == 1:  # queued, never waited on
-            self.notifier.offer(run_id, alert)
-        if self.webhook is not None and alert.get("count", 1) == 1:  # a recurrence updates, it does not re-page
-            asyncio.ensure_future(self._post_alert(run_id, alert))
+        if self.notifier is not None and alert.get("count", 1) == 1:  # a recurrence updates, it does not re-page
+            self.notifier.offer(run_id, alert)  # queued, never waited on
 
     def progress(self, run_id: int, last_step: int | None) -> None:
         """A run's newest step, for the runs list."""
@@ -90,17 +86,6 @@ class Publisher:
     def deleted(self, run_id: int) -> None:
         self.hub.publish(RUNS_CHANNEL, {"type": "deleted", "id": run_id})
         self.hub.publish(run_id, {"type": "deleted", "id": run_id})
-
-    async def _post_alert(self, run_id: int, alert: dict) -> None:
-        if not self.webhook.accepts(run_id):  # over this run's rate: counted there, no read needed
-            self.webhook.send(None, run_id)
-            return
-        try:
-            run = await self.aread(store.run_summary, run_id)
-        except store.NotFound:
-            run = None
-        brief = {k: run[k] for k in ("id", "project", "name", "status", "last_step")} if run else None
-        self.webhook.send(payload(alert, brief, self.base_url), run_id)
 
     # -- the other server processes (PostgreSQL LISTEN/NOTIFY) ----------------------------------
     def _to_other_processes(self, channel, message: dict, encoded: str | None) -> None:

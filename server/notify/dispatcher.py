@@ -6,7 +6,8 @@ and the worst severity go out together), then reads the run and the incident: on
 incident, they do not page again), and not while the incident is acknowledged, snoozed or resolved. Each
 channel whose ``min_severity`` the incident reaches gets it, retried with backoff; every delivery is
 recorded (delivered / failed with the reason / limited) through the writer. At most ``per_run``
-notifications per run per minute: the rest are recorded as limited.
+notifications per run per minute on each channel: the rest are recorded as limited. Besides a project's
+channels every incident goes to the server's own: ``alert_email`` (critical ones) and ``--webhook`` (Slack text).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sqlalchemy import select
 
 from gradwatch import contract
 from gradwatch_server.health import incidents
+from gradwatch_server.live import webhook
 from gradwatch_server.notify import channels, formats, mail
 from gradwatch_server.storage import db, store
 
@@ -47,11 +49,12 @@ class Notifier:
         self.engine, self.writer = engine, writer
         self.smtp_url, self.base_url = settings.smtp_url, settings.base_url.rstrip("/")
         self.alert_email = [a.strip() for a in settings.alert_email.split(",") if a.strip()]
+        self.webhook = webhook.channel(settings.webhook)  # the server-wide webhook, for every project
         self.per_run, self.retries, self.backoff = settings.webhook_per_run, retries, backoff
         self.grace = grace  # seconds a root waits for what its step brought along (the story, the worst severity)
         self.queue: queue.Queue = queue.Queue(maxsize=1000)
         self.dropped = 0
-        self.sent: dict[int, deque] = {}
+        self.sent: dict[tuple, deque] = {}  # (run id, channel) -> times of its recent notifications
         self.thread: threading.Thread | None = None
 
     def offer(self, run_id: int, alert: dict) -> None:
@@ -88,17 +91,18 @@ class Notifier:
         for ch in self._targets(chans):
             if RANK[note["severity"]] < RANK[ch["min_severity"]]:
                 continue
-            if not self._allowed(run_id):
+            if not self._allowed(run_id, channels.describe(ch)):
                 self._record(note, ch, "limited", f"over {self.per_run} notifications per run per minute", 0)
                 continue
             self._deliver(note, ch)
 
     def _targets(self, chans: list[dict]) -> list[dict]:
         extra = [{"kind": "email", "to": self.alert_email, "min_severity": "critical"}] if self.alert_email else []
-        return chans + extra
+        return chans + self.webhook + extra
 
-    def _allowed(self, run_id: int) -> bool:
-        now, sent = time.monotonic(), self.sent.setdefault(run_id, deque())
+    def _allowed(self, run_id: int, channel: str) -> bool:
+        """Within the run's rate on this channel (one busy channel does not use up another's)."""
+        now, sent = time.monotonic(), self.sent.setdefault((run_id, channel), deque())
         while sent and now - sent[0] > 60:
             sent.popleft()
         if len(sent) >= self.per_run:

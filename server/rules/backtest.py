@@ -2,8 +2,10 @@
 where its current rules fired, before anyone saves them.
 
 The current rules' firings are the runs' stored alerts. For the proposal only what it changes is replayed:
-the built-in kinds whose threshold, switch or severity differ, and its custom rules. Their scalar keys
-are read from the chunks once and fed to a Monitor with every other rule off, through ``observe_batch``
+the built-in kinds whose threshold, switch or severity differ, and its custom rules. The scalar keys those
+read are read from the chunks once per run. The loss rules replay each loss series whole
+(``health.loss.replay_series``: rolling medians at numpy speed, a run of spikes in one comparison); the
+other kinds and the custom rules go through a Monitor with every other rule off, through ``observe_batch``
 in large batches (the rules' numpy bulk checks make a healthy stretch cost a few array operations).
 Per-layer vectors are not replayed: a per-layer rule's changes show as its alerts kept or dropped.
 """
@@ -19,8 +21,10 @@ import numpy as np
 from sqlalchemy import select
 
 from gradwatch import contract
+from gradwatch.protocol import is_loss_key
+from gradwatch_server.health import loss, registry
 from gradwatch_server.health import monitor as health
-from gradwatch_server.health import registry
+from gradwatch_server.health.common import GLOBAL, Alert
 from gradwatch_server.rules.policy import EMPTY, Policy
 from gradwatch_server.storage import chunks, db
 
@@ -28,6 +32,7 @@ BATCH = 2048  # records per observe_batch call after the first
 FIRST = 256
 WORKERS = min(8, os.cpu_count() or 1)  # replays run in parallel where numpy lets go of the GIL
 MAX_RUNS = 100
+LOSS_KINDS = {r.kind: i for i, r in enumerate(loss.RULES)}  # replayed whole series at a time, in rule order
 
 
 def _keys(conn, run_id: int, wanted) -> dict:
@@ -66,6 +71,15 @@ def _covers(steps: np.ndarray, series) -> bool:
     return True
 
 
+def reads(kinds: set, keys: set):
+    """Whether a scalar key is one the replayed kinds (or the custom rules, on ``keys``) read: the rest stay unread.
+    The gradient norm too where a replayed rule looks only at records that carry gradients."""
+    rules = [r for r in registry.RULES if r.kind in kinds]
+    names = set(keys).union(*(r.reads for r in rules)) | ({GLOBAL} if any(r.needs_grads for r in rules) else set())
+    losses = any(r.losses for r in rules)
+    return lambda key: key in names or (losses and is_loss_key(key))
+
+
 def affected(current: dict, proposed: dict) -> set:
     """The built-in kinds whose verdicts the proposal can change: a threshold, the on/off switch or the severity."""
     kinds = set(registry.kinds())
@@ -81,9 +95,35 @@ def affected(current: dict, proposed: dict) -> set:
 
 def replay(steps: np.ndarray, cols: dict, doc: dict, run_alerts: dict, kinds: set) -> list:
     """Where the rules of ``doc`` for ``kinds`` (and its custom rules) fire on one run, in step order."""
-    off = sorted(set(registry.kinds()) - (kinds - set(doc["disabled"])))
-    policy = Policy({**{k: doc[k] for k in EMPTY}, "disabled": off})
-    monitor = health.Monitor(health.thresholds({**doc["thresholds"], **run_alerts}), policy=policy)
+    th = health.thresholds({**doc["thresholds"], **run_alerts})
+    on = kinds - set(doc["disabled"])
+    rest = on - set(LOSS_KINDS)
+    policy = Policy({**{k: doc[k] for k in EMPTY}, "disabled": sorted(set(registry.kinds()) - rest)})
+    fired = _loss_alerts(steps, cols, th, on & set(LOSS_KINDS), doc["severity"])
+    if rest or policy.custom:
+        fired += _monitor(steps, cols, th, policy)
+    return [_brief(a.kind, a.step, a.value, a.key, a.layer, a.severity) for a in fired]
+
+
+def _loss_alerts(steps: np.ndarray, cols: dict, th: dict, kinds: set, severity: dict) -> list:
+    """The loss rules' alerts, each loss series replayed whole; in the order a Monitor raises them within a step
+    (rule order, then key order), with the project's severities."""
+    if not kinds:
+        return []
+    found = []
+    for n, (key, (rows, values)) in enumerate(cols.items()):
+        if is_loss_key(key):
+            for i, kind in loss.replay_series(kinds, values, th):
+                step = int(steps[rows[i]])
+                sev = severity.get(kind, loss.SEVERITY[kind])
+                found.append(((step, LOSS_KINDS[kind], n), Alert(kind, step, float(values[i]), sev, "", key=key)))
+    found.sort(key=lambda f: f[0])
+    return [a for _, a in found]
+
+
+def _monitor(steps: np.ndarray, cols: dict, th: dict, policy: Policy) -> list:
+    """The other replayed kinds and the custom rules: a Monitor fed the run in large batches."""
+    monitor = health.Monitor(th, policy=policy)
     fired, lo = [], 0
     while lo < len(steps):
         hi = min(lo + (FIRST if lo == 0 else BATCH), len(steps))  # a short first batch: rules warming up go
@@ -94,7 +134,7 @@ def replay(steps: np.ndarray, cols: dict, doc: dict, run_alerts: dict, kinds: se
                 part[key] = (rows[a:b] - lo, values[a:b])
         fired += monitor.observe_batch(steps[lo:hi], part, {})
         lo = hi
-    return [_brief(a.kind, a.step, a.value, a.key, a.layer, a.severity) for a in fired + policy.apply(monitor.flush())]
+    return fired + policy.apply(monitor.flush())
 
 
 def _brief(kind, step, value, key, layer, severity) -> dict:
@@ -116,7 +156,7 @@ def backtest(conn, project: str, current: dict, proposed: dict, limit: int = MAX
     t0 = time.perf_counter()
     kinds = affected(current, proposed)
     keys = {r["key"] for r in proposed["custom"]}
-    wanted = lambda k: (kinds and health.relevant(k)) or k in keys  # noqa: E731
+    wanted = reads(kinds, keys)
     rows = conn.execute(
         select(db.runs.c.id, db.runs.c.name, db.runs.c.alert_config)
         .where(db.runs.c.project == project)

@@ -102,6 +102,16 @@ rollups = Table(  # per-block summaries for fast, spike-preserving reads of big 
     UniqueConstraint("key_id", "level", "block", name="uq_rollups_key_level_block"),
 )
 
+rollup_heat = Table(  # per rollup block of a vector key: what a heatmap needs, packed small (rollup.heat_of)
+    "rollup_heat",
+    metadata,
+    Column("key_id", Integer, nullable=False),
+    Column("level", Integer, nullable=False),
+    Column("block", BigInteger, nullable=False),
+    Column("data", LargeBinary, nullable=False),  # slots float64 finite maxima, then slots uint8 non-finite flags
+    UniqueConstraint("key_id", "level", "block", name="uq_rollup_heat_key_level_block"),
+)
+
 summaries = Table(  # per run and scalar key: last, min, max (with their steps), count; kept at ingest (summaries.py)
     "summaries",
     metadata,

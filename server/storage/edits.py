@@ -59,6 +59,7 @@ def delete_run(conn, run_id: int) -> None:
     key_ids = select(db.metric_keys.c.id).where(db.metric_keys.c.run_id == run_id).scalar_subquery()
     chunks.delete_keys(conn, key_ids)
     conn.execute(delete(db.rollups).where(db.rollups.c.key_id.in_(key_ids)))
+    conn.execute(delete(db.rollup_heat).where(db.rollup_heat.c.key_id.in_(key_ids)))
     conn.execute(delete(db.metric_keys).where(db.metric_keys.c.run_id == run_id))
     conn.execute(delete(db.alerts).where(db.alerts.c.run_id == run_id))
     conn.execute(delete(db.incidents).where(db.incidents.c.run_id == run_id))

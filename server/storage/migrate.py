@@ -187,6 +187,7 @@ def convert_rows(conn, has_points: bool, has_vectors: bool) -> None:
                 missing,
             )
     conn.execute(text("DELETE FROM rollups"))
+    conn.execute(text("DELETE FROM rollup_heat"))
     layouts = {r.id: r.layers for r in conn.execute(db.metric_keys.select())}
     for key_id, layers in layouts.items():
         slots = len(json.loads(layers)) if layers else 1

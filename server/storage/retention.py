@@ -154,6 +154,8 @@ def _rollup_slice(conn, run_id: int, keys: list[tuple[int, int]], budget: int) -
             spans[level] = (min(lo, block), max(hi, block))
         for level, (lo, hi) in spans.items():
             conn.execute(delete(db.rollups).where(c.key_id == key_id, c.level == level, c.block.between(lo, hi)))
+            h = db.rollup_heat.c
+            conn.execute(delete(db.rollup_heat).where(h.key_id == key_id, h.level == level, h.block.between(lo, hi)))
         budget -= len(rows) * cost
         if len(rows) == limit:
             break

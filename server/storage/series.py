@@ -44,23 +44,23 @@ def _result(steps: np.ndarray, values: np.ndarray, missing: np.ndarray, walls: n
     return {"steps": steps.tolist(), "values": out, "wall_times": walls.tolist(), "total_points": total}
 
 
-def _whole_blocks(conn, key_id: int, level: int, lo: int, hi: int, slots: int):
+def _whole_blocks(conn, key_id: int, level: int, lo: int, hi: int, slots: int, slot: int | None = None):
     """(first, last, block ids, counts, summaries) of the blocks lying wholly in [lo, hi]; None if
     there are none or they were written under another layout (read raw instead)."""
     first, last = -(-lo // level), (hi + 1) // level - 1
     if last < first:
         return None
-    blocks, counts, summaries = rollup.read_blocks(conn, key_id, level, first, last, slots)
+    blocks, counts, summaries = rollup.read_blocks(conn, key_id, level, first, last, slots, slot)
     return None if summaries is None else (first, last, blocks, counts, summaries)
 
 
 def _from_rollups(conn, key_id, slot, slots, lo, hi, level, max_points) -> dict | None:
     """Envelope over whole-block summaries plus the raw points of the partial blocks at both edges."""
-    whole = _whole_blocks(conn, key_id, level, lo, hi, slots)
+    whole = _whole_blocks(conn, key_id, level, lo, hi, slots, slot or 0)
     if whole is None:
         return None
     first, last, _blocks, counts, summaries = whole
-    c_steps, c_values, c_walls = rollup.candidates(summaries, slot or 0)
+    c_steps, c_values, c_walls = rollup.candidates(summaries, 0)
     left = raw(conn, key_id, slot, lo, first * level - 1)
     right = raw(conn, key_id, slot, (last + 1) * level, hi)
     middle = (c_steps, c_values, np.zeros(len(c_steps), dtype=bool), c_walls)
@@ -83,45 +83,50 @@ def read_heatmap(conn, key_id: int, slots: int, max_steps: int, start: int | Non
         units = _heat_units_rollup(conn, key_id, slots, lo, hi, level)
     if units is None:
         units = _heat_units_raw(conn, key_id, slots, lo, hi)
-    steps, fmax, nan, pinf, ninf = units
+    steps, fmax, flags = units
     bucket = (steps - lo) // width
     starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
     top = np.maximum.reduceat(fmax, starts, axis=0)
-    flags = [np.logical_or.reduceat(f, starts, axis=0) for f in (nan, pinf, ninf)]
-    out = top.astype(object)
-    out[top == -np.inf] = None  # no finite value (and, unless flagged below, no value at all)
-    for flag, value in zip(reversed(flags), (-math.inf, math.inf, math.nan)):  # NaN beats +inf beats -inf
-        out[flag] = value
-    values = [[None if v is None else protocol.encode_float(float(v)) for v in col] for col in out.T.tolist()]
-    return {"steps": (lo + bucket[starts] * width).tolist(), "values": values, "bucket": width}
+    seen = np.bitwise_or.reduceat(flags, starts, axis=0)  # the three non-finite kinds in one pass
+    return {"steps": (lo + bucket[starts] * width).tolist(), "values": _heat_cells(top, seen), "bucket": width}
+
+
+def _heat_cells(top: np.ndarray, seen: np.ndarray) -> list:
+    """(buckets, slots) maxima and flags as the API's layer-major lists: a NaN in the bucket wins,
+    then +inf, then -inf, then the finite max; no value at all is None."""
+    out = top.T.tolist()  # finite cells go out as they are; only the few others are looked at one by one
+    for b, slot in np.argwhere((top == -np.inf) | (seen != 0)).tolist():
+        flag = seen[b, slot]
+        kind = next((value for bit, value in _FLAG_VALUES if flag & bit), None)
+        out[slot][b] = None if kind is None else protocol.encode_float(kind)
+    return out
+
+
+_FLAG_VALUES = ((rollup.FLAG_NAN, math.nan), (rollup.FLAG_PINF, math.inf), (rollup.FLAG_NINF, -math.inf))
 
 
 def _heat_units_raw(conn, key_id: int, slots: int, lo: int, hi: int):
+    """(steps, finite values or -inf, non-finite flags) of every raw point in [lo, hi]."""
     points = chunks.read(conn, key_id, lo, hi, slots)
     vals, present = points.values, points.present()
     finite = present & np.isfinite(vals)
-    return (
-        points.steps.astype(np.int64),
-        np.where(finite, vals, -np.inf),
-        present & np.isnan(vals),
-        present & (vals == np.inf),
-        present & (vals == -np.inf),
+    flags = (
+        (present & np.isnan(vals)) * rollup.FLAG_NAN
+        + (present & (vals == np.inf)) * rollup.FLAG_PINF
+        + (present & (vals == -np.inf)) * rollup.FLAG_NINF
     )
+    return points.steps.astype(np.int64), np.where(finite, vals, -np.inf), flags.astype(np.uint8)
 
 
 def _heat_units_rollup(conn, key_id: int, slots: int, lo: int, hi: int, level: int):
-    """Whole blocks from the rollups, raw rows for the partial blocks at the edges."""
-    whole = _whole_blocks(conn, key_id, level, lo, hi, slots)
-    if whole is None:
+    """Whole blocks from their heat rows (rollup.read_heat), raw rows for the partial blocks at the edges."""
+    first, last = -(-lo // level), (hi + 1) // level - 1
+    if last < first:
         return None
-    first, last, blocks, _counts, s = whole
-    mid = (
-        blocks * level,
-        s[:, rollup.MAX_V, :],
-        s[:, rollup.NAN_S, :] != rollup.NONE,
-        s[:, rollup.PINF_S, :] != rollup.NONE,
-        s[:, rollup.NINF_S, :] != rollup.NONE,
-    )
+    heat = rollup.read_heat(conn, key_id, level, first, last, slots)
+    if heat is None:
+        return None
+    blocks, maxima, flags = heat
     left = _heat_units_raw(conn, key_id, slots, lo, first * level - 1)
     right = _heat_units_raw(conn, key_id, slots, (last + 1) * level, hi)
-    return tuple(np.concatenate([a, b, c]) for a, b, c in zip(left, mid, right))
+    return tuple(np.concatenate(parts) for parts in zip(left, (blocks * level, maxima, flags), right))

@@ -135,12 +135,7 @@ def open_incidents(conn, run_ids: list[int]) -> dict:
 def get_run(conn, run_id: int) -> dict:
     """One run with config, metadata and the recorded exception (if any)."""
     row = conn.execute(select(db.runs).where(db.runs.c.id == run_id)).first()
-    if row is None:
-        raise NotFound(f"run {run_id} not found")
-    count = conn.execute(select(func.count()).select_from(db.alerts).where(db.alerts.c.run_id == run_id)).scalar()
-    out = _summary(row, count)
-    out["last_alert"] = _last_alerts(conn, [run_id]).get(run_id) if count else None
-    out["open_incidents"] = open_incidents(conn, [run_id]).get(run_id, 0) if count else 0
+    out = _with_alerts(conn, run_id, row)
     out.update(
         uid=row.uid,
         config=_json_dict(row.config),
@@ -162,13 +157,19 @@ def run_summary(conn, run_id: int) -> dict:
             db.runs.c.id == run_id
         )
     ).first()
+    out = _with_alerts(conn, run_id, row)
+    out["error"] = json.loads(row.error) if row.error else None
+    return out
+
+
+def _with_alerts(conn, run_id: int, row) -> dict:
+    """A run row's summary with its alert count, newest alert and open incidents; NotFound without a row."""
     if row is None:
         raise NotFound(f"run {run_id} not found")
     count = conn.execute(select(func.count()).select_from(db.alerts).where(db.alerts.c.run_id == run_id)).scalar()
     out = _summary(row, count)
     out["last_alert"] = _last_alerts(conn, [run_id]).get(run_id) if count else None
     out["open_incidents"] = open_incidents(conn, [run_id]).get(run_id, 0) if count else 0
-    out["error"] = json.loads(row.error) if row.error else None
     return out
 
 

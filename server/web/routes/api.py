@@ -135,14 +135,18 @@ def sparklines(request: Request, ids: str, key: str = "loss", points: int = Quer
 
     ``key=loss`` means each run's own loss key (the one it declared, else ``train_loss`` ...), named per run.
     """
-    services, out, run_ids = _services(request), {}, _id_list(ids)
-    own = services.read(store.loss_keys, run_ids) if key == "loss" else {}
+    return {"key": key, "runs": _services(request).read(_sparklines, _id_list(ids), key, points)}
+
+
+def _sparklines(conn, run_ids: list[int], key: str, points: int) -> dict:
+    """Every run's envelope on one connection (a pooled connection per run cost ~5 ms each)."""
+    own, out = store.loss_keys(conn, run_ids) if key == "loss" else {}, {}
     for run_id in run_ids:
         try:
             used = own.get(run_id) or key
-            s = services.read(store.get_series, run_id, used, points)
+            s = store.get_series(conn, run_id, used, points)
         except store.NotFound:
             out[str(run_id)] = None  # no such run, or it never logged the key: no sparkline, not an error
             continue
         out[str(run_id)] = {"steps": s["steps"], "values": s["values"], "total_points": s["total_points"], "key": used}
-    return {"key": key, "runs": out}
+    return out
