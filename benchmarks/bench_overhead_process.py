@@ -45,6 +45,8 @@ TRAIN = textwrap.dedent("""
         run = gradwatch.init(project="overhead", name=f"{mode}-{every}")
         if mode == "watch":
             run.watch(model, opt, every=every)
+        elif mode == "watch-plain":  # gradients, LR and memory only: no per-layer signals, no system thread
+            run.watch(model, opt, every=every, signals=False, system_every=None)
     warm = 10
     for step in range(steps + warm):
         if step == warm:
@@ -97,6 +99,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 pairs of short runs (CI keeps the script working)")
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--steps", type=int, default=200, help="measured steps per process (after 10 warm-up)")
+    parser.add_argument("--only", nargs="*", help="modes to run (watch, watch-plain, log)")
+    parser.add_argument("--placements", type=int, default=2, help="with --only: 1 = the server on the same cores only")
     args = parser.parse_args()
     n, steps = (2, 10) if args.quick else (args.pairs, args.steps)
     cores = os.cpu_count() or 1
@@ -113,7 +117,10 @@ def main() -> None:
     if args.quick:
         configs = configs[:1]
     else:
-        configs.append(("log", 1, "log() only"))
+        configs += [("watch-plain", 1, "watch(signals=False, system_every=None) + log()"), ("log", 1, "log() only")]
+    if args.only:
+        configs = [c for c in configs if c[0] in args.only]
+        placements = placements[: args.placements]
     with tempfile.TemporaryDirectory() as tmp:
         for where, server_cpus, train_cpus in placements:
             server = ServerProcess(f"sqlite:///{tmp}/{where[:4]}.db")
