@@ -346,11 +346,7 @@ class Run:
         scalars = {}
         for key, value in data.items():
             try:
-                is_loss = self._key_is_loss.get(key)
-                if is_loss is None:
-                    is_loss = self._key_is_loss[key] = (
-                        protocol.is_loss_key(protocol.check_key(key)) or key == self.loss_key
-                    )
+                is_loss = self._is_loss(key)
                 scalars[key] = to_value(value)
             except (TypeError, ValueError, protocol.ProtocolError) as exc:
                 shown = repr(key) if len(repr(key)) <= 60 else repr(key)[:40] + "..."
@@ -361,10 +357,17 @@ class Run:
         if scalars:
             self.recorder.put_record(step, scalars, {})
 
+    def _is_loss(self, key) -> bool:
+        """Whether a key is a loss (the usual names, or the run's declared ``loss_key``); checks the key once."""
+        is_loss = self._key_is_loss.get(key)
+        if is_loss is None:
+            is_loss = self._key_is_loss[key] = protocol.is_loss_key(protocol.check_key(key)) or key == self.loss_key
+        return is_loss
+
     def _inspect_resolved(self, step: int, scalars: dict) -> None:
         """Sender-thread check of losses that were read off the device late."""
         for key, value in scalars.items():
-            if not math.isfinite(value) and protocol.is_loss_key(key):
+            if not math.isfinite(value) and self._is_loss(key):
                 self._check_loss(step, key, value)
 
     def _check_loss(self, step: int, key: str, value: float) -> None:
