@@ -11,14 +11,15 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_overhead import train_steps as steps  # noqa: E402  (the same timed loop as bench_overhead)
 from server_process import ServerProcess  # noqa: E402
 
 import gradwatch  # noqa: E402
@@ -30,20 +31,6 @@ CONFIGS = {
     "every 10": {"signals_every": 10},
 }
 CONFIGS["every 100"] = {"signals_every": 100}
-
-
-def steps(model, opt, x, y, n, run=None) -> list:
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        loss = ((model(x) - y) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if run is not None:
-            run.log({"loss": loss})
-        times.append(time.perf_counter() - t)
-    return times
 
 
 def bench(url: str, layers: int, width: int, rounds: int, per_round: int) -> dict:
