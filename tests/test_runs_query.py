@@ -272,6 +272,7 @@ def test_an_upgrade_fills_summaries_of_runs_stored_before_them(tmp_path):
         values = np.array([[3.0], [1.0], [np.nan], [2.0], [np.inf]])
         chunks.append_now(conn, chunks.Tail(slots=1), key_id, chunks.Points(steps, steps * 1.0, values))
         assert conn.execute(select(db.summaries)).all() == []
+        conn.exec_driver_sql("DROP TABLE summaries")  # as a release before the table left the database
     engine.dispose()
     engine = database.make_engine(url)  # what a server start does
     with engine.connect() as conn:

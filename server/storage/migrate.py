@@ -47,6 +47,7 @@ def upgrade(engine) -> None:
             db.metadata.create_all(conn)
             command.stamp(config, "head")
             return
+        new_summaries = not inspect(conn).has_table("summaries")  # before any step below creates it
         if current is None:
             command.stamp(config, BASELINE)
         if current != head_revision():
@@ -58,7 +59,8 @@ def upgrade(engine) -> None:
             )
             command.upgrade(config, "head")
         ensure_schema(conn)  # repairs by hand-made changes too (a dropped column or index): cheap, idempotent
-        summaries.backfill(conn)  # runs stored before the summaries table: from their chunks, once
+        if new_summaries:  # runs stored before the summaries table: from their chunks, once (not every start)
+            summaries.backfill(conn)
 
 
 def revision(conn) -> str | None:
