@@ -86,7 +86,8 @@ class SimRun:
         self.run_id: int | None = None
 
     async def open(self, websockets):
-        self.ws = await websockets.connect(self.ws_url + protocol.INGEST_PATH, max_size=None)
+        # As the real client link: no permessage-deflate (packed floats barely compress).
+        self.ws = await websockets.connect(self.ws_url + protocol.INGEST_PATH, max_size=None, compression=None)
         run = {
             "uid": f"load-{os.getpid()}-{self.index}-{time.monotonic_ns()}",
             "project": "load",

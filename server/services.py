@@ -34,6 +34,7 @@ class Services:
         self.notifier = self.publisher.notifier = Notifier(self.engine, self.writer, settings)
         activity = Activity()  # shared: batches record it, the liveness watch reads it
         self.ingest_stats = IngestStats()
+        self.liveness = Liveness(self.writer, self.publisher, activity, settings.crash_timeout)
         self.pipeline = Pipeline(
             self.writer,
             self.publisher,
@@ -41,10 +42,10 @@ class Services:
             self.ingest_stats,
             Limits(max_keys=settings.max_keys_per_run, max_layers=settings.max_layers),
             settings.alert_overrides,
+            links=self.liveness.connected_clients,  # many live runs: each is asked for a longer gap
         )
         # A failed group commit rolled back every batch in it: every cached run state may be ahead.
         self.writer.on_group_failure = self.pipeline.invalidate_all
-        self.liveness = Liveness(self.writer, self.publisher, activity, settings.crash_timeout)
 
     def start(self, loop) -> None:
         """Begin the background parts that need the event loop (cross-process fan-out)."""

@@ -371,3 +371,61 @@ def test_observe_batch_cost_of_a_healthy_loss_batch():
         assert monitor.observe_batch(steps, {"loss": (np.arange(2000), loss)}, {}) == []
         best = min(best, time.perf_counter() - t)
     assert best < 0.01, f"{best * 1e3:.2f} ms for 2000 records (target 2 ms; 10 ms leaves room for a busy machine)"
+
+
+def _one_by_one(records, sizes):
+    """``observe`` record by record and ``observe_batch`` on batches of the given sizes (cycled): both alert lists."""
+    one, many = Monitor({}, {"cuda_total_memory": 8.0}), Monitor({}, {"cuda_total_memory": 8.0})
+    expected = []
+    for r in records:
+        layout = r[3] if len(r) > 3 else LAYERS
+        expected += one.observe(*_ordered(r[:3])[:2], {"grad": (layout, r[2])} if r[2] is not None else {})
+    got, start, i = [], 0, 0
+    while start < len(records):
+        part = records[start : start + sizes[i % len(sizes)]]
+        own = [j for j, r in enumerate(part) if len(r) > 3]  # a record under its own layout: a batch of its own
+        part = part[: max(1, own[0])] if own else part
+        steps, scalars, vectors = _batched([r[:3] for r in part])
+        if "grad" in vectors and len(part[0]) > 3:
+            vectors["grad"] = (part[0][3], *vectors["grad"][1:])
+        got += many.observe_batch(steps, scalars, vectors)
+        start, i = start + len(part), i + 1
+    return expected, got, one.flush(), many.flush()
+
+
+def test_one_and_few_step_batches_equal_observe():
+    """Live runs send a step per batch: the small-batch path (no bulk checks) says what ``observe`` says."""
+    rng = random.Random(3)
+    records = []
+    for i in range(400):
+        scalars = {"loss": 2.0 * math.exp(-i / 200) + 0.05 * rng.random(), "grad/global_norm": 1 + rng.random()}
+        norms = [0.1 + rng.random() for _ in range(6)]
+        if 120 <= i < 126:  # exploding gradients, the layers too
+            scalars["grad/global_norm"], norms = 5e4, [1e4] * 6
+        if i == 200:
+            scalars["loss"] = math.nan
+        if i == 201:
+            scalars["loss"], scalars["grad/global_norm"], norms[2] = math.inf, math.inf, math.inf
+        if 250 <= i < 300:  # a layer whose .grad is None
+            norms[4] = None
+        if i % 7 == 0:
+            norms = None  # a record without the vector
+        records.append((i, scalars, norms))
+    records.append((400, {"loss": 0.5}, [1.0, 2.0, 3.0, 4.0], LAYERS))  # a layout that does not fit: param[i]
+    records.append((401, {"loss": 0.5, "val/loss": math.nan}, None))
+    records.append((402, {"loss": 0.4}, None))
+    records.append((403, {"grad/global_norm": math.nan}, [1.0, math.nan, None, 1.0, 1.0, 1.0]))  # held to flush
+    for sizes in ([1], [2], [3, 1, 4], [1, 5, 1, 64]):  # one-step, few-step, and past the threshold
+        expected, got, held_one, held_many = _one_by_one(records, sizes)
+        kinds = {a.kind for a in expected}
+        assert {"nan_loss", "exploding_gradients", "missing_gradients", "nonfinite_gradients"} <= kinds, kinds
+        assert _same(got, expected), sizes
+        assert [a.kind for a in held_one] == ["nonfinite_gradients"] and _same(held_one, held_many)
+
+
+@settings(max_examples=60, deadline=None)
+@given(records=streams(), sizes=st.lists(st.integers(1, 6), min_size=1, max_size=5))
+def test_small_batches_equal_observe_on_random_streams(records, sizes):
+    expected, got, held_one, held_many = _one_by_one(records, sizes)
+    assert _same(got, expected)
+    assert _same(held_one, held_many)

@@ -130,3 +130,22 @@ def test_the_preferred_gap_is_zero_when_the_writer_idles_and_grows_with_its_load
         assert pipeline.preferred_gap() == 0.0
     finally:
         services.close()
+
+
+def test_many_live_links_share_a_frame_budget_and_a_lone_link_is_never_delayed(tmp_path):
+    from gradwatch_server.ingest.pipeline import FRAME_BUDGET, MAX_GAP
+    from gradwatch_server.services import Services
+    from gradwatch_server.settings import Settings
+
+    services = Services(Settings(db=f"sqlite:///{tmp_path / 'gap.db'}"))
+    links = [1]
+    services.pipeline.links = lambda: links[0]
+    try:
+        assert services.pipeline.preferred_gap() == 0.0  # one run: sent at once
+        links[0] = 5
+        assert services.pipeline.preferred_gap() == round(5 / FRAME_BUDGET, 3)
+        links[0] = 300
+        assert services.pipeline.preferred_gap() == MAX_GAP  # never longer: a point reaches a page in < 250 ms
+        assert services.liveness.connected_clients() == 0  # the real count, wired in by Services
+    finally:
+        services.close()

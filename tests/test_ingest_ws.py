@@ -246,6 +246,31 @@ async def _small_budget_scenario():
     return budget.used + 30
 
 
+def test_try_take_takes_only_what_fits_now():
+    """The route's no-wait path: the same verdict ``take`` would reach without waiting, and no change on no."""
+    from gradwatch_server.web.routes.ingest_ws import Budget
+
+    budget = Budget(100)
+    assert budget.try_take(500) and budget.used == 500  # one frame alone always fits
+    budget.give(500)
+    assert budget.try_take(60) and budget.try_take(40) and budget.used == 100
+    assert not budget.try_take(1) and budget.used == 100
+    budget.give(60)
+    assert budget.try_take(30) and budget.used == 70
+
+
+def test_the_ack_text_is_protocol_dumps_of_the_ack():
+    from gradwatch_server.web.routes.ingest_ws import ack_text
+
+    for seq in (1, 7, 2**31, 2**63 - 1):
+        assert ack_text(seq) == protocol.dumps({"type": "ack", "seq": seq})
+        assert ack_text(seq, 0.0, None) == ack_text(seq, 0.0, "") == protocol.dumps({"type": "ack", "seq": seq})
+        assert ack_text(seq, 0.25) == protocol.dumps({"type": "ack", "seq": seq, "gap": 0.25})
+        both = {"type": "ack", "seq": seq, "gap": 1.5, "refused": 'record 1: \u00e9 "x"'}
+        assert ack_text(seq, 1.5, both["refused"]) == protocol.dumps(both)
+        assert ack_text(seq, 0.0, "r") == protocol.dumps({"type": "ack", "seq": seq, "refused": "r"})
+
+
 def test_a_small_buffer_budget_still_stores_everything(tmp_path):
     import dataclasses
 
@@ -265,3 +290,126 @@ def test_a_small_buffer_budget_still_stores_everything(tmp_path):
         link.close()
     finally:
         srv.stop()
+
+
+class _StubSocket:
+    """The route's side of a websocket: frames ready to read at once (a client far ahead), what it sent."""
+
+    def __init__(self, frames, services):
+        import types
+
+        self.frames, self.sent, self.read, self.closed = list(frames), [], 0, None
+        self.app = types.SimpleNamespace(state=types.SimpleNamespace(services=services))
+
+    async def accept(self):
+        pass
+
+    async def receive_text(self):
+        import asyncio
+
+        from fastapi import WebSocketDisconnect
+
+        if self.read >= len(self.frames):
+            await asyncio.sleep(3600)  # the client waits for its answers
+            raise WebSocketDisconnect(1000)
+        self.read += 1
+        return self.frames[self.read - 1]
+
+    async def send_text(self, text):
+        self.sent.append(json.loads(text))
+
+    async def close(self, code=1000, reason=None):
+        self.closed = code
+
+
+class _StubPipeline:
+    """Batches whose writer results the test hands out one by one."""
+
+    def __init__(self):
+        self.pending = []
+
+    async def open_run(self, info, resume, layouts):
+        return {"run_id": 1, "acked_seq": 0}
+
+    @staticmethod
+    def decode(text):
+        import types
+
+        return types.SimpleNamespace(seq=json.loads(text)["seq"])
+
+    def submit(self, run_id, batch):
+        import asyncio
+
+        self.pending.append(asyncio.get_running_loop().create_future())
+        return self.pending[-1]
+
+    def preferred_gap(self):
+        return 0.0
+
+    def publish(self, run_id, result):
+        pass
+
+
+def _stub_route(frames, **settings):
+    import types
+
+    from gradwatch_server.web.routes.ingest_ws import ingest
+
+    pipeline = _StubPipeline()
+    services = types.SimpleNamespace(
+        pipeline=pipeline,
+        liveness=types.SimpleNamespace(connect=lambda run_id: None, disconnect=lambda run_id: None),
+        settings=types.SimpleNamespace(max_buffered_bytes=64 << 20, max_frame_bytes=1 << 20, **settings),
+    )
+    hello = protocol.dumps(
+        {"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "run": {"uid": "u", "project": "p"}}
+    )
+    ws = _StubSocket([hello, *frames], services)
+    return ws, pipeline, ingest(ws)
+
+
+def test_a_full_reply_queue_stops_reading_and_answers_come_in_order():
+    assert run_async(_full_queue_scenario()) == list(range(1, 61))
+
+
+async def _full_queue_scenario():
+    import asyncio
+
+    from gradwatch_server.web.routes.ingest_ws import IN_FLIGHT
+
+    frames = [protocol.dumps({"type": "batch", "seq": seq}) for seq in range(1, 61)]
+    ws, pipeline, route = _stub_route(frames)
+    task = asyncio.ensure_future(route)
+    await asyncio.sleep(0.05)
+    # The writer answered nothing yet: the route read no more than the queue, the batch being answered and
+    # the one waiting for room (back-pressure), however far ahead the client is.
+    assert len(pipeline.pending) <= IN_FLIGHT + 2 and ws.read <= IN_FLIGHT + 3
+    done = 0
+    while done < len(frames):
+        for future in pipeline.pending[done:]:
+            future.set_result({"stored": 1})
+        done = len(pipeline.pending)
+        await asyncio.sleep(0.01)
+    assert not task.done()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert ws.sent[0]["type"] == "welcome"
+    return [reply["seq"] for reply in ws.sent[1:] if reply["type"] == "ack"]
+
+
+def test_the_connection_ends_when_the_answers_stop_while_reading_waits():
+    sent, read, pending = run_async(_answers_stop_scenario())
+    assert sent[-1]["type"] == "error" and "could not store" in sent[-1]["message"]
+    assert read == pending + 1  # nothing more read after the answering side ended (+1: the hello)
+
+
+async def _answers_stop_scenario():
+    import asyncio
+
+    frames = [protocol.dumps({"type": "batch", "seq": seq}) for seq in range(1, 61)]
+    ws, pipeline, route = _stub_route(frames)
+    task = asyncio.ensure_future(route)
+    await asyncio.sleep(0.05)  # the reading side waits for room in the reply queue
+    pipeline.pending[0].set_exception(OSError("disk full"))  # the answering side refuses and ends
+    await asyncio.wait_for(task, 5)  # ... and so does the connection, without waiting for the client
+    return ws.sent, ws.read, len(pipeline.pending)

@@ -82,3 +82,20 @@ def test_heat_is_the_summary_maxima_and_which_non_finite_kinds_occurred():
     assert len(heat) == 9 * 3 and maxima.tolist() == [2.0, 5.0, -math.inf]
     assert flags.tolist() == [rollup.FLAG_PINF, rollup.FLAG_NAN, rollup.FLAG_NINF]
     assert (rollup.flags_of(data) == flags).all()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_folding_one_point_equals_summarising_and_merging_it(seed):
+    rng = np.random.default_rng(seed)
+    pool = [0.5, -0.5, 2.0, math.nan, math.inf, -math.inf]
+    block_a, block_b = rollup.empty(3), rollup.empty(3)
+    for _ in range(200):
+        step = float(rng.integers(0, 50))  # repeated steps and values: ties must resolve the same way
+        values = [pool[i] for i in rng.integers(0, len(pool), 3)]
+        present = (rng.random(3) > 0.2).tolist()
+        _, _, data = rollup.summarise(
+            np.array([step]), np.array([_wall(step)]), np.array([values]), np.array([present]), np.zeros(1, np.int64)
+        )
+        rollup.merge_into(block_a.data, data[0])
+        rollup.fold_point(block_b.data, step, _wall(step), values, present)
+        assert np.array_equal(block_a.data, block_b.data)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gradwatch.contract import OUTBOX_MEMORY_BYTES
+from gradwatch.contract import LINK_MAX_GAP, LINK_MIN_GAP, OUTBOX_MEMORY_BYTES
 from gradwatch.delivery.gaps import Gaps
 from gradwatch.delivery.link import Link, LinkClosed, Refused
 from gradwatch.delivery.outbox import Outbox
@@ -31,7 +31,7 @@ WINDOW = 8  # batches sent and not yet acked, at most (flow control)
 # An idle link sends a record at once, but not more often than this: a loop logging hundreds of
 # steps a second then wakes the sender ~50 times a second instead of every step (each wake costs
 # the training thread GIL time), and a point still reaches the server within ~20 ms.
-MIN_GAP, MAX_SERVER_GAP = 0.02, 1.0  # MAX_SERVER_GAP: the longest gap a busy server's ack may ask for
+MIN_GAP, MAX_SERVER_GAP = LINK_MIN_GAP, LINK_MAX_GAP  # the contract owns them: the server asks within them
 # Hand-off queue bound (estimated bytes). It only fills when the sender is stuck (or a loop logs
 # ~1M steps faster than they can be encoded: ~300 MB at peak); past it records are dropped and counted.
 MAX_QUEUE_BYTES = 384 << 20

@@ -142,14 +142,17 @@ class Monitor:
         """Every registered rule (or those named in ``only``) on one record, in registry order."""
         alerts: list[Alert] = []
         grads = None  # whether the record carries gradients, worked out once if a rule asks
+        states, th = self.states, self.th  # (it runs per record: live runs send one record per batch)
         for rule in self.rules():  # a rule its project turned off keeps its state where it was
             if only is not None and rule.name not in only:
                 continue
             if rule.needs_grads:
-                grads = has_grads(obs) if grads is None else grads
+                if grads is None:
+                    grads = has_grads(obs)
                 if not grads:
                     continue
-            for alert in rule.check(self.state(rule), obs, self.th):
+            state = states.get(rule.name)
+            for alert in rule.check(self.state(rule) if state is None else state, obs, th):
                 if alert.update:
                     self._fold(alert)
                 else:

@@ -46,7 +46,7 @@ class Columns:
             grad = (
                 list(layout or []),
                 np.asarray(rows, dtype=np.int64).reshape(-1),
-                values.reshape(len(values), -1),
+                values.reshape(len(values), -1) if values.ndim != 2 else values,  # (0, slots) stays as it is
                 np.asarray(present, dtype=bool).reshape(len(values), -1),
             )
         losses = [(k, rows, vals) for k, (rows, vals) in sc.items() if is_loss_key(k)]

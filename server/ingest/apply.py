@@ -25,7 +25,8 @@ from gradwatch_server.ingest.batch import Batch
 from gradwatch_server.ingest.hello import clean_json
 from gradwatch_server.ingest.limits import cap_alert_events
 from gradwatch_server.rules import policy as project_rules
-from gradwatch_server.storage import chunks, db, rollup, summaries
+from gradwatch_server.storage import chunks, db, rollup_writes, summaries
+from gradwatch_server.storage.prepared import Prepared
 
 
 @dataclass
@@ -46,7 +47,7 @@ class RunState:
     monitor: health.Monitor | None = None
     last_step: int | None = None
     last_seq: int = 0  # the last committed batch: the one authority on duplicates and gaps
-    rollups: dict = field(default_factory=dict)
+    rollups: rollup_writes.Cache = field(default_factory=rollup_writes.Cache)
     tails: dict = field(default_factory=dict)
     alerts: AlertBook | None = None
 
@@ -116,7 +117,7 @@ def _key_id(conn, state: RunState, key: str, limits: Limits, layers: list | None
             )
         ).inserted_primary_key[0]
         state.key_ids[key] = key_id
-        rollup.new_key(state.rollups, key_id)
+        rollup_writes.new_key(state.rollups, key_id)
     return key_id
 
 
@@ -126,12 +127,11 @@ def claim_seq(conn, run_id: int, seq: int) -> bool:
     The conditional update locks the run's row until commit, so of two server processes holding the
     same batch (a client that reconnected elsewhere) exactly one stores it; the other sees 0 rows.
     """
-    done = conn.execute(_CLAIM, {"rid": run_id, "prev": seq - 1, "new_seq": seq})
-    return done.rowcount == 1
+    return _CLAIM.run(conn, {"rid": run_id, "prev": seq - 1, "new_seq": seq}).rowcount == 1
 
 
-# Statements run once per batch, built once: building one in SQLAlchemy cost more than running it.
-_CLAIM = (
+# Statements run once per batch, compiled once and run on the driver (storage/prepared.py).
+_CLAIM = Prepared(
     update(db.runs)
     .where(db.runs.c.id == bindparam("rid"), db.runs.c.last_seq == bindparam("prev"))
     .values(last_seq=bindparam("new_seq"))
@@ -141,7 +141,9 @@ _CLAIM = (
 @functools.lru_cache(maxsize=64)
 def _run_update(columns: tuple):
     """``UPDATE runs SET <columns> WHERE id = :rid``, one per set of columns (a handful in practice)."""
-    return update(db.runs).where(db.runs.c.id == bindparam("rid")).values({c: bindparam(f"v_{c}") for c in columns})
+    return Prepared(
+        update(db.runs).where(db.runs.c.id == bindparam("rid")).values({c: bindparam(f"v_{c}") for c in columns})
+    )
 
 
 def committed_seq(conn, run_id: int) -> int | None:
@@ -166,15 +168,17 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
             batch.problems.append(f"event: {exc}")
     if batch.problems:
         new_alerts.append(refused_alert(batch))
+    if run_changes.get("status") in contract.CLIENT_ENDINGS:  # its newest rollup blocks are final now
+        pending = rollup_writes.Writes()
+        rollup_writes.write_pending(conn, state.rollups, pending)
+        pending.flush(conn)
     changed = [state.alerts.record(conn, a, now) for a in new_alerts]
     if "error" in run_changes:  # a crash right after a divergence (even in the same batch) is told as part of it
         run_changes["error"] = with_incident(run_changes["error"], state.alerts.incidents.rows)
     if len(batch.steps):
         newest = int(batch.steps.max())
         run_changes["last_step"] = newest if state.last_step is None else max(newest, state.last_step)
-    conn.execute(
-        _run_update(tuple(run_changes)), {"rid": state.run_id, **{f"v_{c}": v for c, v in run_changes.items()}}
-    )
+    _run_update(tuple(run_changes)).run(conn, {"rid": state.run_id, **{f"v_{c}": v for c, v in run_changes.items()}})
     state.last_step = run_changes.get("last_step", state.last_step)
     state.last_seq = batch.seq
     return {
@@ -215,7 +219,7 @@ def _apply_layouts(conn, state: RunState, batch: Batch, limits: Limits) -> None:
 def _store_columns(conn, state: RunState, batch: Batch, limits: Limits) -> dict:
     """Every key's points into chunks and rollups; returns key -> (kind, steps, walls, Column) as stored."""
     stored = {}
-    chunk_writes, rollup_writes = chunks.Writes(), rollup.Writes()
+    chunk_writes, rollup_rows = chunks.Writes(), rollup_writes.Writes()
     shared = []  # scalar keys logged at every step of the batch: their rollups are summarised together
     for kind, columns in (("scalar", batch.scalars), ("vector", batch.vectors)):
         for key, column in columns.items():
@@ -231,13 +235,13 @@ def _store_columns(conn, state: RunState, batch: Batch, limits: Limits) -> dict:
             if kind == "scalar" and column.rows is None:
                 shared.append((key_id, column.values[:, 0]))
             else:
-                rollup.update_rollups(
-                    conn, state.rollups, key_id, steps, walls, column.values, points.present(), rollup_writes
+                rollup_writes.update_rollups(
+                    conn, state.rollups, key_id, steps, walls, column.values, points.present(), rollup_rows
                 )
             stored[key] = (kind, steps, walls, column)
     if shared:
         values = np.stack([v for _k, v in shared], axis=1)
-        rollup.update_many(
+        rollup_writes.update_many(
             conn,
             state.rollups,
             [k for k, _v in shared],
@@ -245,10 +249,10 @@ def _store_columns(conn, state: RunState, batch: Batch, limits: Limits) -> dict:
             batch.walls,
             values,
             np.ones(values.shape, dtype=bool),
-            rollup_writes,
+            rollup_rows,
         )
     chunk_writes.flush(conn)
-    rollup_writes.flush(conn)
+    rollup_rows.flush(conn)
     return stored
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from gradwatch import protocol
-from gradwatch.contract import CLIENT_ENDINGS
+from gradwatch.contract import CLIENT_ENDINGS, LINK_MIN_GAP
 from gradwatch_server.ingest import apply, hello, run_states
 from gradwatch_server.ingest.activity import Activity
 from gradwatch_server.ingest.batch import Batch, decode
@@ -23,6 +24,7 @@ from gradwatch_server.live.publisher import Publisher
 
 BUSY = 0.5  # the writer's share of time past which clients are asked to batch more (preferred_gap)
 MAX_GAP = 0.2  # the longest gap asked for, in seconds: a point still reaches an open page in < 250 ms
+FRAME_BUDGET = 50.0  # batches a second all live links may send together before each is asked to wait longer
 
 
 class Pipeline:
@@ -36,6 +38,7 @@ class Pipeline:
         stats: IngestStats,
         limits: apply.Limits | None = None,
         alert_overrides: dict | None = None,
+        links: Callable[[], int] = lambda: 0,
     ):
         self.writer = writer
         self.publisher = publisher
@@ -43,6 +46,7 @@ class Pipeline:
         self.stats = stats
         self.limits = limits or apply.Limits()
         self.alert_overrides = alert_overrides or {}
+        self.links = links  # how many training processes stream to this server process now
         self._states: dict[int, apply.RunState] = {}  # touched only on the writer thread
         self._load = (time.perf_counter(), 0.0, 0.0)  # (when, writer busy seconds then, utilisation)
 
@@ -79,19 +83,26 @@ class Pipeline:
     def preferred_gap(self) -> float:
         """Seconds a client should leave between its batches (0: send at once), sent in every ack.
 
-        Each batch costs the writer about the same whatever its size, so when the writer is busy
-        the cheapest relief is fewer, larger batches: past ``BUSY`` of the writer's time over the
-        last half second, the gap grows linearly to ``MAX_GAP`` at saturation. An idle server
-        asks for nothing, so a lone run's points still arrive within milliseconds.
+        A batch costs the server about the same whatever its size: ~0.2 ms of websocket frame and
+        ack alone (measured, docs/benchmarks.md), then its transaction. So the cheapest relief is
+        fewer, larger batches, asked for two ways, and the larger wins (at most ``MAX_GAP``):
+
+        - many live links share ``FRAME_BUDGET`` batches a second: each is asked for
+          ``links / FRAME_BUDGET`` seconds (5 runs: 0.1 s, 10 or more: 0.2 s). A lone run gets
+          nothing beyond its link's own 20 ms, and a run logging less often than its gap is
+          never delayed, so a few runs' points still reach a page at once;
+        - past ``BUSY`` of the writer's time over the last half second, the gap grows linearly
+          to ``MAX_GAP`` at saturation (a few runs sending huge batches).
         """
         now, busy = time.perf_counter(), self.writer.busy_seconds
         then, busy_then, load = self._load
         if now - then >= 0.5:
             load = min(1.0, (busy - busy_then) / (now - then))
             self._load = (now, busy, load)
-        if load <= BUSY:
-            return 0.0
-        return round(MAX_GAP * min(1.0, (load - BUSY) / (1.0 - BUSY)), 3)
+        shared = self.links() / FRAME_BUDGET
+        loaded = MAX_GAP * min(1.0, (load - BUSY) / (1.0 - BUSY)) if load > BUSY else 0.0
+        gap = min(MAX_GAP, max(shared, loaded))
+        return round(gap, 3) if gap > LINK_MIN_GAP else 0.0
 
     # -- a batch -------------------------------------------------------------------------------
     @staticmethod

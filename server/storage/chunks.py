@@ -15,6 +15,7 @@ import numpy as np
 from sqlalchemy import delete, func, select
 
 from gradwatch_server.storage import db
+from gradwatch_server.storage.prepared import Prepared
 
 CHUNK_VALUES = 2048  # values (steps x slots) per full chunk: 48 KiB for a scalar key
 
@@ -111,16 +112,18 @@ class Writes:
         if self.full:
             conn.execute(db.chunks.insert(), self.full)
         if self.small:
-            ids = conn.execute(_INSERT_SMALL, [row for _tail, _points, row in self.small]).scalars().all()
-            for (tail, points, _row), row_id in zip(self.small, ids):
-                tail.ids.append(row_id)
+            for tail, points, row in self.small:
+                tail.ids.append(_INSERT_SMALL.run(conn, row).fetchone()[0])
                 tail.parts.append(points)
                 tail.n += len(points)
         self.deletes, self.full, self.small = [], [], []
 
 
-# Built once: a live batch writes a small row per key, and building the statement cost more than running it.
-_INSERT_SMALL = db.chunks.insert().returning(db.chunks.c.id, sort_by_parameter_order=True)
+# A live batch writes a small row per key: compiled once, run on the driver (storage/prepared.py).
+_INSERT_SMALL = Prepared(
+    db.chunks.insert().returning(db.chunks.c.id),
+    ["key_id", "first_step", "last_step", "n", "steps", "walls", "data", "missing"],
+)
 
 
 def append(writes: Writes, tail: Tail, key_id: int, points: Points) -> None:

@@ -23,7 +23,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 from sqlalchemy.schema import CreateColumn
 
-from gradwatch_server.storage import chunks, db, rollup, summaries
+from gradwatch_server.storage import chunks, db, rollup_writes, summaries
 
 log = logging.getLogger("gradwatch.server")
 
@@ -195,7 +195,11 @@ def convert_rows(conn, has_points: bool, has_vectors: bool) -> None:
         slots = len(json.loads(layers)) if layers else 1
         points = chunks.read(conn, key_id, slots=slots)
         if len(points) and slots:
-            rollup.update_rollups(conn, {}, key_id, points.steps, points.walls, points.values, points.present())
+            cache = rollup_writes.Cache()
+            rollup_writes.new_key(cache, key_id)  # its rollups were deleted above: nothing to read back
+            rollup_writes.update_rollups(
+                conn, cache, key_id, points.steps, points.walls, points.values, points.present()
+            )
     for table in ("points", "vectors"):
         conn.execute(text(f"DROP TABLE IF EXISTS {table}"))
 

@@ -16,10 +16,11 @@ derives theirs from the full summary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import select
 
 from gradwatch_server.storage import db
 from gradwatch_server.storage.chunks import f64, from_f64
@@ -50,6 +51,8 @@ class Block:
     data: np.ndarray
     n: int = 0
     stored: bool = False
+    dirty: bool = False  # changed since written (rollup_writes: a block not done yet is written when it is)
+    up: int = 0  # points counted here and not yet passed on to the block of the next level
 
 
 def empty(slots: int) -> Block:
@@ -106,197 +109,37 @@ def merge_into(d: np.ndarray, data: np.ndarray) -> np.ndarray:
     return changed
 
 
+def fold_point(d: np.ndarray, step: float, wall: float, values: list, present: list) -> None:
+    """``merge_into`` of one point per column (values and presence as lists), in plain Python.
+
+    A live step is one point per key: for a few columns, comparing floats one by one costs a
+    tenth of the dozens of numpy calls that summarising and merging a one-row batch take.
+    """
+    for j, (v, ok) in enumerate(zip(values, present)):
+        if not ok:
+            continue
+        if v != v:
+            rows = (NAN_S,)
+        elif v == math.inf:
+            rows = (PINF_S,)
+        elif v == -math.inf:
+            rows = (NINF_S,)
+        else:
+            for v_row, s_row, sign in ((MIN_V, MIN_S, 1.0), (MAX_V, MAX_S, -1.0)):
+                old, at = d[v_row, j], d[s_row, j]
+                if sign * v < sign * old or (v == old and (at == NONE or step < at)):
+                    d[v_row, j], d[s_row, j], d[WALL_OF[s_row], j] = v, step, wall
+            continue
+        at = d[rows[0], j]
+        if at == NONE or step < at:
+            d[rows[0], j], d[WALL_OF[rows[0]], j] = step, wall
+
+
 def _take(d: np.ndarray, data: np.ndarray, take: np.ndarray, rows: tuple, changed: np.ndarray) -> None:
     if take.any():
         for row in rows:
             d[row] = np.where(take, data[row], d[row])
         changed |= take
-
-
-@dataclass
-class Writes:
-    """Rollup rows of one batch, across keys: inserted, rewritten, or only recounted; three statements."""
-
-    inserts: list = field(default_factory=list)
-    updates: list = field(default_factory=list)
-    counts: list = field(default_factory=list)
-    heat_inserts: list = field(default_factory=list)  # vector keys only: their blocks' heat rows
-    heat_updates: list = field(default_factory=list)
-
-    def flush(self, conn) -> None:
-        if self.inserts:
-            conn.execute(_INSERT, self.inserts)
-        if self.updates:
-            conn.execute(_REWRITE, self.updates)
-        if self.counts:
-            conn.execute(_RECOUNT, self.counts)
-        if self.heat_inserts:
-            conn.execute(_HEAT_INSERT, self.heat_inserts)
-        if self.heat_updates:
-            conn.execute(_HEAT_REWRITE, self.heat_updates)
-        self.inserts, self.updates, self.counts, self.heat_inserts, self.heat_updates = [], [], [], [], []
-
-    def insert(self, key_id: int, level: int, b: int, n: int, data: np.ndarray) -> None:
-        self.inserts.append({"key_id": key_id, "level": level, "block": b, "n": n, "data": encode(data)})
-        if data.shape[1] > 1:
-            self.heat_inserts.append({"key_id": key_id, "level": level, "block": b, "data": heat_of(data)})
-
-    def rewrite(self, row: dict, data: np.ndarray, heat: bool = True) -> None:
-        """A stored block's new summary; its heat row too unless ``heat`` says the heat did not change."""
-        self.updates.append({**row, "d": encode(data)})
-        if heat and data.shape[1] > 1:  # an old block with no heat row stays without one (read_heat derives it)
-            self.heat_updates.append({"k": row["k"], "lv": row["lv"], "b": row["b"], "d": heat_of(data)})
-
-
-def update_rollups(
-    conn,
-    cache: dict,
-    key_id: int,
-    steps: np.ndarray,
-    walls: np.ndarray,
-    values: np.ndarray,
-    present: np.ndarray,
-    writes: Writes | None = None,
-) -> None:
-    """Fold a batch of one key (values and presence: (k, slots) arrays) into every level.
-
-    With ``writes`` the rows are collected there (the caller flushes once per batch); else written now.
-    """
-    now = writes is None
-    writes = Writes() if now else writes
-    _update(conn, cache, [(key_id, slice(None))], values.shape[1], steps, walls, values, present, writes)
-    if now:
-        writes.flush(conn)
-
-
-def update_many(conn, cache: dict, key_ids: list[int], steps, walls, values, present, writes: Writes) -> None:
-    """``update_rollups`` for scalar keys logged at the same steps, summarised together: column j is key j."""
-    _update(
-        conn, cache, [(k, slice(j, j + 1)) for j, k in enumerate(key_ids)], 1, steps, walls, values, present, writes
-    )
-
-
-def _update(conn, cache: dict, targets: list, slots: int, steps, walls, values, present, writes: Writes) -> None:
-    if not len(steps):
-        return
-    order = np.argsort(steps, kind="stable")
-    st, wl = steps[order].astype(np.float64), walls[order]
-    vals, present = values[order], present[order]
-    # A live batch (~20 steps) usually falls inside one block of every level but the finest: one
-    # summary of the whole batch serves all of those; only levels it straddles are cut per block.
-    whole = summarise(st, wl, vals, present, np.zeros(len(st), dtype=np.int64))
-    items = []  # (key_id, level, block, n, summary) of every level: folded in one stacked numpy pass
-    for level in levels_for(slots):
-        first, last = int(st[0] // level), int(st[-1] // level)
-        if first == last:
-            parts = [(first, int(whole[1][0]), whole[2][0])]
-        else:
-            ids, ns, sums = summarise(st, wl, vals, present, (st // level).astype(np.int64))
-            parts = list(zip(ids.tolist(), ns.tolist(), sums))
-        for b, n, data in parts:
-            items += [(key_id, level, int(b), int(n), data[:, cols]) for key_id, cols in targets]
-    _fold(conn, cache, writes, items)
-
-
-def _fold(conn, cache: dict, writes: Writes, items: list) -> None:
-    """Block summaries ``(key_id, level, block, n, data)`` into their stored blocks (new rows, rewrites or recounts).
-
-    The blocks that already hold points are merged in one stacked numpy pass, not level by level
-    and key by key: a live batch of one step touches every level of every key, and the fixed cost
-    of a numpy call, not the arithmetic, is what a small batch pays.
-    """
-    existing = []
-    for key_id, level, b, n, part in items:
-        hit = cache.get((key_id, level))
-        if hit is not None and b > hit[2]:  # a block never seen before: its summary is the batch's
-            cache[(key_id, level)] = (b, Block(part.copy(), n, True), b)
-            writes.insert(key_id, level, b, n, part)
-        else:
-            existing.append((key_id, level, b, n, _cached(conn, cache, key_id, level, b, part.shape[1]), part))
-    if not existing:
-        return
-    stacked = np.concatenate([e[4].data for e in existing], axis=1)
-    heat_before = stacked[HEAT_ROWS]  # a copy: a new minimum alone leaves the heat row as it is
-    changed = merge_into(stacked, np.concatenate([e[5] for e in existing], axis=1))
-    heat_changed = (stacked[HEAT_ROWS] != heat_before).any(axis=0)
-    offset = 0
-    for key_id, level, b, n, block, part in existing:
-        width = part.shape[1]
-        block.data[:] = stacked[:, offset : offset + width]
-        block.n += n
-        row = {"k": key_id, "lv": level, "b": b, "n": block.n}
-        if not block.stored:
-            writes.insert(key_id, level, b, block.n, block.data)
-            block.stored = True
-        elif changed[offset : offset + width].any():
-            writes.rewrite(row, block.data, bool(heat_changed[offset : offset + width].any()))
-        else:
-            writes.counts.append(row)  # same extremes, more points: rewrite the count, not the summary
-        offset += width
-
-
-_UPDATE = update(db.rollups).where(
-    db.rollups.c.key_id == bindparam("k"), db.rollups.c.level == bindparam("lv"), db.rollups.c.block == bindparam("b")
-)
-# Built once (a live batch runs them every time; building one cost more than running it).
-_INSERT = db.rollups.insert()
-_REWRITE = _UPDATE.values(n=bindparam("n"), data=bindparam("d"))
-_RECOUNT = _UPDATE.values(n=bindparam("n"))
-_HEAT_INSERT = db.rollup_heat.insert()
-_HEAT_REWRITE = (
-    update(db.rollup_heat)
-    .where(
-        db.rollup_heat.c.key_id == bindparam("k"),
-        db.rollup_heat.c.level == bindparam("lv"),
-        db.rollup_heat.c.block == bindparam("b"),
-    )
-    .values(data=bindparam("d"))
-)
-
-
-def new_key(cache: dict, key_id: int) -> None:
-    """A key created just now has no rollups yet: nothing to look up."""
-    for level in LEVELS:
-        cache[(key_id, level)] = (None, None, -1)
-
-
-def _load_newest(conn, cache: dict, key_id: int) -> None:
-    """The newest stored block of every level of a key, in one query."""
-    newest = dict(
-        conn.execute(
-            select(db.rollups.c.level, func.max(db.rollups.c.block))
-            .where(db.rollups.c.key_id == key_id)
-            .group_by(db.rollups.c.level)
-        ).all()
-    )
-    for level in LEVELS:
-        cache.setdefault((key_id, level), (None, None, newest.get(level, -1)))
-
-
-def _cached(conn, cache: dict, key_id: int, level: int, b: int, slots: int) -> Block:
-    """The block being written; only the newest block per (key, level) stays in memory."""
-    hit = cache.get((key_id, level))
-    if hit is None:  # first write since the server started: where did this key's rollups end?
-        _load_newest(conn, cache, key_id)
-        hit = cache[(key_id, level)]
-    if hit[0] == b and hit[1].data.shape[1] == slots:
-        return hit[1]
-    row = None
-    if b <= hit[2]:  # steps went back (or a restart): the block may be on disk already
-        row = conn.execute(
-            select(db.rollups.c.n, db.rollups.c.data).where(
-                db.rollups.c.key_id == key_id, db.rollups.c.level == level, db.rollups.c.block == b
-            )
-        ).first()
-    if row is None:
-        block = empty(slots)
-    elif len(row.data) != ROWS * slots * 8:  # the layout changed: summarise from here on under the new one
-        block = empty(slots)
-        block.stored = True
-    else:
-        block = Block(decode(row.data, slots), row.n, True)
-    cache[(key_id, level)] = (b, block, max(b, hit[2]))
-    return block
 
 
 def encode(data: np.ndarray) -> bytes:

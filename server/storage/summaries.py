@@ -18,6 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from gradwatch import contract
 from gradwatch_server.storage import chunks, db, query
+from gradwatch_server.storage.prepared import Prepared
 
 FIELDS = ("last", "min", "max", "count", "last_step", "min_step", "max_step", "nans")
 VALUE_FIELDS = ("last", "min", "max")  # floats (NaN/±inf encoded in the API); the rest are integers
@@ -57,7 +58,7 @@ def upsert(conn, rows: list[dict]) -> None:
     """Merge batch figures into the stored ones: one statement for every key of the batch."""
     if not rows:
         return
-    conn.execute(_upsert_statement(conn.dialect.name), rows)
+    _upsert_statement(conn.dialect.name).run_many(conn, rows)
 
 
 @functools.lru_cache(maxsize=4)
@@ -81,7 +82,7 @@ def _upsert_statement(dialect: str):
             "last_step": case((later, new.last_step), else_=s.last_step),
         },
     )
-    return stmt
+    return Prepared(stmt, ["run_id", "key", "count", "nans", "last", "last_step", "min", "min_step", "max", "max_step"])
 
 
 def record(conn, run_id: int, stored: dict) -> None:

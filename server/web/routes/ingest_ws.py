@@ -74,11 +74,18 @@ async def ingest(ws: WebSocket) -> None:
         )
         while not answering.done():
             text = await _receive(ws)
+            size = len(text)
             # Past max_buffered_bytes, stop reading: the client's window waits. If the answers stop (the run
-            # was deleted, the database failed a batch), stop waiting too: the connection is over.
-            await _unless_done(answering, budget.take(len(text)))
-            batch = await asyncio.to_thread(pipeline.decode, text) if len(text) > BIG_FRAME else pipeline.decode(text)
-            await _unless_done(answering, replies.put((batch.seq, pipeline.submit(run_id, batch), len(text))))
+            # was deleted, the database failed a batch), stop waiting too: the connection is over. Waiting
+            # (a task and asyncio.wait) only when it has to: most frames find room at once.
+            if not budget.try_take(size):
+                await _unless_done(answering, budget.take(size))
+            batch = await asyncio.to_thread(pipeline.decode, text) if size > BIG_FRAME else pipeline.decode(text)
+            item = (batch.seq, pipeline.submit(run_id, batch), size)
+            if replies.full():
+                await _unless_done(answering, replies.put(item))
+            else:
+                replies.put_nowait(item)
     except (WebSocketDisconnect, RuntimeError, _Over):
         pass
     except protocol.ProtocolError as exc:
@@ -104,6 +111,20 @@ async def _unless_done(answering: asyncio.Future, awaitable) -> None:
         raise _Over
 
 
+def ack_text(seq: int, gap: float = 0.0, refused=None) -> str:
+    """The ack of batch ``seq`` as it goes on the wire, ``protocol.dumps`` of ``{"type": "ack", "seq": seq}``
+    with ``gap`` and ``refused`` when set. The plain one (the answer to nearly every batch) is formatted
+    directly: the same text (``seq`` is an int, checked at decode; tests/test_ingest_ws.py compares them)."""
+    if not gap and not refused and type(seq) is int:
+        return f'{{"type":"ack","seq":{seq}}}'
+    ack = {"type": "ack", "seq": seq}
+    if gap:
+        ack["gap"] = gap
+    if refused:
+        ack["refused"] = refused
+    return protocol.dumps(ack)
+
+
 def _resume_from(hello: dict) -> int | None:
     resume = hello.get("resume_from")
     return resume if type(resume) is int and resume >= 1 else None
@@ -116,8 +137,15 @@ class Budget:
         self.limit, self.used = limit, 0
         self._freed = asyncio.Event()
 
+    def try_take(self, n: int) -> bool:
+        """Take ``n`` bytes if they fit now (then True); False changes nothing (``take`` waits for room)."""
+        if self.used and self.used + n > self.limit:  # one frame always fits (its size is capped apart)
+            return False
+        self.used += n
+        return True
+
     async def take(self, n: int) -> None:
-        while self.used and self.used + n > self.limit:  # one frame always fits (its size is capped apart)
+        while self.used and self.used + n > self.limit:
             self._freed.clear()
             await self._freed.wait()
         self.used += n
@@ -157,14 +185,11 @@ async def _answer(ws: WebSocket, pipeline, run_id: int, replies: asyncio.Queue, 
             if "expected" in result:
                 await ws.send_text(protocol.dumps({"type": "nack", "expected": result["expected"]}))
                 continue
-            ack = {"type": "ack", "seq": seq}
             gap = pipeline.preferred_gap()  # a busy server asks for fewer, larger batches
-            if gap:
-                ack["gap"] = gap
+            refused = None
             if "duplicate" not in result:
                 pipeline.publish(run_id, result)
-                if result.get("refused"):
-                    ack["refused"] = result["refused"]
-            await ws.send_text(protocol.dumps(ack))
+                refused = result.get("refused")
+            await ws.send_text(ack_text(seq, gap, refused))
         except (WebSocketDisconnect, RuntimeError):
             return

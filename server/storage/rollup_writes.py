@@ -1,0 +1,394 @@
+"""Keeping rollups current as batches land: the writer's cache of every key's newest blocks.
+
+A live run sends a step at a time. Writing a row of every level for every step cost more than
+storing the step itself, so the newest block of each (key, level) waits in the cache and reaches
+the database once it is *done*: once the key has a point at or past the block's last step (it is
+full, or the stream moved on). Until then a live point is folded into the finest level only; a
+done block passes what it gathered to the block above it (``_finish``), so a coarse block is
+folded once per finer block, not once per step.
+
+What readers rely on (storage/series.py reads whole blocks only up to the key's newest step):
+at every commit, every block that ends at or before the key's newest step is stored and current.
+A block not done may be missing or stale on disk. When a cache is built (a restart, an edit,
+another process stored batches meanwhile) the newest block of every level is rebuilt from the
+finer stored blocks and the raw points (``_prepare``), so nothing a lost cache held is lost.
+
+Batches that are not live-shaped (several finest blocks at once, or steps that went back)
+take the eager path: pending blocks are written first, then the batch is folded into every level
+and written as it lands, as bulk imports always were.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from sqlalchemy import bindparam, func, select, update
+
+from gradwatch_server.storage import chunks, db
+from gradwatch_server.storage.rollup import (
+    HEAT_ROWS,
+    LEVELS,
+    ROWS,
+    Block,
+    decode,
+    empty,
+    encode,
+    fold_point,
+    heat_of,
+    levels_for,
+    merge_into,
+    read_blocks,
+    summarise,
+)
+
+
+@dataclass
+class Slot:
+    """One (key, level): the block held in memory (if any) and the newest block number stored (-1: none)."""
+
+    b: int | None = None
+    block: Block | None = None
+    newest: int = -1
+
+
+@dataclass
+class Cache:
+    """The writer's rollup state for the keys of one run."""
+
+    slots: dict = field(default_factory=dict)  # (key_id, level) -> Slot
+    top: dict = field(default_factory=dict)  # key_id -> the newest step folded in (None: none yet)
+    levels: dict = field(default_factory=dict)  # key_id -> its levels (levels_for its width)
+
+
+POINT_VALUES = 64  # a batch of at most this many values per key is folded in plain Python (rollup.fold_point)
+INSERT, REWRITE, RECOUNT = 0, 1, 2  # how a block's row is written; of two for one block, the lower wins
+
+
+@dataclass
+class Writes:
+    """The rollup rows a batch changes, one entry per block, written as each block is at ``flush``.
+
+    One entry per block, so a block written twice in a batch (finished, then folded again) is
+    written once, as it ends up; ``pending`` lets a read see a block whose row is not flushed yet.
+    """
+
+    blocks: dict = field(default_factory=dict)  # (key_id, level, b) -> [Block, how, heat changed]
+
+    def note(self, key_id: int, level: int, b: int, block: Block, how: int, heat: bool = True) -> None:
+        held = self.blocks.get((key_id, level, b))
+        if held is None:
+            self.blocks[(key_id, level, b)] = [block, how, heat and how != RECOUNT]
+        else:
+            held[0], held[1] = block, min(held[1], how)
+            held[2] = held[2] or (heat and how != RECOUNT)
+
+    def store(self, key_id: int, level: int, b: int, block: Block) -> None:
+        """Write a block as it is (a new row, or its stored row rewritten)."""
+        self.note(key_id, level, b, block, REWRITE if block.stored else INSERT)
+        block.stored, block.dirty = True, False
+
+    def pending(self, key_id: int, level: int, b: int) -> Block | None:
+        held = self.blocks.get((key_id, level, b))
+        return None if held is None else held[0]
+
+    def flush(self, conn) -> None:
+        rows: dict = {INSERT: [], REWRITE: [], RECOUNT: []}
+        heat: dict = {INSERT: [], REWRITE: []}
+        for (key_id, level, b), (block, how, heat_changed) in self.blocks.items():
+            if how == INSERT:
+                rows[INSERT].append(
+                    {"key_id": key_id, "level": level, "block": b, "n": block.n, "data": encode(block.data)}
+                )
+            else:
+                row = {"k": key_id, "lv": level, "b": b, "n": block.n}
+                rows[how].append({**row, "d": encode(block.data)} if how == REWRITE else row)
+            if heat_changed and block.data.shape[1] > 1:  # vector keys only (an old block without one stays so)
+                heat[how].append({"k": key_id, "lv": level, "b": b, "d": heat_of(block.data)})
+        self.blocks = {}
+        for statement, params in (
+            (_INSERT, rows[INSERT]),
+            (_REWRITE, rows[REWRITE]),
+            (_RECOUNT, rows[RECOUNT]),
+            (
+                _HEAT_INSERT,
+                [{"key_id": h["k"], "level": h["lv"], "block": h["b"], "data": h["d"]} for h in heat[INSERT]],
+            ),
+            (_HEAT_REWRITE, heat[REWRITE]),
+        ):
+            if params:
+                conn.execute(statement, params)
+
+
+def new_key(cache: Cache, key_id: int) -> None:
+    """A key created just now has no rollups yet: nothing to look up."""
+    for level in LEVELS:
+        cache.slots[(key_id, level)] = Slot()
+    cache.top[key_id] = None
+
+
+def update_rollups(conn, cache: Cache, key_id: int, steps, walls, values, present, writes: Writes | None = None):
+    """Fold a batch of one key (values and presence: (k, slots) arrays) into its rollups.
+
+    With ``writes`` the rows are collected there (the caller flushes once per batch) and a block
+    not done yet may wait in ``cache``; without, everything is written now (a one-off rebuild).
+    """
+    now = writes is None
+    writes = Writes() if now else writes
+    _update(conn, cache, [(key_id, slice(None))], values.shape[1], steps, walls, values, present, writes)
+    if now:
+        write_pending(conn, cache, writes)
+        writes.flush(conn)
+
+
+def update_many(conn, cache: Cache, key_ids: list[int], steps, walls, values, present, writes: Writes) -> None:
+    """``update_rollups`` for scalar keys logged at the same steps, summarised together: column j is key j."""
+    _update(
+        conn, cache, [(k, slice(j, j + 1)) for j, k in enumerate(key_ids)], 1, steps, walls, values, present, writes
+    )
+
+
+def write_pending(conn, cache: Cache, writes: Writes) -> None:
+    """Write every block still waiting in the cache (a run that ended: its newest blocks are final)."""
+    for key_id in list(cache.levels):
+        _write_key(conn, cache, writes, key_id)
+
+
+def _update(conn, cache: Cache, targets: list, slots: int, steps, walls, values, present, writes: Writes) -> None:
+    if not len(steps):
+        return
+    levels = levels_for(slots)
+    for key_id, _cols in targets:
+        _prepare(conn, cache, key_id, levels, slots)
+    fine = levels[0]
+    if len(steps) * slots <= POINT_VALUES:  # a live batch of few values: fold its points one by one
+        lo, hi = int(steps.min()), int(steps.max())
+        if lo // fine == hi // fine and _all_live(cache, targets, fine, lo // fine):
+            rows = list(zip(steps.astype(np.float64).tolist(), walls.tolist(), values.tolist(), present.tolist()))
+            for key_id, cols in targets:
+                block = _block_for(conn, cache, writes, key_id, 0, lo // fine, slots)
+                for step, wall, row, ok in rows:
+                    fold_point(block.data, step, wall, row[cols], ok[cols])
+                _folded(conn, cache, writes, key_id, block, len(rows), hi)
+            return
+    order = np.argsort(steps, kind="stable")
+    st, wl = steps[order].astype(np.float64), walls[order]
+    vals, present = values[order], present[order]
+    whole = summarise(st, wl, vals, present, np.zeros(len(st), dtype=np.int64))
+    top, b = int(st[-1]), int(st[0]) // fine
+    if b == top // fine and _all_live(cache, targets, fine, b):
+        for key_id, cols in targets:
+            block = _block_for(conn, cache, writes, key_id, 0, b, slots)
+            merge_into(block.data, whole[2][0][:, cols])
+            _folded(conn, cache, writes, key_id, block, len(st), top)
+        return
+    for key_id, _cols in targets:
+        _write_key(conn, cache, writes, key_id)
+    items = []  # (key_id, level, block, n, summary) of every level: folded in one stacked numpy pass
+    for level in levels:
+        first, last = int(st[0] // level), int(st[-1] // level)
+        if first == last:
+            parts = [(first, int(whole[1][0]), whole[2][0])]
+        else:
+            ids, ns, sums = summarise(st, wl, vals, present, (st // level).astype(np.int64))
+            parts = list(zip(ids.tolist(), ns.tolist(), sums))
+        for blk, n, data in parts:
+            items += [(key_id, level, int(blk), int(n), data[:, cols]) for key_id, cols in targets]
+    _fold_eager(conn, cache, writes, items)
+    for key_id, _cols in targets:
+        old = cache.top.get(key_id)
+        cache.top[key_id] = top if old is None else max(old, top)
+
+
+def _all_live(cache: Cache, targets: list, fine: int, b: int) -> bool:
+    """Whether a batch lying in finest block ``b`` can be folded lazily: it does not go back past a cached block."""
+    for key_id, _cols in targets:
+        slot = cache.slots[(key_id, fine)]
+        if slot.b is not None and b < slot.b:
+            return False
+    return True
+
+
+def _folded(conn, cache: Cache, writes: Writes, key_id: int, block: Block, n: int, top: int) -> None:
+    """After a live batch was folded into a finest block: count it, then finish every block now done."""
+    old = cache.top.get(key_id)
+    top = top if old is None else max(old, top)
+    cache.top[key_id] = top
+    block.n += n
+    block.up += n
+    block.dirty = True
+    for i, level in enumerate(cache.levels[key_id]):
+        slot = cache.slots[(key_id, level)]
+        if slot.block is not None and (slot.block.up or slot.block.dirty) and (slot.b + 1) * level - 1 <= top:
+            _finish(conn, cache, writes, key_id, i)
+
+
+def _finish(conn, cache: Cache, writes: Writes, key_id: int, i: int) -> None:
+    """Pass a block's new points to the block above it, then write it if it changed."""
+    levels = cache.levels[key_id]
+    slot = cache.slots[(key_id, levels[i])]
+    block = slot.block
+    if block.up and i + 1 < len(levels):
+        parent = _block_for(
+            conn, cache, writes, key_id, i + 1, slot.b * levels[i] // levels[i + 1], block.data.shape[1]
+        )
+        merge_into(parent.data, block.data)  # extremes merge idempotently: only the counts must not repeat
+        parent.n += block.up
+        parent.up += block.up
+        parent.dirty = True
+    block.up = 0
+    if block.dirty:
+        writes.store(key_id, levels[i], slot.b, block)
+        slot.newest = max(slot.newest, slot.b)
+
+
+def _write_key(conn, cache: Cache, writes: Writes, key_id: int) -> None:
+    """Finish every level's cached block of a key, finest first (each passes its points up before the next)."""
+    levels = cache.levels.get(key_id, ())
+    for i, level in enumerate(levels):
+        slot = cache.slots.get((key_id, level))
+        if slot is not None and slot.block is not None and (slot.block.up or slot.block.dirty):
+            _finish(conn, cache, writes, key_id, i)
+
+
+def _block_for(conn, cache: Cache, writes: Writes, key_id: int, i: int, b: int, slots: int) -> Block:
+    """Block ``b`` of level ``i`` in the cache, read from disk if stored; the block it replaces is finished first."""
+    level = cache.levels[key_id][i]
+    slot = cache.slots[(key_id, level)]
+    if slot.b == b and slot.block is not None and slot.block.data.shape[1] == slots:
+        return slot.block
+    if slot.block is not None and (slot.block.up or slot.block.dirty):
+        _finish(conn, cache, writes, key_id, i)
+    pending = writes.pending(key_id, level, b)
+    if pending is not None and pending.data.shape[1] == slots:
+        slot.b, slot.block = b, pending  # written earlier in this batch, not flushed yet
+    else:
+        slot.b, slot.block = b, _read(conn, key_id, level, b, slots) if b <= slot.newest else empty(slots)
+    return slot.block
+
+
+def _read(conn, key_id: int, level: int, b: int, slots: int) -> Block:
+    """A stored block (an empty one if it is not on disk)."""
+    row = conn.execute(_SELECT, {"k": key_id, "lv": level, "b": b}).first()
+    if row is None:
+        return empty(slots)
+    if len(row.data) != ROWS * slots * 8:  # the layout changed: summarise from here on under the new one
+        block = empty(slots)
+        block.stored = True
+        return block
+    return Block(decode(row.data, slots), row.n, True)
+
+
+def _prepare(conn, cache: Cache, key_id: int, levels: tuple, slots: int) -> None:
+    """On a key's first batch since the cache was built: where its rollups end, and its unfinished blocks rebuilt."""
+    cache.levels[key_id] = levels
+    if (key_id, LEVELS[0]) in cache.slots:
+        return
+    newest = dict(conn.execute(_NEWEST, {"k": key_id}).all())
+    for level in LEVELS:
+        cache.slots[(key_id, level)] = Slot(newest=newest.get(level, -1))
+    top = cache.top[key_id] = conn.execute(_TOP, {"k": key_id}).scalar()
+    if top is not None:
+        _rebuild(conn, cache, key_id, levels, slots, top)
+
+
+def _rebuild(conn, cache: Cache, key_id: int, levels: tuple, slots: int, top: int) -> None:
+    """The newest block of every level that is not done, from what is on disk: the finest from raw points,
+    each coarser one from its done, stored children (its unfinished child passes its points up later)."""
+    for i, level in enumerate(levels):
+        b = top // level
+        if (b + 1) * level - 1 <= top:
+            continue  # done: stored and current
+        slot = cache.slots[(key_id, level)]
+        if i == 0:
+            points = chunks.read(conn, key_id, b * level, top, slots)
+            block = empty(slots)
+            if len(points):
+                _, counts, data = summarise(
+                    points.steps.astype(np.float64),
+                    points.walls,
+                    points.values,
+                    points.present(),
+                    np.zeros(len(points), dtype=np.int64),
+                )
+                merge_into(block.data, data[0])
+                block.n = int(counts[0])
+        else:
+            child = levels[i - 1]
+            first, last = b * level // child, (top + 1) // child - 1  # its children done so far
+            _blocks, counts, data = read_blocks(conn, key_id, child, first, last, slots)
+            block = empty(slots)
+            if data is None:  # written under another layout: start over under this one
+                block.stored = True
+                slot.b, slot.block = b, block
+                continue
+            for part in data:
+                merge_into(block.data, part)
+            block.n = int(counts.sum())
+        block.up, block.dirty = block.n, block.n > 0
+        block.stored = b <= slot.newest and _exists(conn, key_id, level, b)
+        block.dirty = block.dirty or block.stored  # a stored row may be stale: rewrite it when the block is done
+        slot.b, slot.block = b, block
+
+
+def _exists(conn, key_id: int, level: int, b: int) -> bool:
+    return conn.execute(_SELECT, {"k": key_id, "lv": level, "b": b}).first() is not None
+
+
+def _fold_eager(conn, cache: Cache, writes: Writes, items: list) -> None:
+    """Block summaries ``(key_id, level, block, n, data)`` into their blocks, written now (new rows, rewrites or recounts).
+
+    The blocks that already hold points are merged in one stacked numpy pass, not level by level
+    and key by key: the fixed cost of a numpy call, not the arithmetic, is what a small batch pays.
+    """
+    existing = []
+    for key_id, level, b, n, part in items:
+        slot = cache.slots[(key_id, level)]
+        if b > slot.newest:  # a block never stored (nothing waits: the key's pending blocks were written first)
+            slot.b, slot.block, slot.newest = b, Block(part.copy(), n, True), b
+            writes.note(key_id, level, b, slot.block, INSERT)
+        else:
+            i = cache.levels[key_id].index(level)
+            existing.append((key_id, level, b, n, _block_for(conn, cache, writes, key_id, i, b, part.shape[1]), part))
+    if not existing:
+        return
+    stacked = np.concatenate([e[4].data for e in existing], axis=1)
+    heat_before = stacked[HEAT_ROWS]  # a copy: a new minimum alone leaves the heat row as it is
+    changed = merge_into(stacked, np.concatenate([e[5] for e in existing], axis=1))
+    heat_changed = (stacked[HEAT_ROWS] != heat_before).any(axis=0)
+    offset = 0
+    for key_id, level, b, n, block, part in existing:
+        width = part.shape[1]
+        block.data[:] = stacked[:, offset : offset + width]
+        block.n += n
+        if not block.stored:
+            writes.store(key_id, level, b, block)
+            cache.slots[(key_id, level)].newest = max(cache.slots[(key_id, level)].newest, b)
+        elif changed[offset : offset + width].any():
+            writes.note(key_id, level, b, block, REWRITE, bool(heat_changed[offset : offset + width].any()))
+        else:
+            writes.note(key_id, level, b, block, RECOUNT)  # same extremes, more points: the count, not the summary
+        offset += width
+
+
+_r = db.rollups.c
+_UPDATE = update(db.rollups).where(_r.key_id == bindparam("k"), _r.level == bindparam("lv"), _r.block == bindparam("b"))
+# Built once (a batch runs them every time; building one cost more than running it).
+_INSERT = db.rollups.insert()
+_REWRITE = _UPDATE.values(n=bindparam("n"), data=bindparam("d"))
+_RECOUNT = _UPDATE.values(n=bindparam("n"))
+_HEAT_INSERT = db.rollup_heat.insert()
+_HEAT_REWRITE = (
+    update(db.rollup_heat)
+    .where(
+        db.rollup_heat.c.key_id == bindparam("k"),
+        db.rollup_heat.c.level == bindparam("lv"),
+        db.rollup_heat.c.block == bindparam("b"),
+    )
+    .values(data=bindparam("d"))
+)
+_SELECT = select(_r.n, _r.data).where(
+    _r.key_id == bindparam("k"), _r.level == bindparam("lv"), _r.block == bindparam("b")
+)
+_NEWEST = select(_r.level, func.max(_r.block)).where(_r.key_id == bindparam("k")).group_by(_r.level)
+_TOP = select(func.max(db.chunks.c.last_step)).where(db.chunks.c.key_id == bindparam("k"))
