@@ -39,6 +39,8 @@ KEYS = ("loss", "acc")
 FLUSH_INTERVAL = 0.2  # the client's default flush_interval
 P99_LIMIT_MS = 250.0
 TICK = os.sysconf("SC_CLK_TCK")
+POSTGRES: str | None = None  # a throwaway cluster's URL (--postgres): each server gets a fresh database in it
+WORKERS = 1
 
 REAL_CLIENT = textwrap.dedent("""
     import sys, time, gradwatch
@@ -59,10 +61,29 @@ def get(url: str):
         return json.loads(resp.read())
 
 
+def _stat(pid: int) -> list:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU of a process so far (its threads included)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
+    """User + system CPU so far of a process, its threads and its child processes (``--workers``), plus
+    PostgreSQL's server processes when it is the database (its work is the server's too)."""
+    parents: dict = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields, comm = _stat(int(entry.name)), (entry / "comm").read_text().strip()
+            except OSError:
+                continue
+            parents[int(entry.name)] = (int(fields[1]), comm, (int(fields[11]) + int(fields[12])) / TICK)
+    total = 0.0
+    for p, (_parent, comm, cpu) in parents.items():
+        q = p
+        while q in parents and q != pid:
+            q = parents[q][0]
+        if q == pid or (POSTGRES and comm in ("postgres", "postmaster")):
+            total += cpu
+    return total
 
 
 def rss_mib(pid: int) -> float:
@@ -255,7 +276,13 @@ def measure(n: int, rate: float, seconds: float, warmup: float, real: int = 0) -
         tmp = Path(d)
         # Every simulated run connects from this one process (one address): lift the per-client cap.
         caps = ["--max-connections-per-client", str(n + 20), "--max-connections", str(max(1000, n + 100))]
-        server = ServerProcess(f"sqlite:///{tmp / 'load.db'}", *caps)
+        if POSTGRES:
+            from bench_ingest import fresh_postgres_database
+
+            db, caps = fresh_postgres_database(POSTGRES), [*caps, "--workers", str(WORKERS)]
+        else:
+            db = f"sqlite:///{tmp / 'load.db'}"
+        server = ServerProcess(db, *caps)
         try:
             procs = real_clients(server.url, real, rate, warmup + seconds + 1, tmp) if real else []
             result = asyncio.run(drive(server.url, server.pid, n - real, rate, seconds, warmup))
@@ -293,13 +320,27 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=12.0, help="the measured steady window")
     parser.add_argument("--real", type=int, default=0, help="how many of the runs are real client processes")
     parser.add_argument("--find", action="store_true", help="double N until p99 > 250 ms; report the largest held")
+    parser.add_argument("--postgres", action="store_true", help="a throwaway PostgreSQL cluster instead of SQLite")
+    parser.add_argument("--workers", type=int, default=1, help="server processes (PostgreSQL only)")
     args = parser.parse_args()
+    if args.postgres:
+        from pg_cluster import cluster
+
+        global POSTGRES, WORKERS
+        with cluster() as url:
+            POSTGRES, WORKERS = url, args.workers
+            report(args)
+    else:
+        report(args)
+
+
+def report(args) -> None:
     if args.quick:
         runs, seconds, warmup = args.runs or [4], 2.0, 1.0
     else:
         runs, seconds, warmup = args.runs or [1, 20, 100], args.seconds, 3.0
     print(
-        f"# gradwatch live load benchmark (SQLite)\n\nmachine: {platform.platform()}, {os.cpu_count()} cores, "
+        f"# gradwatch live load benchmark ({f'PostgreSQL, {WORKERS} server process(es)' if POSTGRES else 'SQLite'})\n\nmachine: {platform.platform()}, {os.cpu_count()} cores, "
         f"Python {platform.python_version()}; command: {' '.join(sys.argv)}\n"
     )
     print(

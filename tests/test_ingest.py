@@ -147,5 +147,8 @@ def test_many_live_links_share_a_frame_budget_and_a_lone_link_is_never_delayed(t
         links[0] = 300
         assert services.pipeline.preferred_gap() == MAX_GAP  # never longer: a point reaches a page in < 250 ms
         assert services.liveness.connected_clients() == 0  # the real count, wired in by Services
+        links[0] = 20  # a 0.2 s period: each gap runs to the next tick, so the links' batches arrive together
+        assert services.pipeline.preferred_gap(received=100.05) == 0.15
+        assert services.pipeline.preferred_gap(received=100.39) == 0.21  # 10 ms is too close: the tick after
     finally:
         services.close()

@@ -80,19 +80,22 @@ class Pipeline:
         return result
 
     # -- how busy the writer is -----------------------------------------------------------------
-    def preferred_gap(self) -> float:
-        """Seconds a client should leave between its batches (0: send at once), sent in every ack.
+    def preferred_gap(self, received: float | None = None) -> float:
+        """Seconds a client should leave after the batch it sent at ``received`` (0: send at once), sent in every ack.
 
         A batch costs the server about the same whatever its size: ~0.2 ms of websocket frame and
         ack alone (measured, docs/benchmarks.md), then its transaction. So the cheapest relief is
-        fewer, larger batches, asked for two ways, and the larger wins (at most ``MAX_GAP``):
+        fewer, larger batches, asked for two ways; the larger gap wins, at most ``MAX_GAP``:
 
         - many live links share ``FRAME_BUDGET`` batches a second: each is asked for
           ``links / FRAME_BUDGET`` seconds (5 runs: 0.1 s, 10 or more: 0.2 s). A lone run gets
-          nothing beyond its link's own 20 ms, and a run logging less often than its gap is
-          never delayed, so a few runs' points still reach a page at once;
+          nothing beyond its link's own 20 ms, so its points still reach a page at once;
         - past ``BUSY`` of the writer's time over the last half second, the gap grows linearly
           to ``MAX_GAP`` at saturation (a few runs sending huge batches).
+
+        With ``received`` (the batch's arrival, ``time.monotonic()``), the gap runs to the next tick
+        of a clock shared by every link, so their next batches arrive together and share one
+        transaction, one commit and one fsync (``writer.Writer``'s group commit).
         """
         now, busy = time.perf_counter(), self.writer.busy_seconds
         then, busy_then, load = self._load
@@ -101,8 +104,15 @@ class Pipeline:
             self._load = (now, busy, load)
         shared = self.links() / FRAME_BUDGET
         loaded = MAX_GAP * min(1.0, (load - BUSY) / (1.0 - BUSY)) if load > BUSY else 0.0
-        gap = min(MAX_GAP, max(shared, loaded))
-        return round(gap, 3) if gap > LINK_MIN_GAP else 0.0
+        period = min(MAX_GAP, max(shared, loaded))
+        if period <= LINK_MIN_GAP:
+            return 0.0
+        if received is None:
+            return round(period, 3)
+        gap = period - received % period  # to the next tick
+        if gap < 2 * LINK_MIN_GAP:  # too close to make: the tick after
+            gap += period
+        return round(gap, 3)
 
     # -- a batch -------------------------------------------------------------------------------
     @staticmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 
@@ -74,14 +75,14 @@ async def ingest(ws: WebSocket) -> None:
         )
         while not answering.done():
             text = await _receive(ws)
-            size = len(text)
+            received, size = time.monotonic(), len(text)
             # Past max_buffered_bytes, stop reading: the client's window waits. If the answers stop (the run
             # was deleted, the database failed a batch), stop waiting too: the connection is over. Waiting
             # (a task and asyncio.wait) only when it has to: most frames find room at once.
             if not budget.try_take(size):
                 await _unless_done(answering, budget.take(size))
             batch = await asyncio.to_thread(pipeline.decode, text) if size > BIG_FRAME else pipeline.decode(text)
-            item = (batch.seq, pipeline.submit(run_id, batch), size)
+            item = (batch.seq, pipeline.submit(run_id, batch), size, received)
             if replies.full():
                 await _unless_done(answering, replies.put(item))
             else:
@@ -91,7 +92,7 @@ async def ingest(ws: WebSocket) -> None:
     except protocol.ProtocolError as exc:
         log.warning("run %s sent a frame that is not a batch: %s", run_id, exc)
         if not answering.done():
-            await replies.put((None, exc, 0))
+            await replies.put((None, exc, 0, 0.0))
     finally:
         services.liveness.disconnect(run_id)
         if not answering.done():
@@ -161,7 +162,7 @@ async def _answer(ws: WebSocket, pipeline, run_id: int, replies: asyncio.Queue, 
         item = await replies.get()
         if item is None:
             return
-        seq, pending, size = item
+        seq, pending, size, received = item
         if isinstance(pending, Exception):
             await _refuse(ws, f"bad frame (nothing of it was stored): {pending}", protocol.CLOSE_BAD_MESSAGE)
             return
@@ -185,7 +186,7 @@ async def _answer(ws: WebSocket, pipeline, run_id: int, replies: asyncio.Queue, 
             if "expected" in result:
                 await ws.send_text(protocol.dumps({"type": "nack", "expected": result["expected"]}))
                 continue
-            gap = pipeline.preferred_gap()  # a busy server asks for fewer, larger batches
+            gap = pipeline.preferred_gap(received)  # many runs, or a busy server: fewer, larger batches
             refused = None
             if "duplicate" not in result:
                 pipeline.publish(run_id, result)
