@@ -89,7 +89,7 @@ class Pipeline:
 
         - many live links share ``FRAME_BUDGET`` batches a second: each is asked for
           ``links / FRAME_BUDGET`` seconds (5 runs: 0.1 s, 10 or more: 0.2 s). A lone run gets
-          nothing beyond its link's own 20 ms, so its points still reach a page at once;
+          nothing beyond its link's own 50 ms, so its points still reach a page at once;
         - past ``BUSY`` of the writer's time over the last half second, the gap grows linearly
           to ``MAX_GAP`` at saturation (a few runs sending huge batches).
 
@@ -110,7 +110,7 @@ class Pipeline:
         if received is None:
             return round(period, 3)
         gap = period - received % period  # to the next tick
-        if gap < 2 * LINK_MIN_GAP:  # too close to make: the tick after
+        if gap < LINK_MIN_GAP:  # sooner than a link sends anyway: the tick after
             gap += period
         return round(gap, 3)
 
