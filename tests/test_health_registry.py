@@ -57,11 +57,14 @@ def _batch(values, start=0):
 
 def test_a_registered_rule_runs_on_observe_batch_and_observe(probe):
     monitor = Monitor()
-    assert monitor.observe_batch(*_batch([1.0, 2.0, 3.0])) == []  # healthy: the bulk check took it
-    assert monitor.states["probe"] == {"bulk_calls": 1, "seen": 3}
-    alerts = monitor.observe_batch(*_batch([1.0, 9.0, 9.5], start=3))  # not healthy: record by record
-    assert [(a.kind, a.step, a.value) for a in alerts] == [("registry_probe", 4, 9.0)]
-    assert monitor.states["probe"]["seen"] == 6
+    healthy = [1.0, 2.0, 3.0, 1.0, 2.0, 3.0, 1.0, 2.0]  # past the small-batch path (health/batch.SMALL_BATCH)
+    assert monitor.observe_batch(*_batch(healthy)) == []  # healthy: the bulk check took it
+    assert monitor.states["probe"] == {"bulk_calls": 1, "seen": 8}
+    alerts = monitor.observe_batch(*_batch([1.0, 9.0, 9.5, 1.0, 1.0, 1.0, 1.0, 1.0], start=8))  # record by record
+    assert [(a.kind, a.step, a.value) for a in alerts] == [("registry_probe", 9, 9.0)]
+    assert monitor.states["probe"]["seen"] == 16
+    assert monitor.observe_batch(*_batch([2.0], start=16)) == []  # a one-step batch: every rule, record by record
+    assert (monitor.states["probe"]["bulk_calls"], monitor.states["probe"]["seen"]) == (2, 17)  # no bulk call
     assert [a.step for a in monitor.observe(10, {PROBE_KEY: 1.0}, {})] == []
     assert registry.relevant(PROBE_KEY) and "registry_probe" in registry.kinds()
 
