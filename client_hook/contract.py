@@ -62,7 +62,7 @@ MAX_DOC_DEPTH = 32  # nesting of a run's config or meta (a deeper hello is refus
 MAX_TAGS = 100  # tags on one run (a hello or an edit with more is refused)
 MAX_TAG_LEN = 64  # characters in one tag
 MAX_ALERT_EVENTS_PER_BATCH = 100  # client alert events one batch may raise; the rest are refused
-LINK_MIN_GAP = 0.05  # seconds: an idle client link sends a batch at most this often (20 frames a second)
+LINK_MIN_GAP = 0.04  # seconds: an idle client link sends a batch at most this often (25 frames a second)
 LINK_MAX_GAP = 1.0  # seconds: the longest gap a server's ack may ask a link to leave between batches
 MAX_ALERTS_PER_RUN = 1000  # distinct alerts one run may hold; new ones past it are refused (recurrences count on)
 

@@ -150,5 +150,6 @@ def test_many_live_links_share_a_frame_budget_and_a_lone_link_is_never_delayed(t
         links[0] = 20  # a 0.2 s period: each gap runs to the next tick, so the links' batches arrive together
         assert services.pipeline.preferred_gap(received=100.05) == 0.15
         assert services.pipeline.preferred_gap(received=100.39) == 0.21  # 10 ms is too close: the tick after
+        assert services.pipeline.preferred_gap(received=100.10, run_id=2) == 0.15  # its group ticks 50 ms later
     finally:
         services.close()

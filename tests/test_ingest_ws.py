@@ -343,7 +343,7 @@ class _StubPipeline:
         self.pending.append(asyncio.get_running_loop().create_future())
         return self.pending[-1]
 
-    def preferred_gap(self, received=None):
+    def preferred_gap(self, received=None, run_id=0):
         return 0.0
 
     def publish(self, run_id, result):

@@ -286,7 +286,7 @@ def test_a_busy_server_asks_for_a_gap_and_the_link_sends_fewer_larger_batches(se
     run = gradwatch.init(project="s", name="gap", server=server.url)
     wait_runs(api)
     idle = _batches_for(run, 20, 15.0)  # an idle server asks for nothing: one batch per step (under 20 a second)
-    monkeypatch.setattr(Pipeline, "preferred_gap", lambda self, received=None: 0.25)  # as a busy writer would
+    monkeypatch.setattr(Pipeline, "preferred_gap", lambda self, received=None, run_id=0: 0.25)  # as a busy writer would
     run.log({"loss": -1.0}, step=100)  # an ack carries the gap from now on
     assert run.recorder.sender.flush(timeout=10)
     busy = _batches_for(run, 40, 40.0)  # 1 s of steps, sent at most every 0.25 s

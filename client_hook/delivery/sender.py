@@ -29,10 +29,10 @@ from gradwatch.values import MAX_FRAME_BYTES, TARGET_BATCH_BYTES, Encoder, item_
 
 WINDOW = 8  # batches sent and not yet acked, at most (flow control)
 # An idle link sends a record at once, but not more often than this: a loop logging hundreds of
-# steps a second then wakes the sender 20 times a second instead of every step (each wake costs the
+# steps a second then wakes the sender 25 times a second instead of every step (each wake costs the
 # training thread GIL time, and each frame ~1-3 ms of a local server's CPU: docs/benchmarks.md), and
-# a point still reaches the server within ~50 ms; a run logging 20 steps a second or fewer is not
-# delayed at all.
+# a point still reaches the server within ~40 ms; a run logging 20 steps a second or fewer is not
+# delayed at all (at exactly the gap, jitter would make every other step wait for the one before).
 MIN_GAP, MAX_SERVER_GAP = LINK_MIN_GAP, LINK_MAX_GAP  # the contract owns them: the server asks within them
 # Hand-off queue bound (estimated bytes). It only fills when the sender is stuck (or a loop logs
 # ~1M steps faster than they can be encoded: ~300 MB at peak); past it records are dropped and counted.

@@ -25,6 +25,7 @@ from gradwatch_server.live.publisher import Publisher
 BUSY = 0.5  # the writer's share of time past which clients are asked to batch more (preferred_gap)
 MAX_GAP = 0.2  # the longest gap asked for, in seconds: a point still reaches an open page in < 250 ms
 FRAME_BUDGET = 50.0  # batches a second all live links may send together before each is asked to wait longer
+PHASES = 8  # groups of runs whose batches are asked to arrive together, spread over the gap (preferred_gap)
 
 
 class Pipeline:
@@ -80,7 +81,7 @@ class Pipeline:
         return result
 
     # -- how busy the writer is -----------------------------------------------------------------
-    def preferred_gap(self, received: float | None = None) -> float:
+    def preferred_gap(self, received: float | None = None, run_id: int = 0) -> float:
         """Seconds a client should leave after the batch it sent at ``received`` (0: send at once), sent in every ack.
 
         A batch costs the server about the same whatever its size: ~0.2 ms of websocket frame and
@@ -89,13 +90,15 @@ class Pipeline:
 
         - many live links share ``FRAME_BUDGET`` batches a second: each is asked for
           ``links / FRAME_BUDGET`` seconds (5 runs: 0.1 s, 10 or more: 0.2 s). A lone run gets
-          nothing beyond its link's own 50 ms, so its points still reach a page at once;
+          nothing beyond its link's own 40 ms, so its points still reach a page at once;
         - past ``BUSY`` of the writer's time over the last half second, the gap grows linearly
           to ``MAX_GAP`` at saturation (a few runs sending huge batches).
 
         With ``received`` (the batch's arrival, ``time.monotonic()``), the gap runs to the next tick
-        of a clock shared by every link, so their next batches arrive together and share one
-        transaction, one commit and one fsync (``writer.Writer``'s group commit).
+        of a clock shared by the links, so their next batches arrive together and share one
+        transaction, one commit and one fsync (``writer.Writer``'s group commit). The period has
+        ``PHASES`` ticks, one per group of runs (``run_id % PHASES``): a few hundred runs arrive in
+        groups spread over the period, not all at once, which would queue the last of them.
         """
         now, busy = time.perf_counter(), self.writer.busy_seconds
         then, busy_then, load = self._load
@@ -109,7 +112,7 @@ class Pipeline:
             return 0.0
         if received is None:
             return round(period, 3)
-        gap = period - received % period  # to the next tick
+        gap = period - (received - period * (run_id % PHASES) / PHASES) % period  # to its group's next tick
         if gap < LINK_MIN_GAP:  # sooner than a link sends anyway: the tick after
             gap += period
         return round(gap, 3)

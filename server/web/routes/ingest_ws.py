@@ -186,7 +186,7 @@ async def _answer(ws: WebSocket, pipeline, run_id: int, replies: asyncio.Queue, 
             if "expected" in result:
                 await ws.send_text(protocol.dumps({"type": "nack", "expected": result["expected"]}))
                 continue
-            gap = pipeline.preferred_gap(received)  # many runs, or a busy server: fewer, larger batches
+            gap = pipeline.preferred_gap(received, run_id)  # many runs, or a busy server: fewer, larger batches
             refused = None
             if "duplicate" not in result:
                 pipeline.publish(run_id, result)
