@@ -1,6 +1,6 @@
 """Many live runs on one server: server CPU per logged step, log->page latency, memory, and how many runs it holds.
 
-Run: .venv/bin/python benchmarks/bench_load.py [--quick] [--runs 20 --rate 10] [--find] [--real 4]
+Run: .venv/bin/python benchmarks/bench_load.py [--quick] [--runs 20 --rate 10] [--find] [--real 4] [--postgres [--workers 2]]
 A real ``gradwatch serve`` on a fresh SQLite file. N live runs each log one step of 2 scalars
 ``rate`` times a second: simulated runs are websocket connections of this process speaking the
 real protocol (``gradwatch.protocol``: hello, ``columns`` batches of one step each, as the idle

@@ -1,0 +1,29 @@
+"""bench_overhead_process.py --quick keeps working: whole training processes, bare against instrumented, a real server."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_quick_mode_times_bare_and_instrumented_processes_in_each_placement():
+    done = subprocess.run(
+        [sys.executable, "benchmarks/bench_overhead_process.py", "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if re.match(r"\| (same cores|elsewhere)", line)]
+    assert rows and rows[0].startswith("| same cores")
+    for row in rows:
+        where, label, bare_ms, loop, wall = (c.strip() for c in row.strip("|").split("|"))
+        ratio, lo, hi = (float(x) for x in re.findall(r"[\d.]+", loop))
+        assert "watch()" in label and float(bare_ms) > 0
+        assert lo <= ratio <= hi and 0.2 < ratio < 5  # a ratio of two real loops, not a placeholder
+        assert 0.2 < float(wall) < 5
