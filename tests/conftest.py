@@ -146,3 +146,20 @@ def run_async(coro):
     import asyncio
 
     return in_thread(asyncio.run, coro)
+
+
+def run_benchmark(script: str, *args: str, timeout: float = 300) -> str:
+    """Run ``benchmarks/<script>`` as a user would (its ``--quick`` mode in CI); its stdout, after asserting it succeeded."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    done = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", *args],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout

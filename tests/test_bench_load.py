@@ -3,24 +3,14 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import run_benchmark
 
 
 def test_quick_mode_measures_cpu_latency_memory_and_stores_every_step_once(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "benchmarks/bench_load.py", "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "command: " in done.stdout and "cores" in done.stdout
-    row = next(line for line in done.stdout.splitlines() if re.match(r"\| \d+ \(\d+ real\)", line))
+    stdout = run_benchmark("bench_load.py", "--quick", timeout=120)
+    assert "command: " in stdout and "cores" in stdout
+    row = next(line for line in stdout.splitlines() if re.match(r"\| \d+ \(\d+ real\)", line))
     cells = [c.strip().strip("*") for c in row.strip("|").split("|")]
     runs, rate, achieved, cpu, per_step, per_batch, latency, rss, behind, bad = cells
     assert runs.startswith("4 ") and float(rate) == 10

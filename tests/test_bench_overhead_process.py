@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import run_benchmark
 
 
 def test_quick_mode_times_bare_and_instrumented_processes_in_each_placement():
-    done = subprocess.run(
-        [sys.executable, "benchmarks/bench_overhead_process.py", "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = [line for line in done.stdout.splitlines() if re.match(r"\| (same cores|elsewhere)", line)]
+    stdout = run_benchmark("bench_overhead_process.py", "--quick", timeout=600)
+    rows = [line for line in stdout.splitlines() if re.match(r"\| (same cores|elsewhere)", line)]
     assert rows and rows[0].startswith("| same cores")
     for row in rows:
         where, label, bare_ms, loop, wall = (c.strip() for c in row.strip("|").split("|"))
