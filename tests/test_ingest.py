@@ -133,6 +133,7 @@ def test_the_preferred_gap_is_zero_when_the_writer_idles_and_grows_with_its_load
 
 
 def test_many_live_links_share_a_frame_budget_and_a_lone_link_is_never_delayed(tmp_path):
+    from gradwatch.contract import LINK_MIN_GAP
     from gradwatch_server.ingest.pipeline import FRAME_BUDGET, MAX_GAP
     from gradwatch_server.services import Services
     from gradwatch_server.settings import Settings
@@ -149,7 +150,7 @@ def test_many_live_links_share_a_frame_budget_and_a_lone_link_is_never_delayed(t
         assert services.liveness.connected_clients() == 0  # the real count, wired in by Services
         links[0] = 20  # a 0.2 s period: each gap runs to the next tick, so the links' batches arrive together
         assert services.pipeline.preferred_gap(received=100.05) == 0.15
-        assert services.pipeline.preferred_gap(received=100.39) == 0.21  # 10 ms is too close: the tick after
+        assert services.pipeline.preferred_gap(received=100.39) == LINK_MIN_GAP  # 10 ms: sooner than a link sends
         assert services.pipeline.preferred_gap(received=100.10, run_id=2) == 0.15  # its group ticks 50 ms later
     finally:
         services.close()

@@ -146,3 +146,38 @@ def test_live_steps_inside_one_block_write_no_rollup_rows(tmp_path):
     assert rows() == 1
     with engine.connect() as conn:
         assert _check(conn, run_id) == 1
+
+
+@pytest.mark.parametrize("widths", [(3, 4), (4, 3)])
+def test_a_layout_change_mid_run_stores_every_block_without_a_conflict(tmp_path, widths):
+    """A vector that gains or loses a layer: no batch fails, and after a restart and the end no block is missing."""
+    engine = database.make_engine(f"sqlite:///{tmp_path / 'r.db'}")
+    with engine.begin() as conn:
+        run_id = open_run(conn, {"uid": "layout", "project": "p", "name": "r"}, {})["run_id"]
+    state = None
+    for seq, step in enumerate(range(300), start=1):
+        width = widths[0] if step < 100 else widths[1]
+        with engine.begin() as conn:
+            if state is None or step == 105:  # a restart just after the change
+                state = load_state(conn, run_id)
+            msg = {
+                "type": "batch",
+                "seq": seq,
+                "columns": protocol.encode_columns([(step, _wall(step), {}, {"grad": [float(step)] * width})]),
+            }
+            if step in (0, 100):
+                msg["layouts"] = {"grad": [f"l{i}" for i in range(width)]}
+            apply_batch(conn, state, decode(msg))  # raises on a conflict
+    with engine.begin() as conn:
+        apply_batch(
+            conn, state, decode({"type": "batch", "seq": 999, "events": [{"type": "status", "status": "finished"}]})
+        )
+    with engine.connect() as conn:
+        key_id = conn.execute(select(db.metric_keys.c.id).where(db.metric_keys.c.key == "grad")).scalar()
+        for level in rollup.LEVELS[:4]:
+            stored = set(
+                conn.execute(
+                    select(db.rollups.c.block).where(db.rollups.c.key_id == key_id, db.rollups.c.level == level)
+                ).scalars()
+            )
+            assert stored == set(range(300 // level + (300 % level > 0))), (level, sorted(stored))

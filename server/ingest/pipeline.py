@@ -113,8 +113,8 @@ class Pipeline:
         if received is None:
             return round(period, 3)
         gap = period - (received - period * (run_id % PHASES) / PHASES) % period  # to its group's next tick
-        if gap < LINK_MIN_GAP:  # sooner than a link sends anyway: the tick after
-            gap += period
+        if gap < LINK_MIN_GAP:  # sooner than a link sends anyway: just after the tick (never over MAX_GAP)
+            gap = LINK_MIN_GAP
         return round(gap, 3)
 
     # -- a batch -------------------------------------------------------------------------------

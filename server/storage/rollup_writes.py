@@ -38,7 +38,6 @@ from gradwatch_server.storage.rollup import (
     heat_of,
     levels_for,
     merge_into,
-    read_blocks,
     summarise,
 )
 
@@ -262,9 +261,12 @@ def _block_for(conn, cache: Cache, writes: Writes, key_id: int, i: int, b: int, 
     pending = writes.pending(key_id, level, b)
     if pending is not None and pending.data.shape[1] == slots:
         slot.b, slot.block = b, pending  # written earlier in this batch, not flushed yet
-    else:
-        slot.b, slot.block = b, _read(conn, key_id, level, b, slots) if b <= slot.newest else empty(slots)
-    return slot.block
+        return pending
+    block = _read(conn, key_id, level, b, slots) if b <= slot.newest else empty(slots)
+    if pending is not None:  # its row goes out with this batch, under the old layout: this one replaces it
+        block.stored = True
+    slot.b, slot.block = b, block
+    return block
 
 
 def _read(conn, key_id: int, level: int, b: int, slots: int) -> Block:
@@ -316,19 +318,24 @@ def _rebuild(conn, cache: Cache, key_id: int, levels: tuple, slots: int, top: in
         else:
             child = levels[i - 1]
             first, last = b * level // child, (top + 1) // child - 1  # its children done so far
-            _blocks, counts, data = read_blocks(conn, key_id, child, first, last, slots)
             block = empty(slots)
-            if data is None:  # written under another layout: start over under this one
-                block.stored = True
-                slot.b, slot.block = b, block
-                continue
-            for part in data:
-                merge_into(block.data, part)
-            block.n = int(counts.sum())
+            for n, data in _children(conn, key_id, child, first, last, slots):
+                merge_into(block.data, data)
+                block.n += n
         block.up, block.dirty = block.n, block.n > 0
         block.stored = b <= slot.newest and _exists(conn, key_id, level, b)
         block.dirty = block.dirty or block.stored  # a stored row may be stale: rewrite it when the block is done
         slot.b, slot.block = b, block
+
+
+def _children(conn, key_id: int, level: int, first: int, last: int, slots: int):
+    """(n, summary) of the stored blocks first..last of a level written under this layout (``slots`` wide);
+    blocks of an older layout are left out, as the eager path leaves their points out of a mixed block."""
+    c = db.rollups.c
+    rows = conn.execute(
+        select(c.n, c.data).where(c.key_id == key_id, c.level == level, c.block >= first, c.block <= last)
+    ).all()
+    return [(row.n, decode(row.data, slots)) for row in rows if len(row.data) == ROWS * slots * 8]
 
 
 def _exists(conn, key_id: int, level: int, b: int) -> bool:
