@@ -38,60 +38,16 @@ def observe_batch(monitor, steps, scalars, vectors) -> list:
     if n == 0:
         return []
     grad = vectors.get(GRAD_VECTOR)
-    if n <= SMALL_BATCH and (grad is None or np.size(grad[2]) <= SMALL_CELLS):
-        alerts = []
-        for obs in _few(steps, scalars, grad):
-            alerts += monitor.run_rules(obs, None)
-        return alerts
     cols = Columns.of(steps, scalars, vectors, monitor.th)
-    slow = {rule.name for rule in monitor.rules() if not rule.bulk(monitor.state(rule), cols)}
-    if not slow:
-        return []
+    slow = None  # a small batch: every rule, record by record, no bulk check
+    if n > SMALL_BATCH or (grad is not None and np.size(grad[2]) > SMALL_CELLS):
+        slow = {rule.name for rule in monitor.rules() if not rule.bulk(monitor.state(rule), cols)}
+        if not slow:
+            return []
     alerts = []
     for obs in _records(cols):
         alerts += monitor.run_rules(obs, slow)
     return alerts
-
-
-def _few(steps, scalars, grad) -> list:
-    """A small batch as one Observation per record, the same ones ``_records`` makes, with no Columns (no bulk
-    check reads them) and as little numpy as the arrays allow: a value is a Python float, a step an int."""
-    steps = _ints(steps)
-    n = len(steps)
-    if n == 1:  # the live case: a column holds the record's value or nothing (its rows are [0] or [])
-        per = [{key: vals[-1] for key, (_, values) in scalars.items() if (vals := _floats(values))}]
-    else:
-        per = [{} for _ in range(n)]
-        for key, (rows, values) in scalars.items():
-            for r, v in zip(_ints(rows), _floats(values)):
-                per[r][key] = v
-    norms = [None] * n
-    layers: list = []
-    if grad is not None and len(grad[2]):  # (no row of the vector: no record has layers)
-        layout, rows, values, present = grad
-        values = np.asarray(values, dtype=np.float64)
-        k = len(values)
-        values = values.reshape(k, -1)
-        present = np.asarray(present, dtype=bool).reshape(k, -1).tolist()
-        for r, vals, ok in zip(_ints(rows) if n > 1 else [0] * k, values.tolist(), present):
-            norms[r] = vals if all(ok) else [v if p else None for v, p in zip(vals, ok)]
-        layers = list(layout or [])
-        if len(layers) != values.shape[1]:
-            layers = [f"param[{i}]" for i in range(values.shape[1])]
-    return [
-        Observation(step, per[i], layers if norms[i] is not None else [], norms[i] or [])
-        for i, step in enumerate(steps)
-    ]
-
-
-def _ints(rows) -> list:
-    """Record indices as Python ints (what ``Columns.of`` then ``tolist`` would give)."""
-    return np.asarray(rows, dtype=np.int64).reshape(-1).tolist()
-
-
-def _floats(values) -> list:
-    """A column's values as Python floats (what ``Columns.of`` then ``tolist`` would give)."""
-    return np.asarray(values, dtype=np.float64).reshape(-1).tolist()
 
 
 def _records(cols: Columns):
