@@ -113,11 +113,7 @@ async def _unless_done(answering: asyncio.Future, awaitable) -> None:
 
 
 def ack_text(seq: int, gap: float = 0.0, refused=None) -> str:
-    """The ack of batch ``seq`` as it goes on the wire, ``protocol.dumps`` of ``{"type": "ack", "seq": seq}``
-    with ``gap`` and ``refused`` when set. The plain one (the answer to nearly every batch) is formatted
-    directly: the same text (``seq`` is an int, checked at decode; tests/test_ingest_ws.py compares them)."""
-    if not gap and not refused and type(seq) is int:
-        return f'{{"type":"ack","seq":{seq}}}'
+    """The ack of batch ``seq`` as it goes on the wire, with ``gap`` and ``refused`` when set."""
     ack = {"type": "ack", "seq": seq}
     if gap:
         ack["gap"] = gap
