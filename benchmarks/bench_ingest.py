@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 sys.path.insert(0, str(ROOT / "tests"))
 
+from pg_cluster import fresh_database, optional_cluster  # noqa: E402
 from server_process import ServerProcess  # noqa: E402
 
 SCALAR_CLIENT = textwrap.dedent("""
@@ -76,20 +77,7 @@ class Server(ServerProcess):
 
     def __init__(self, tmp: Path):
         self.db = tmp / "bench.db"
-        super().__init__(
-            fresh_postgres_database(POSTGRES) if POSTGRES else f"sqlite:///{self.db}", "--workers", str(WORKERS)
-        )
-
-
-def fresh_postgres_database(cluster_url: str) -> str:
-    from sqlalchemy import create_engine, text
-
-    name = f"gw_bench_{time.monotonic_ns()}"
-    admin = create_engine(cluster_url.replace("postgresql://", "postgresql+psycopg2://"), isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"CREATE DATABASE {name}"))
-    admin.dispose()
-    return cluster_url.rsplit("/", 1)[0] + "/" + name
+        super().__init__(fresh_database(POSTGRES) if POSTGRES else f"sqlite:///{self.db}", "--workers", str(WORKERS))
 
 
 def wait_stored(url: str, runs: int, last_step: int, timeout: float = 900) -> None:
@@ -264,14 +252,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="server processes (PostgreSQL only)")
     parser.add_argument("--only-ingest", action="store_true", help="skip the 1M-step and latency parts")
     args = parser.parse_args()
-    if args.postgres:
-        from pg_cluster import cluster
-
-        global POSTGRES, WORKERS
-        with cluster() as url:
-            POSTGRES, WORKERS = url, args.workers
-            report(args)
-    else:
+    global POSTGRES, WORKERS
+    with optional_cluster(args.postgres) as url:
+        POSTGRES, WORKERS = url, args.workers
         report(args)
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+from pg_cluster import fresh_database, optional_cluster  # noqa: E402
 from server_process import ServerProcess  # noqa: E402
 
 from gradwatch import protocol  # noqa: E402
@@ -277,9 +278,7 @@ def measure(n: int, rate: float, seconds: float, warmup: float, real: int = 0) -
         # Every simulated run connects from this one process (one address): lift the per-client cap.
         caps = ["--max-connections-per-client", str(n + 20), "--max-connections", str(max(1000, n + 100))]
         if POSTGRES:
-            from bench_ingest import fresh_postgres_database
-
-            db, caps = fresh_postgres_database(POSTGRES), [*caps, "--workers", str(WORKERS)]
+            db, caps = fresh_database(POSTGRES), [*caps, "--workers", str(WORKERS)]
         else:
             db = f"sqlite:///{tmp / 'load.db'}"
         server = ServerProcess(db, *caps)
@@ -323,14 +322,9 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true", help="a throwaway PostgreSQL cluster instead of SQLite")
     parser.add_argument("--workers", type=int, default=1, help="server processes (PostgreSQL only)")
     args = parser.parse_args()
-    if args.postgres:
-        from pg_cluster import cluster
-
-        global POSTGRES, WORKERS
-        with cluster() as url:
-            POSTGRES, WORKERS = url, args.workers
-            report(args)
-    else:
+    global POSTGRES, WORKERS
+    with optional_cluster(args.postgres) as url:
+        POSTGRES, WORKERS = url, args.workers
         report(args)
 
 

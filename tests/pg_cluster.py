@@ -55,3 +55,22 @@ def cluster():
     finally:
         subprocess.run(as_user([pg_ctl, "-D", str(data), "-m", "fast", "stop"]), capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def optional_cluster(enabled: bool):
+    """``cluster()`` when enabled, else a context that yields None (a benchmark's ``--postgres``)."""
+    return cluster() if enabled else contextlib.nullcontext()
+
+
+def fresh_database(cluster_url: str) -> str:
+    """A new, empty database in the cluster; its URL."""
+    import time
+
+    from sqlalchemy import create_engine, text
+
+    name = f"gw_bench_{time.monotonic_ns()}"
+    admin = create_engine(cluster_url.replace("postgresql://", "postgresql+psycopg2://"), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    admin.dispose()
+    return cluster_url.rsplit("/", 1)[0] + "/" + name
