@@ -29,20 +29,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from server_process import ServerProcess  # noqa: E402
+from server_process import ServerProcess, rss_mib  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
 
 from gradwatch import protocol  # noqa: E402
 
 QUICK = "--quick" in sys.argv
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # websockets' sync connect() outside `with`
-
-
-def rss_mb(pid: int) -> float:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def ws_url(url: str, path: str) -> str:
@@ -69,7 +62,7 @@ class Witness:
         self.srv, self.ws = srv, hello(srv.url, uid)
         self.acks: list[float] = []
         self.health: list[float] = []
-        self.peak = rss_mb(srv.pid)
+        self.peak = rss_mib(srv.pid)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
@@ -85,7 +78,7 @@ class Witness:
             t0 = time.perf_counter()
             urllib.request.urlopen(self.srv.url + "/healthz", timeout=120).read()
             self.health.append(time.perf_counter() - t0)
-            self.peak = max(self.peak, rss_mb(self.srv.pid))
+            self.peak = max(self.peak, rss_mib(self.srv.pid))
             time.sleep(0.05)
 
     def done(self) -> dict:
@@ -131,7 +124,7 @@ def case_config_alerts(srv: ServerProcess, batches: int) -> dict:
             pass
 
     threading.Thread(target=read, daemon=True).start()
-    before = rss_mb(srv.pid)
+    before = rss_mib(srv.pid)
     witness = Witness(srv, "witness-1")
     bad = hello(srv.url, "bad-config", config={"blob": "y" * (1000 << 10)})
     t0 = time.perf_counter()
@@ -153,7 +146,7 @@ def case_lazy_page(srv: ServerProcess, batches: int) -> dict:
     writer = hello(srv.url, "streamer")
     run_id = json.loads(urllib.request.urlopen(srv.url + "/api/runs", timeout=30).read())[0]["id"]
     lazy = connect(ws_url(srv.url, f"/ws/runs/{run_id}"), max_size=None)  # never read
-    before = rss_mb(srv.pid)
+    before = rss_mib(srv.pid)
     witness = Witness(srv, "witness-2")
     layers = [f"l{i}" for i in range(500)]
     for seq in range(1, batches + 1):
@@ -167,7 +160,7 @@ def case_lazy_page(srv: ServerProcess, batches: int) -> dict:
 
 
 def case_chunked(srv: ServerProcess, mib: int) -> dict:
-    before = rss_mb(srv.pid)
+    before = rss_mib(srv.pid)
     witness = Witness(srv, "witness-3")
     sock = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
     sock.sendall(b"POST /login HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n")
@@ -183,7 +176,7 @@ def case_chunked(srv: ServerProcess, mib: int) -> dict:
 
 
 def case_slowloris(srv: ServerProcess, n: int) -> dict:
-    before = rss_mb(srv.pid)
+    before = rss_mib(srv.pid)
     witness = Witness(srv, "witness-4")
     socks = []
     for _ in range(n):
@@ -216,7 +209,7 @@ def case_heatmap(srv: ServerProcess, layers: int, steps: int) -> dict:
     ws.close()
     runs = json.loads(urllib.request.urlopen(srv.url + "/api/runs", timeout=30).read())
     run_id = next(r["id"] for r in runs if r["name"] == f"wide-{layers}")
-    before = rss_mb(srv.pid)
+    before = rss_mib(srv.pid)
     witness = Witness(srv, "witness-5")
     t0 = time.perf_counter()
     body = urllib.request.urlopen(f"{srv.url}/api/runs/{run_id}/heatmap?key=grad&max_steps=400", timeout=120).read()

@@ -23,7 +23,6 @@ import sys
 import tempfile
 import textwrap
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +30,7 @@ PY = sys.executable
 sys.path.insert(0, str(ROOT / "tests"))
 
 from pg_cluster import fresh_database, optional_cluster  # noqa: E402
-from server_process import ServerProcess  # noqa: E402
+from server_process import ServerProcess, get_json  # noqa: E402
 
 SCALAR_CLIENT = textwrap.dedent("""
     import sys, time, gradwatch
@@ -63,11 +62,6 @@ VECTOR_CLIENT = textwrap.dedent("""
 """)
 
 
-def get(url: str):
-    with urllib.request.urlopen(url, timeout=60) as resp:
-        return json.loads(resp.read())
-
-
 POSTGRES: str | None = None  # a cluster URL (--postgres): each server gets a fresh database in it
 WORKERS = 1
 
@@ -83,7 +77,7 @@ class Server(ServerProcess):
 def wait_stored(url: str, runs: int, last_step: int, timeout: float = 900) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        rows = get(url + "/api/runs")
+        rows = get_json(url + "/api/runs")
         if len(rows) >= runs and all(r["last_step"] == last_step and r["status"] == "finished" for r in rows):
             return
         time.sleep(0.02)
@@ -203,9 +197,9 @@ def latency(rate: float, n: int) -> dict:
         env = {**os.environ, "GRADWATCH_SERVER": server.url, "GRADWATCH_SPOOL_DIR": str(tmp / "spool")}
         client = subprocess.Popen([PY, "-c", LATENCY_CLIENT, str(rate), str(n)], env=env, stderr=subprocess.DEVNULL)
         try:
-            while not get(server.url + "/api/runs"):
+            while not get_json(server.url + "/api/runs"):
                 time.sleep(0.01)
-            run_id = get(server.url + "/api/runs")[0]["id"]
+            run_id = get_json(server.url + "/api/runs")[0]["id"]
             pushed, readable = [], []
             ws = connect("ws" + server.url[4:] + f"/ws/runs/{run_id}", max_size=None)
             poller = threading.Thread(target=_poll_http, args=(server.url, run_id, n, readable), daemon=True)
@@ -228,7 +222,9 @@ def latency(rate: float, n: int) -> dict:
 def _poll_http(url: str, run_id: int, n: int, out: list) -> None:
     seen = 0
     while seen < n:
-        got = get(url + f"/api/runs/{run_id}/series?key=x&start={seen + 1}") if seen or _has_x(url, run_id) else None
+        got = (
+            get_json(url + f"/api/runs/{run_id}/series?key=x&start={seen + 1}") if seen or _has_x(url, run_id) else None
+        )
         now = time.time()
         if got and got["steps"]:
             out += [now - t for t in got["wall_times"]]
@@ -236,7 +232,7 @@ def _poll_http(url: str, run_id: int, n: int, out: list) -> None:
 
 
 def _has_x(url: str, run_id: int) -> bool:
-    return "x" in get(url + f"/api/runs/{run_id}/keys")
+    return "x" in get_json(url + f"/api/runs/{run_id}/keys")
 
 
 def _pct(values: list) -> tuple[float, float]:

@@ -24,14 +24,13 @@ import sys
 import tempfile
 import textwrap
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from pg_cluster import fresh_database, optional_cluster  # noqa: E402
-from server_process import ServerProcess  # noqa: E402
+from server_process import ServerProcess, get_json, rss_mib  # noqa: E402
 
 from gradwatch import protocol  # noqa: E402
 from gradwatch.delivery.sender import MIN_GAP  # noqa: E402
@@ -57,11 +56,6 @@ REAL_CLIENT = textwrap.dedent("""
 """)
 
 
-def get(url: str):
-    with urllib.request.urlopen(url, timeout=60) as resp:
-        return json.loads(resp.read())
-
-
 def _stat(pid: int) -> list:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
@@ -85,13 +79,6 @@ def cpu_seconds(pid: int) -> float:
         if q == pid or (POSTGRES and comm in ("postgres", "postmaster")):
             total += cpu
     return total
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 class SimRun:
@@ -250,7 +237,7 @@ def check_stored(url: str, run_ids: list, sent: list, sample: int = 20) -> int:
     """Runs (of a sample) whose stored points differ from what was sent: each step stored exactly once."""
     bad = 0
     for run_id, n in list(zip(run_ids, sent))[:sample]:
-        got = get(url + f"/api/runs/{run_id}/series?key=loss")
+        got = get_json(url + f"/api/runs/{run_id}/series?key=loss")
         steps = got["steps"]
         if len(steps) != n or steps != sorted(set(steps)):
             bad += 1

@@ -8,7 +8,6 @@ Checks at the end that every logged point is stored exactly once, and prints the
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -16,13 +15,12 @@ import tempfile
 import textwrap
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 PY = sys.executable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from server_process import ServerProcess  # noqa: E402
+from server_process import ServerProcess, get_json, rss_mib  # noqa: E402
 
 CLIENT = textwrap.dedent("""
     import math, sys, time, gradwatch
@@ -36,18 +34,6 @@ CLIENT = textwrap.dedent("""
     run.finish(timeout=600)
     print(step, flush=True)
 """)
-
-
-def get(url: str):
-    with urllib.request.urlopen(url, timeout=60) as resp:
-        return json.loads(resp.read())
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def watch_pages(url: str, stop: threading.Event, counts: dict) -> list[threading.Thread]:
@@ -106,8 +92,8 @@ def soak(clients: int, seconds: float, rate: float) -> dict:
                 restarted = True
             time.sleep(1)
         logged = [int(p.communicate()[0].strip() or 0) for p in procs]
-        runs = sorted(get(url + "/api/runs"), key=lambda r: int(r["name"][1:]))
-        stored = [get(url + f"/api/runs/{r['id']}/series?key=loss")["steps"] for r in runs]
+        runs = sorted(get_json(url + "/api/runs"), key=lambda r: int(r["name"][1:]))
+        stored = [get_json(url + f"/api/runs/{r['id']}/series?key=loss")["steps"] for r in runs]
         stop.set()
         server.stop()
     exact = all(s == list(range(n)) for s, n in zip(stored, logged)) and len(stored) == clients

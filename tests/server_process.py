@@ -3,12 +3,14 @@ does not share the training process's GIL, and it can be SIGKILLed like a crashi
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -51,3 +53,17 @@ class ServerProcess:
         """A crash, not a clean stop."""
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
+
+
+def get_json(url: str):
+    """A GET answered with JSON (benchmarks read the API this way)."""
+    with urllib.request.urlopen(url, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of a process in MiB, from /proc (0 if it has none)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
