@@ -32,21 +32,24 @@ class Liveness:
         self.activity = activity
         self.crash_timeout = crash_timeout
         self._connected: Counter = Counter()
+        self._clients = 0  # open connections in all: read by every ack (Pipeline.preferred_gap), so kept, not summed
         self._rounds = 0
         self._flagged: dict = {}  # group -> the run id last alerted as its straggler (one alert per change)
 
     def connect(self, run_id: int) -> None:
         self._connected[run_id] += 1
+        self._clients += 1
 
     def disconnect(self, run_id: int) -> None:
         """A connection of the run closed; its bookkeeping goes with the last one (memory stays flat)."""
         self._connected[run_id] -= 1
+        self._clients -= 1
         if self._connected[run_id] <= 0:
             del self._connected[run_id]
 
     def connected_clients(self) -> int:
         """Open ingest connections (training processes) on this server process."""
-        return sum(n for n in self._connected.values() if n > 0)
+        return self._clients
 
     async def watch(self, every: float = 2.0) -> None:
         """Disconnected runs become 'crashed' after crash_timeout; connected ones that stopped
