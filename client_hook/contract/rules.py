@@ -11,8 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from gradwatch.contract.options import SEVERITIES
 
@@ -38,8 +37,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
 INTEGERS = ("window", "min_history", "patience", "cooldown", "skips")  # settings that count steps
 
 
-@dataclass(frozen=True)
-class Threshold:
+class Threshold(NamedTuple):
     """One setting of a rule: its name after the dot, default and what it means; its range is by name."""
 
     setting: str
@@ -47,27 +45,34 @@ class Threshold:
     doc: str = ""
 
 
-@dataclass(frozen=True)
 class RuleSpec:
-    """What is known about a health rule without running it (its check lives in server/health/)."""
+    """What is known about a health rule without running it (its check lives in server/health/).
 
-    kind: str  # the alert kind it raises; its thresholds are named "<kind>.<setting>"
-    severity: str  # the severity of its alerts (a few raise the other one in a worse case)
-    doc: str  # what it detects and why, in one line
-    thresholds: tuple[Threshold, ...] = ()
-    worse: str = "larger"  # "smaller": a recurrence with a smaller |value| is the worse one (e.g. a ratio)
-    nonfinite_value: bool = False  # its alert value may be NaN/inf, and that is the point: keep it
+    Args:
+        kind: the alert kind it raises; its thresholds are named ``<kind>.<setting>``.
+        severity: the severity of its alerts (a few raise the other one in a worse case).
+        doc: what it detects and why, in one line.
+        thresholds: its settings with their defaults.
+        worse: ``"smaller"`` when a recurrence with a smaller |value| is the worse one (e.g. a ratio).
+        nonfinite_value: its alert value may be NaN/inf, and that is the point: keep it.
+    """
 
-    def __post_init__(self):
-        if self.severity not in SEVERITIES:
-            raise ValueError(f"rule {self.kind!r}: severity must be one of {SEVERITIES}, got {self.severity!r}")
-        if self.worse not in ("larger", "smaller"):
-            raise ValueError(f"rule {self.kind!r}: worse must be 'larger' or 'smaller', got {self.worse!r}")
-        for t in self.thresholds:
+    __slots__ = ("kind", "severity", "doc", "thresholds", "worse", "nonfinite_value")
+
+    def __init__(self, kind: str, severity: str, doc: str, thresholds=(), worse="larger", nonfinite_value=False):
+        if severity not in SEVERITIES:
+            raise ValueError(f"rule {kind!r}: severity must be one of {SEVERITIES}, got {severity!r}")
+        if worse not in ("larger", "smaller"):
+            raise ValueError(f"rule {kind!r}: worse must be 'larger' or 'smaller', got {worse!r}")
+        for t in thresholds:
             if t.setting not in RANGES:
-                raise ValueError(
-                    f"threshold {self.kind}.{t.setting}: no range for {t.setting!r} (known: {sorted(RANGES)})"
-                )
+                raise ValueError(f"threshold {kind}.{t.setting}: no range for {t.setting!r} (known: {sorted(RANGES)})")
+        self.kind, self.severity, self.doc = kind, severity, doc
+        self.thresholds: tuple[Threshold, ...] = tuple(thresholds)
+        self.worse, self.nonfinite_value = worse, bool(nonfinite_value)
+
+    def __repr__(self) -> str:
+        return f"RuleSpec({self.kind!r}, {self.severity!r}, thresholds={len(self.thresholds)})"
 
     @property
     def smaller_is_worse(self) -> bool:
