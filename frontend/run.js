@@ -397,8 +397,11 @@ function attachZoom(c) {
   });
 }
 
-for (const a of document.querySelectorAll("a.csv[data-key]"))
-  a.href = `/api/runs/${RUN_ID}/series.csv?key=${encodeURIComponent(a.dataset.key)}`;
+// A link names its key as given (data-key) or by its vocabulary name (data-vocab="GLOBAL_NORM").
+for (const a of document.querySelectorAll("a.csv[data-key], a.csv[data-vocab]")) {
+  const key = a.dataset.vocab ? KEYS[a.dataset.vocab] : a.dataset.key;
+  a.href = `/api/runs/${RUN_ID}/series.csv?key=${encodeURIComponent(key)}`;
+}
 $("x-mode").addEventListener("change", onXMode);
 $("smoothing").addEventListener("input", () => {
   $("smoothing-value").textContent = Number($("smoothing").value).toFixed(2);

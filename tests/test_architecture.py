@@ -227,7 +227,7 @@ def python_strings(path: Path):
 
 
 def js_strings(path: Path):
-    """(line, text) of what follows each quote in a page's code, comments aside."""
+    """(line, text) of what follows each quote in a page's code or markup, comments aside."""
     import re
 
     for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -238,12 +238,15 @@ def js_strings(path: Path):
             yield n, m.group(1)
 
 
+SOURCES = {"server": (".py",), "client_hook": (".py",), "frontend": (".js", ".html")}
+
+
 def key_literals() -> list[str]:
     """Every metric-key literal in server/, frontend/ and client_hook/ outside the vocabulary (and the exempt)."""
     prefixes, found = key_prefixes(), []
     folders = {"server": python_strings, "client_hook": python_strings, "frontend": js_strings}
     for folder, strings in folders.items():
-        for path in sorted((ROOT / folder).rglob("*.js" if folder == "frontend" else "*.py")):
+        for path in sorted(p for p in (ROOT / folder).rglob("*") if p.suffix in SOURCES[folder]):
             if VOCABULARY in path.parents or "migrations" in path.parts or path.name == "channels.js":
                 continue  # channels.js: holds no key, and is another change's file
             if any(e in path.parents for e in KEY_LITERALS_EXEMPT):
