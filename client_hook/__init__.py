@@ -16,11 +16,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gradwatch.contract import VERSION as _VERSION
 from gradwatch.distributed import NoopRun
 from gradwatch.protocol import PROTOCOL_VERSION
 from gradwatch.run import Run, TrainingDiverged
 
-__version__ = "0.1.0"
+__version__ = _VERSION
 __all__ = [
     "Api",
     "init",

@@ -1,12 +1,30 @@
 // Shared helpers for the gradwatch pages (an ES module). User data is always rendered with
 // textContent, and passed to Plotly only through esc() (Plotly reads a subset of HTML in names).
 
-// The facts the pages share with the server (run statuses, alert kinds, which keys are losses,
-// the float codec) come from /contract.js, which the server generates from gradwatch/contract.py.
-// Pages import them from here. (gradwatch report inlines both modules and drops these two lines.)
+// The facts the pages share with the server (run statuses, alert kinds, the metric-key vocabulary,
+// option lists, the column grammar, the float codec) come from /contract.js, which the server
+// generates from gradwatch.contract (client_hook/contract/). Pages import them from here.
+// (gradwatch report inlines both modules and drops these two statements.)
 import { decodeFloat } from "/contract.js";
 
-export { ALERT_KINDS, ENDED_STATUSES, isLossKey, SEVERITIES, STATUSES } from "/contract.js";
+export {
+  AGGREGATIONS,
+  ALERT_KINDS,
+  BANDS,
+  CUSTOM_RULE_OPS,
+  CUSTOM_RULE_TYPES,
+  ENDED_STATUSES,
+  FAMILIES,
+  isLayerKey,
+  isLossKey,
+  isLrKey,
+  KEYS,
+  parseColumn,
+  SEVERITIES,
+  STATUSES,
+  splitColumns,
+  TIME_AXES,
+} from "/contract.js";
 
 // Non-finite numbers travel as strings; turn them back into numbers.
 export const num = decodeFloat;

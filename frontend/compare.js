@@ -3,7 +3,21 @@
 
 import { upsert } from "./alerts.js";
 import { LiveChart } from "./charts.js";
-import { appendPoints, colorFor, compact, el, fetchSeries, getJSON, isLossKey, live, num, throttle } from "./common.js";
+import {
+  appendPoints,
+  colorFor,
+  compact,
+  el,
+  fetchSeries,
+  getJSON,
+  isLossKey,
+  isLrKey,
+  KEYS,
+  live,
+  num,
+  TIME_AXES,
+  throttle,
+} from "./common.js";
 import { sweepView } from "./compare_groups.js";
 import { renderDiff, renderSummary } from "./compare_tables.js";
 
@@ -21,11 +35,11 @@ const t0Of = (r) => r.meta?.start_time || r.created_at; // each run's own start,
 const xMode = () => $("x-mode").value;
 
 // Loss first, then the script's own metrics, then what run.watch() records.
-const SYSTEM = (k) =>
-  k.startsWith("grad/") || k === "lr" || k.startsWith("lr/") || k.startsWith("memory/") || k.startsWith("amp/");
-const rank = (k) => (k === "loss" ? 0 : isLossKey(k) ? 1 : !SYSTEM(k) ? 2 : k === "grad/global_norm" ? 3 : 4);
+const HOOK_PREFIXES = [KEYS.GRAD_PREFIX, KEYS.MEMORY_PREFIX, KEYS.AMP_PREFIX];
+const SYSTEM = (k) => isLrKey(k) || HOOK_PREFIXES.some((p) => k.startsWith(p));
+const rank = (k) => (k === "loss" ? 0 : isLossKey(k) ? 1 : !SYSTEM(k) ? 2 : k === KEYS.GLOBAL_NORM ? 3 : 4);
 const byRank = (a, b) => rank(a) - rank(b) || (a < b ? -1 : a > b ? 1 : 0);
-const perLayer = (k) => k.startsWith("grad/") && k !== "grad/global_norm" && k !== "grad/global_norm_clipped";
+const perLayer = (k) => k.startsWith(KEYS.GRAD_PREFIX) && k !== KEYS.GLOBAL_NORM && k !== KEYS.GLOBAL_NORM_CLIPPED;
 
 function syncUrl() {
   const p = new URLSearchParams({
@@ -336,7 +350,7 @@ const redrawAll = () => {
 $("x-mode").addEventListener("change", () => {
   const x = $("x-mode").value;
   if (SWEEP) return; // compare_groups.js has its own listener
-  if (["step", "wall", "relative"].includes(x)) return redrawAll();
+  if (TIME_AXES.includes(x)) return redrawAll();
   // Another metric as x (tokens, samples, epoch): the server aligns the runs on it (compare_groups.js).
   const p = new URLSearchParams({ ids: C.runs.map((r) => r.id).join(","), group: "", x, band: "none" });
   p.set("key", C.panels[0]?.key || "loss");

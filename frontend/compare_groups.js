@@ -3,7 +3,7 @@
 // (mean or median) with a band (std, standard error or min-max) and the run count in the legend. Colours by
 // group (at most 10 distinct hues), or a sequential scale over a numeric config value. Parallel coordinates
 // of the config keys against a summary; brushing an axis filters the runs table under it.
-import { el, esc, fmtNum, getJSON, num, plotLayout } from "./common.js";
+import { AGGREGATIONS, BANDS, el, esc, fmtNum, getJSON, num, plotLayout, TIME_AXES } from "./common.js";
 
 const CATEGORICAL = [
   "#4e79a7",
@@ -122,10 +122,10 @@ export async function sweepView(params, $) {
   const S = {
     key: params.get("key") || "loss",
     group: params.get("group") || "",
-    agg: params.get("agg") || "mean",
-    band: params.get("band") || "std",
+    agg: params.get("agg") || AGGREGATIONS[0],
+    band: params.get("band") || BANDS[0],
     color: params.get("color") || "auto",
-    x: params.get("x") || "step",
+    x: params.get("x") || TIME_AXES[0],
     project: params.get("project") || "",
     where: params.get("where") || "",
     ids: params.get("ids") || "",
@@ -142,17 +142,15 @@ export async function sweepView(params, $) {
     s.value = value;
     return el("label", {}, label + " ", s);
   };
-  $("x-mode").replaceChildren(
-    ...["step", "wall", "relative", ...cols.summary].map((k) => el("option", { value: k }, k)),
-  );
+  $("x-mode").replaceChildren(...[...TIME_AXES, ...cols.summary].map((k) => el("option", { value: k }, k)));
   $("x-mode").value = S.x;
   const controls = el(
     "div",
     { class: "toolbar sweep-controls" },
     pick("g-key", "metric", cols.summary, S.key),
     pick("g-group", "group by", ["", ...cols.config], S.group),
-    pick("g-agg", "line", ["mean", "median"], S.agg),
-    pick("g-band", "band", ["std", "sem", "minmax", "none"], S.band),
+    pick("g-agg", "line", AGGREGATIONS, S.agg),
+    pick("g-band", "band", BANDS, S.band),
     pick("g-color", "colour", ["auto", "group", "sequential"], S.color),
     el("span", { id: "g-info", class: "muted" }),
   );

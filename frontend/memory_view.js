@@ -1,11 +1,11 @@
 // The run page's memory breakdown: parameters, gradients, optimizer state and the rest, from the
 // latest point of each memory key the page holds.
-import { el, fmtBytes } from "./common.js";
+import { el, fmtBytes, KEYS } from "./common.js";
 
 const MEMORY_PARTS = [
-  ["parameters", "memory/params"],
-  ["gradients", "memory/grads"],
-  ["optimizer state", "memory/optimizer_state"],
+  ["parameters", KEYS.PARAMS_BYTES],
+  ["gradients", KEYS.GRADS_BYTES],
+  ["optimizer state", KEYS.OPTIMIZER_STATE_BYTES],
 ];
 export const MEMORY_KEYS = MEMORY_PARTS.map(([, k]) => k);
 
@@ -15,7 +15,7 @@ export function renderMemoryBreakdown(box, series) {
     return s?.values.length ? s.values[s.values.length - 1] : null;
   };
   const parts = MEMORY_PARTS.map(([name, k]) => [name, last(k)]);
-  const total = last("memory/cuda_allocated") ?? last("memory/rss");
+  const total = last(KEYS.CUDA_ALLOCATED) ?? last(KEYS.RSS);
   if (parts.every(([, v]) => v === null)) {
     box.replaceChildren();
     return;
@@ -23,7 +23,7 @@ export function renderMemoryBreakdown(box, series) {
   const known = parts.reduce((a, [, v]) => a + (v || 0), 0);
   if (total !== null)
     parts.push([
-      series["memory/cuda_allocated"] ? "activations, cache & rest" : "rest of the process",
+      series[KEYS.CUDA_ALLOCATED] ? "activations, cache & rest" : "rest of the process",
       Math.max(0, total - known),
     ]);
   box.replaceChildren(

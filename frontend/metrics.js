@@ -1,15 +1,17 @@
 // The run page's automatic metric charts: one per key the script logs, in a section per prefix.
-import { el } from "./common.js";
+import { el, isLrKey, KEYS } from "./common.js";
+
+const LAYER_SIGNALS = [KEYS.UPDATE_VECTOR, KEYS.ACT_VECTOR].map((v) => v + "/"); // per-layer signals: heatmaps
 
 // Keys with a chart of their own elsewhere on the page: the loss chart's main key, the hook's
 // gradient norms (global and per layer), learning rates and memory.
 export const isMetric = (k) =>
   k !== "loss" &&
-  !k.startsWith("grad/") &&
-  k !== "lr" &&
-  !k.startsWith("lr/") &&
-  !k.startsWith("memory/") &&
-  !/^(update_ratio|act_rms)\/|^signals\/.*_argmax$/.test(k); // per-layer signals: heatmaps (signals.js)
+  !k.startsWith(KEYS.GRAD_PREFIX) &&
+  !isLrKey(k) &&
+  !k.startsWith(KEYS.MEMORY_PREFIX) &&
+  !LAYER_SIGNALS.some((p) => k.startsWith(p)) && // (signals.js)
+  !(k.startsWith(KEYS.SIGNALS_PREFIX) && k.endsWith("_argmax"));
 
 // Hugging Face's bookkeeping (run time, throughput, FLOPs, epoch, tokens seen): not how training
 // goes, so it waits in a collapsed section instead of adding a dozen charts above the config.

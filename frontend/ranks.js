@@ -2,7 +2,7 @@
 // grouped by meta.group): a rank selector, and one chart overlaying a metric across every rank so
 // a straggler (fewer steps) or a rank that diverges stands out. The server names the straggler (a rank
 // whose recent median step time is >= 30 % above the ranks' median, storage/ranks.py); the selector says so.
-import { el, esc, fetchSeries, getJSON, PALETTE, plotLayout } from "./common.js";
+import { el, esc, fetchSeries, getJSON, KEYS, PALETTE, plotLayout } from "./common.js";
 
 const REFRESH_MS = 5000;
 
@@ -26,7 +26,7 @@ export async function renderRanks(box, run, keys) {
     ...ranks.map((r) => el("option", { value: r.id, class: r.straggler ? "straggler" : "" }, rankLabel(r))),
   );
   rankSel.value = String(run.id);
-  const choices = keys.filter((k) => !k.startsWith("grad/") || k === "grad/global_norm");
+  const choices = keys.filter((k) => !k.startsWith(KEYS.GRAD_PREFIX) || k === KEYS.GLOBAL_NORM);
   const keySel = el("select", { id: "rank-key" }, ...choices.map((k) => el("option", { value: k }, k)));
   keySel.value = choices.includes("loss") ? "loss" : choices[0] || "";
   const chart = el("div", { id: "rank-chart", class: "chart" });

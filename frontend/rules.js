@@ -1,13 +1,11 @@
 // The rules editor of one project (/rules?project=p): built-in rules on/off, severities, thresholds, custom
 // rules on any metric; "Replay" shows where the edited rules would fire on recent runs next to where the
 // current ones did, and only then can the edit be saved (PUT), with who changed it.
-import { el, getJSON } from "./common.js";
+import { CUSTOM_RULE_OPS, el, getJSON, SEVERITIES, CUSTOM_RULE_TYPES as TYPES } from "./common.js";
 
 const $ = (id) => document.getElementById(id);
 const PROJECT = new URLSearchParams(location.search).get("project") || "default";
 const API = `/api/projects/${encodeURIComponent(PROJECT)}/rules`;
-const TYPES = ["threshold", "relative", "zscore", "n_of_m"];
-const SEVERITIES = ["info", "warning", "critical"];
 let loaded = null;
 let replayedFor = null; // the JSON of the document the shown replay is for
 
@@ -67,8 +65,8 @@ function customRow(r = {}) {
     { class: "custom-rule" },
     el("td", {}, input("name", 14)),
     el("td", {}, input("key", 14)),
-    el("td", {}, select(TYPES, r.type || "threshold", { "data-field": "type" })),
-    el("td", {}, select([">", "<"], r.op || ">", { "data-field": "op" })),
+    el("td", {}, select(TYPES, r.type || TYPES[0], { "data-field": "type" })),
+    el("td", {}, select(CUSTOM_RULE_OPS, r.op || CUSTOM_RULE_OPS[0], { "data-field": "op" })),
     el("td", {}, el("input", { "data-field": "main", size: 8, value: main ?? "", "aria-label": "value" })),
     el("td", {}, input("n", 3)),
     el("td", {}, input("m", 3)),

@@ -10,6 +10,8 @@ import {
   fmtTime,
   getJSON,
   isLossKey,
+  isLrKey,
+  KEYS,
   live,
   PALETTE,
   throttle,
@@ -40,7 +42,7 @@ const S = {
   seenStep: -1,
 };
 const MAX_POINTS = 4000;
-const HEAT = new LiveHeatmap($("heatmap"), RUN_ID, "grad");
+const HEAT = new LiveHeatmap($("heatmap"), RUN_ID, KEYS.GRAD_VECTOR);
 mountSignals(HEAT, RUN_ID); // update ratio and output RMS heatmaps beside it (signals.js)
 
 const WATCH_HINT = (what) => `No ${what} yet. run.watch(model, optimizer) records it at every optimizer step.`;
@@ -95,11 +97,11 @@ fixed("loss", {
   empty: 'No loss logged yet: run.log({"loss": loss}).',
 });
 // Before clipping, and (Lightning, Hugging Face with clipping on) the clipped norm the optimizer got.
-const GNORMS = ["grad/global_norm", "grad/global_norm_clipped"];
+const GNORMS = [KEYS.GLOBAL_NORM, KEYS.GLOBAL_NORM_CLIPPED];
 fixed("gnorm", { keys: (ks) => GNORMS.filter((k) => ks.includes(k)), empty: WATCH_HINT("gradient norm") });
-fixed("lr", { keys: (ks) => ks.filter((k) => k === "lr" || k.startsWith("lr/")), empty: WATCH_HINT("learning rate") });
+fixed("lr", { keys: (ks) => ks.filter(isLrKey), empty: WATCH_HINT("learning rate") });
 fixed("memory", {
-  keys: (ks) => ks.filter((k) => k.startsWith("memory/cuda_") || k === "memory/rss"),
+  keys: (ks) => ks.filter((k) => k.startsWith(KEYS.CUDA_PREFIX) || k === KEYS.RSS),
   bytes: true,
   empty: WATCH_HINT("memory"),
 });
@@ -166,7 +168,7 @@ async function load() {
   }
   // Per-layer norms are keys grad/<layer>: without any, say so rather than ask for a heatmap (a 404).
   if (!HEAT.zoomed) {
-    if (S.keys.some((k) => k.startsWith("grad/") && !GNORMS.includes(k))) HEAT.load();
+    if (S.keys.some((k) => k.startsWith(KEYS.GRAD_PREFIX) && !GNORMS.includes(k))) HEAT.load();
     else if (!HEAT.loaded) HEAT.showEmpty();
   }
   for (const msg of S.buffer) onLive(msg);
@@ -231,7 +233,7 @@ async function zoomTo(step) {
 function alertX(step) {
   if (xMode() === "step") return step;
   if (xKeyOf(xMode())) return xAt(S.series[xKeyOf(xMode())], step);
-  const s = S.series["grad/global_norm"] || S.series.loss || Object.values(S.series)[0];
+  const s = S.series[KEYS.GLOBAL_NORM] || S.series.loss || Object.values(S.series)[0];
   if (!s?.steps.length) return null;
   let i = s.steps.findIndex((x) => x >= step);
   if (i < 0) i = s.steps.length - 1;
@@ -395,8 +397,11 @@ function attachZoom(c) {
   });
 }
 
-for (const a of document.querySelectorAll("a.csv[data-key]"))
-  a.href = `/api/runs/${RUN_ID}/series.csv?key=${encodeURIComponent(a.dataset.key)}`;
+// A link names its key as given (data-key) or by its vocabulary name (data-vocab="GLOBAL_NORM").
+for (const a of document.querySelectorAll("a.csv[data-key], a.csv[data-vocab]")) {
+  const key = a.dataset.vocab ? KEYS[a.dataset.vocab] : a.dataset.key;
+  a.href = `/api/runs/${RUN_ID}/series.csv?key=${encodeURIComponent(key)}`;
+}
 $("x-mode").addEventListener("change", onXMode);
 $("smoothing").addEventListener("input", () => {
   $("smoothing-value").textContent = Number($("smoothing").value).toFixed(2);

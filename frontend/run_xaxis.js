@@ -1,9 +1,8 @@
 // The run page's x axis beyond step, wall and relative time: any scalar key the run logs (tokens,
 // samples, epoch). Aligned by step on the server by the compare page's aligner (/api/compare/series
 // for this one run), not a second aligner here.
-import { getJSON, num } from "./common.js";
+import { getJSON, KEYS, num, TIME_AXES as TIME } from "./common.js"; // as on the compare page: a key is its own name
 
-const TIME = ["step", "wall", "relative"]; // option values as on the compare page: a key is its own name
 const POINTS = 2000;
 
 // The key a mode plots against ("tokens"), or null for step, wall and relative time.
@@ -12,7 +11,7 @@ export const xKeyOf = (mode) => (TIME.includes(mode) ? null : mode);
 // One option per scalar key, added as keys show up (live too); the select keeps the user's choice.
 export function offerKeys(select, keys) {
   const have = new Set([...select.options].map((o) => o.value));
-  for (const k of keys) if (!have.has(k) && !k.startsWith("grad/")) select.append(new Option(k, k));
+  for (const k of keys) if (!have.has(k) && !k.startsWith(KEYS.GRAD_PREFIX)) select.append(new Option(k, k));
 }
 
 // One key's values against another key's, as a series whose steps are the x key's values.

@@ -1,21 +1,10 @@
 // The runs table's columns (config keys and metric summaries), their sort, the URL that holds the
 // table's state, and a windowed renderer so 10,000 rows scroll smoothly (only the rows in view exist).
-import { el, fmtNum, getJSON, num } from "./common.js";
+import { el, fmtNum, getJSON, num, parseColumn, splitColumns } from "./common.js";
 
-const AT = /^summary\.(.+)\.(at_min|at_max)\((.+)\)$/;
-
-// A column name as [kind, path...]: ["config", "a.b"], ["summary", key, field] (field may be "at_min(k)").
-export function parseColumn(name) {
-  if (name.startsWith("config.")) return ["config", name.slice(7)];
-  const at = AT.exec(name);
-  if (at) return ["summary", at[1], `${at[2]}(${at[3]})`];
-  if (name.startsWith("summary.")) {
-    const rest = name.slice(8),
-      i = rest.lastIndexOf(".");
-    return ["summary", rest.slice(0, i), rest.slice(i + 1)];
-  }
-  return ["run", name];
-}
+// The column grammar is the contract's (gradwatch.contract.options): a column name as [kind, path...]:
+// ["config", "a.b"], ["summary", key, field] (field may be "at_min(k)"); a list split on its commas.
+export { parseColumn, splitColumns };
 
 // The value a run has in a column: a number (NaN/±inf decoded), a string, a boolean, or undefined.
 export function columnValue(run, name) {
@@ -91,16 +80,6 @@ export function writeUrl(state) {
   }
   const qs = p.toString();
   history.replaceState(null, "", location.pathname + (qs ? "?" + qs : ""));
-}
-
-// Column names separated by commas, keeping "at_min(a,b)"-style parentheses whole.
-export function splitColumns(text) {
-  return (
-    (text || "")
-      .match(/[^,()]+(?:\([^)]*\))?/g)
-      ?.map((s) => s.trim())
-      .filter(Boolean) ?? []
-  );
 }
 
 export function header(name, onRemove) {

@@ -1,11 +1,11 @@
 // The per-layer signals beside the gradient heatmap: update/weight ratio and module output RMS
 // (recorded by run.watch(model, optimizer): gradwatch/layer_signals.py), and the host's system metrics.
-import { el } from "./common.js";
+import { el, KEYS } from "./common.js";
 import { LiveHeatmap } from "./heatmap.js";
 
 const PANELS = [
   {
-    key: "update_ratio",
+    key: KEYS.UPDATE_VECTOR,
     title: "Per-layer update/weight ratio ‖Δw‖/‖w‖ (log10)",
     legend: "healthy ~10⁻³ to 10⁻²; a rise towards 10⁻¹ comes before a divergence",
     opts: {
@@ -15,7 +15,7 @@ const PANELS = [
     },
   },
   {
-    key: "act_rms",
+    key: KEYS.ACT_VECTOR,
     title: "Per-module output RMS (log10, forward order)",
     legend: "growing outputs (logits, attention) precede instability · red ×: NaN/inf",
     opts: {

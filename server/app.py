@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gradwatch.contract import VERSION
 from gradwatch_server.services import Services
 from gradwatch_server.settings import Settings, from_env
 from gradwatch_server.storage import retention
@@ -38,7 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             services.close()
 
     docs = {} if settings.api_docs else {"docs_url": None, "redoc_url": None}  # CDN scripts: opt in
-    app = FastAPI(title="gradwatch", version="0.1.0", lifespan=lifespan, **docs)
+    app = FastAPI(title="gradwatch", version=VERSION, lifespan=lifespan, **docs)
     app.state.services = services
     app.state.auth = Auth(settings.token, Sessions(services.engine, services.writer, settings.session_days))
     # Outermost of our layers: Host/Origin/token/connection checks cover every route and both

@@ -6,7 +6,7 @@ import argparse
 import ipaddress
 import json
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 
 from gradwatch.contract import MAX_KEYS_PER_RUN, MAX_LAYERS
@@ -32,10 +32,18 @@ def boolean(value) -> bool:
 
 @dataclass
 class Setting:
+    """One setting: its name, default, help line and parser; ``secret`` keeps it out of reprs."""
+
     name: str
     default: object
     help: str
     type: type = str
+    secret: bool = False
+
+    @property
+    def annotation(self) -> type:
+        """The type of its ``Settings`` field (``boolean`` parses into a bool)."""
+        return bool if self.type is boolean else self.type
 
     @property
     def env(self) -> str:
@@ -60,6 +68,7 @@ SETTINGS: list[Setting] = [
         "smtp_url",
         "",
         "Mail server for alert emails: smtp://user:pass@host:587 (STARTTLS when offered) or smtps://host:465.",
+        secret=True,  # may hold a password
     ),
     Setting(
         "alert_email", "", "Comma-separated addresses that get an email for every critical incident (needs smtp_url)."
@@ -93,6 +102,7 @@ SETTINGS: list[Setting] = [
         "",
         "Shared secret every route, websocket and page requires (Authorization: Bearer <token>, "
         "or the login page's cookie); /healthz stays open. Empty: no token.",
+        secret=True,  # never in a repr, a log line or --help
     ),
     Setting(
         "allowed_hosts",
@@ -177,36 +187,8 @@ LIMITS = (
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 
 
-@dataclass
-class Settings:
-    host: str = "127.0.0.1"
-    port: int = 8765
-    db: str = ""
-    webhook: str = ""
-    smtp_url: str = field(default="", repr=False)  # may hold a password
-    alert_email: str = ""
-    base_url: str = ""
-    crash_timeout: float = 120.0
-    alerts: str = ""
-    log_level: str = "warning"
-    sqlite_synchronous: str = "full"
-    workers: int = 1
-    token: str = field(default="", repr=False)  # a secret: never in a repr, a log line or --help
-    allowed_hosts: str = ""
-    max_connections: int = 1000
-    max_frame_bytes: int = 16 << 20
-    max_keys_per_run: int = MAX_KEYS_PER_RUN
-    max_layers: int = MAX_LAYERS
-    max_buffered_bytes: int = 64 << 20
-    max_connections_per_client: int = 100
-    header_timeout: float = 10.0
-    max_page_bytes: int = 8 << 20
-    webhook_per_run: int = 10
-    session_days: float = 30.0
-    trusted_proxy: str = ""
-    api_docs: bool = False
-    retention_days: float = 0.0
-    retention_keep_tagged: bool = True
+class _Settings:
+    """What every ``Settings`` can say and check; its fields (names, defaults) come from ``SETTINGS``."""
 
     @property
     def db_url(self) -> str:
@@ -261,6 +243,15 @@ class Settings:
         if self.sqlite_synchronous not in ("full", "normal"):
             raise ValueError(f"sqlite_synchronous must be full or normal, got {self.sqlite_synchronous!r}")
         return self
+
+
+Settings = make_dataclass(
+    "Settings",
+    [(st.name, st.annotation, field(default=st.default, repr=not st.secret)) for st in SETTINGS],
+    bases=(_Settings,),
+)
+Settings.__doc__ = "The server's settings: one field per entry of ``SETTINGS``, with its default."
+Settings.__module__ = __name__
 
 
 def strip_port(host: str) -> str:

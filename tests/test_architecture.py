@@ -197,6 +197,75 @@ def test_folders_stay_small():
         assert len(modules) <= MAX_MODULES_PER_FOLDER, (folder, len(modules))
 
 
+# -- the metric-key vocabulary: gradwatch.contract.keys spells every key; nothing else does ---------------------
+VOCABULARY = ROOT / "client_hook" / "contract"
+# Folders whose key literals are being converted to keys.* by another change: delete a line to check it too.
+KEY_LITERALS_EXEMPT = (ROOT / "client_hook",)
+
+
+def key_prefixes() -> tuple[str, ...]:
+    """The families' prefixes (``grad/``, ``perf/``, ``system/``...): a string that starts with one is a key."""
+    from gradwatch.contract import keys
+
+    return tuple(keys.FAMILIES.values())
+
+
+def python_strings(path: Path):
+    """(line, text) of every string constant in a module, docstrings aside (they may name keys)."""
+    tree = ast.parse(path.read_text())
+    docs = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            yield node.lineno, node.value
+
+
+def js_strings(path: Path):
+    """(line, text) of what follows each quote in a page's code or markup, comments aside."""
+    import re
+
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip().startswith(("//", "*", "/*")):
+            continue
+        code = line.split(" // ", 1)[0]
+        for m in re.finditer(r"[\"'`]([^\"'`]*)", code):
+            yield n, m.group(1)
+
+
+SOURCES = {"server": (".py",), "client_hook": (".py",), "frontend": (".js", ".html")}
+
+
+def key_literals() -> list[str]:
+    """Every metric-key literal in server/, frontend/ and client_hook/ outside the vocabulary (and the exempt)."""
+    prefixes, found = key_prefixes(), []
+    folders = {"server": python_strings, "client_hook": python_strings, "frontend": js_strings}
+    for folder, strings in folders.items():
+        for path in sorted(p for p in (ROOT / folder).rglob("*") if p.suffix in SOURCES[folder]):
+            if VOCABULARY in path.parents or "migrations" in path.parts or path.name == "channels.js":
+                continue  # channels.js: holds no key, and is another change's file
+            if any(e in path.parents for e in KEY_LITERALS_EXEMPT):
+                continue
+            found += [f"{path.relative_to(ROOT)}:{n}: {t!r}" for n, t in strings(path) if t.startswith(prefixes)]
+    return found
+
+
+def test_no_metric_key_literal_outside_the_vocabulary():
+    assert key_literals() == [], "spell keys as gradwatch.contract.keys names (pages: KEYS from /contract.js)"
+
+
+def test_the_key_literal_check_finds_a_literal(tmp_path):
+    (tmp_path / "m.py").write_text('"""Doc naming perf/step_time."""\nKEY = "perf/step_time"\n')
+    (tmp_path / "p.js").write_text('// "grad/x" in a comment\nconst k = "grad/global_norm"; // "lr/0"\n')
+    assert [t for _, t in python_strings(tmp_path / "m.py") if t.startswith(key_prefixes())] == ["perf/step_time"]
+    assert [t for _, t in js_strings(tmp_path / "p.js") if t.startswith(key_prefixes())] == ["grad/global_norm"]
+
+
 if __name__ == "__main__":
     import sys
 

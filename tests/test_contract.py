@@ -103,6 +103,87 @@ console.log(JSON.stringify({{
     assert out["constants"] == {k: contract.shared_constants()[k] for k in out["constants"]}
 
 
+KEY_CASES = [
+    "lr",
+    "lr/0",
+    "lrx",
+    "grad/global_norm",
+    "grad/missing_count",
+    "grad/fc.weight",
+    "memory/rss",
+    "system/gpu0/util",
+]
+KEY_CASES += ["signals/act_rms_max", "perf/step_time", "amp/scale", "loss", "val/acc", "gradient", "x/grad/y"]
+COLUMNS = "name, config.opt.lr,summary.loss.min , summary.loss.at_min(lr),summary.acc.at_max(a,b),,summary.loss"
+
+
+@needs_node
+def test_js_key_helpers_and_column_grammar_agree_with_python(tmp_path):
+    from gradwatch.contract import keys, options
+
+    out = node(
+        tmp_path,
+        contract.es_module(),
+        f"""
+const keys = {json.dumps(KEY_CASES)}, cols = {json.dumps(COLUMNS)};
+console.log(JSON.stringify({{
+  lr: keys.map(M.isLrKey), layer: keys.map(M.isLayerKey), family: keys.map(M.family),
+  system: keys.map(M.isSystemKey), main: M.mainLossKey(["x", "train_loss", "loss/train"], "nope"),
+  split: M.splitColumns(cols), parsed: M.splitColumns(cols).map(M.parseColumn), none: M.splitColumns(null),
+  KEYS: M.KEYS, FAMILIES: M.FAMILIES,
+}}));
+""",
+    )
+    assert out["lr"] == [keys.is_lr_key(k) for k in KEY_CASES] and out["lr"][:3] == [True, True, False]
+    assert out["layer"] == [keys.is_layer_key(k) for k in KEY_CASES] and sum(out["layer"]) == 1
+    assert out["family"] == [keys.family(k) for k in KEY_CASES] and out["family"][-3:] == [None] * 3
+    assert out["system"] == [keys.is_system_key(k) for k in KEY_CASES]
+    assert out["main"] == keys.main_loss_key(["x", "train_loss", "loss/train"], "nope") == "train_loss"
+    assert out["split"] == options.column_names(COLUMNS) and "summary.acc.at_max(a,b)" in out["split"]
+    assert [tuple(p) for p in out["parsed"]] == [options.parse_column(c) for c in options.column_names(COLUMNS)]
+    assert out["parsed"][3] == ["summary", "loss", "at_min(lr)"] and out["none"] == []
+    assert out["KEYS"] == keys.KEYS and out["FAMILIES"] == keys.FAMILIES
+
+
+def test_every_key_the_client_writes_is_in_the_vocabulary():
+    """A scan of the client: each key literal it spells is a vocabulary key, and each ``keys.NAME`` it reads exists."""
+    import ast
+
+    from gradwatch.contract import keys
+
+    prefixes, spelled = tuple(keys.FAMILIES.values()), set(keys.KEYS.values())
+    patterns = (keys.gpu_key(0, ""), keys.LR_PREFIX, keys.GRAD_PREFIX)  # families whose keys are built at run time
+    unknown, names = [], set()
+    for path in (ROOT / "client_hook").rglob("*.py"):
+        if "contract" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "keys":
+                names.add(node.attr)
+            if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+                text, built = node.values[0].value, True
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text, built = node.value, False
+            else:
+                continue
+            if text.startswith(prefixes) and not (text in spelled or (built and text.startswith(patterns))):
+                if not any(p.startswith(text) for p in patterns):
+                    unknown.append(f"{path.relative_to(ROOT)}:{node.lineno}: {text!r}")
+    assert unknown == [], "a key the client writes is missing from gradwatch/contract/keys.py"
+    assert [n for n in names if not hasattr(keys, n)] == []
+
+
+def test_no_option_list_retyped_in_the_pages_or_the_server():
+    from gradwatch.contract import options
+
+    pages = "".join(p.read_text() for p in (ROOT / "frontend").glob("*.js") if p.name != "channels.js")
+    server = "".join(p.read_text() for p in (ROOT / "server").rglob("*.py"))
+    for values in (options.SEVERITIES, options.CUSTOM_RULE_TYPES, options.AGGREGATIONS, options.BANDS):
+        listed = json.dumps(list(values))[1:-1]  # '"info", "warning", "critical"', as both languages format it
+        assert listed not in pages and listed not in server and "|".join(values) not in server, values
+    assert pages.count("[^,()]+") == 0 and server.count("[^,()]+") == 0  # the column split is the contract's
+
+
 def _series(rng: random.Random, n: int) -> tuple[list[int], list]:
     steps, step = [], 0
     for _ in range(n):

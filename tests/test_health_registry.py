@@ -13,7 +13,7 @@ import pytest
 from gradwatch import thresholds as gw_thresholds
 from gradwatch_server.health import registry
 from gradwatch_server.health.common import Alert, Observation, episode
-from gradwatch_server.health.monitor import KINDS, SERVER_KINDS, Monitor
+from gradwatch_server.health.monitor import Monitor
 from gradwatch_server.health.rule import Columns, Rule
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "alerts.md"
@@ -168,19 +168,31 @@ def test_rules_are_complete_and_documented_in_their_docstrings():
         assert rule.thresholds, f"{rule.kind} has no thresholds in gradwatch.thresholds"
 
 
-def test_every_threshold_belongs_to_a_rule():
-    owned = [name for rule in registry.RULES for name in rule.thresholds]
-    assert sorted(owned) == sorted(gw_thresholds.DEFAULTS)
-    assert registry.by_kind("loss_spike").thresholds == gw_thresholds.of("loss_spike")
-
-
-def test_kinds_are_the_rules_then_the_server_and_client_ones():
+def test_every_rule_spec_is_bound_to_a_rule():
     from gradwatch import contract
 
-    assert KINDS[: len(registry.RULES)] == registry.kinds()
-    assert set(SERVER_KINDS) <= set(KINDS) and set(contract.CLIENT_KINDS) <= set(KINDS)
-    assert set(registry.kinds()) <= set(contract.ALERT_KINDS)
-    assert set(KINDS) <= set(contract.ALERT_KINDS)
+    assert registry.kinds() == contract.rules.kinds() == contract.RULE_KINDS  # one rule per spec, in order
+    assert all(rule.spec is contract.rules.spec(rule.kind) for rule in registry.RULES)
+    assert contract.ALERT_KINDS[: len(registry.RULES)] == registry.kinds()
+    owned = [name for rule in registry.RULES for name in rule.thresholds]
+    assert sorted(owned) == sorted(gw_thresholds.DEFAULTS)
+
+
+def test_a_rule_registered_at_run_time_brings_its_spec_everywhere():
+    from gradwatch import contract
+
+    spec = contract.RuleSpec("probe_kind", "info", "A probe.", (contract.rules.Threshold("patience", 3),))
+    rule = registry.register(Rule("probe2", "probe_kind", check_probe, bulk_probe, own_spec=spec))
+    try:
+        assert gw_thresholds.DEFAULTS["probe_kind.patience"] == 3 and gw_thresholds.check("probe_kind.patience", 4) == 4
+        assert rule.thresholds == {"probe_kind.patience": 3} and rule.severity == "info"
+        assert (
+            '"probe_kind.patience": 3' in contract.es_module()
+            and "probe_kind" in contract.shared_constants()["ALERT_KINDS"]
+        )
+    finally:
+        registry.unregister("probe2")
+    assert "probe_kind.patience" not in gw_thresholds.DEFAULTS and contract.rules.spec("probe_kind") is None
 
 
 def test_the_keys_the_rules_read_are_the_relevant_ones():
@@ -191,7 +203,8 @@ def test_the_keys_the_rules_read_are_the_relevant_ones():
 def test_the_storage_keeps_nonfinite_values_of_the_rules_that_declare_them():
     from gradwatch_server.storage import store
 
-    assert set(store.NONFINITE_KINDS) == set(registry.nonfinite_kinds())
+    kept = {k for k in (*registry.kinds(), "data_gap") if store.keeps_nonfinite(k)}
+    assert kept == set(registry.nonfinite_kinds()) == {"nan_loss", "nonfinite_gradients"}
     assert registry.smaller_is_worse("vanishing_gradients") and not registry.smaller_is_worse("exploding_gradients")
     assert not registry.smaller_is_worse("data_gap")
 

@@ -108,3 +108,53 @@ def family(key: str) -> str | None:
 def is_system_key(key: str) -> bool:
     """Whether ``key`` is written by the hook itself (any family), not by the script's own ``log()``."""
     return family(key) is not None
+
+
+# -- losses ----------------------------------------------------------------------------------------
+def is_loss_key(key: str) -> bool:
+    """Keys whose last path part mentions 'loss' are the ones watched for NaN/inf and spikes."""
+    return "loss" in key.rsplit("/", 1)[-1].lower()
+
+
+# "The loss" of a run (runs list column, sparkline, last/best loss on compare): the key the run
+# declared (``init(loss_key=...)``, set by the integrations), else the first of these it logged.
+LOSS_KEYS = ("loss", "train_loss", "train/loss", "loss/train", "training_loss", "train_loss_step", "train_loss_epoch")
+
+
+def main_loss_key(keys, declared: str | None = None) -> str | None:
+    """The run's loss: ``declared`` when it logged it, else the first usual name it logged, else None."""
+    keys = set(keys)
+    if declared and declared in keys:
+        return declared
+    return next((k for k in LOSS_KEYS if k in keys), None)
+
+
+# The JavaScript twins of is_loss_key, main_loss_key, is_lr_key, is_layer_key, family and is_system_key
+# (tests/test_contract.py runs them under node against the Python).
+JS = """
+export const isLossKey = (key) => key.split("/").pop().toLowerCase().includes("loss");
+export function mainLossKey(keys, declared) {
+  const have = new Set(keys);
+  if (declared && have.has(declared)) return declared;
+  return LOSS_KEYS.find((k) => have.has(k)) ?? null;
+}
+export const isLrKey = (key) => key === KEYS.LR || key.startsWith(KEYS.LR_PREFIX);
+export const isLayerKey = (key) => key.startsWith(KEYS.GRAD_PREFIX) && !GRAD_SCALARS.includes(key);
+export function family(key) {
+  if (key === KEYS.LR) return "lr";
+  for (const [name, prefix] of Object.entries(FAMILIES)) if (key.startsWith(prefix)) return name;
+  return null;
+}
+export const isSystemKey = (key) => family(key) !== null;
+"""
+
+
+def shared() -> dict:
+    """The vocabulary /contract.js carries, by JavaScript name."""
+    return {
+        "KEYS": dict(KEYS),
+        "FAMILIES": dict(FAMILIES),
+        "GRAD_SCALARS": list(GRAD_SCALARS),
+        "VECTORS": list(VECTORS),
+        "LOSS_KEYS": list(LOSS_KEYS),
+    }

@@ -9,9 +9,10 @@ import math
 import sys
 
 from gradwatch import protocol
+from gradwatch.contract.options import EXPORT_FORMATS
 from gradwatch_server.cli.source import Progress, SourceError, decode, open_source, resolve
 
-FORMATS = ("csv", "parquet", "json")
+FORMATS = EXPORT_FORMATS
 COLUMNS = ("run_id", "key", "step", "wall_time", "value")
 
 

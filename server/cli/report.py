@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from gradwatch.contract import keys as vocab
 from gradwatch_server.cli.export import add_source_arguments
 from gradwatch_server.cli.source import Progress, open_source, resolve
 
@@ -36,14 +37,17 @@ def add_parser(sub) -> None:
     add_source_arguments(p)
 
 
+REPORT_GRADS = (vocab.GLOBAL_NORM, vocab.MISSING_COUNT)  # the gradient keys the report charts
+
+
 def chart_keys(keys_per_run: list[list[str]]) -> list[str]:
     """Every logged key of any run, loss first; per-layer slots (grad/<layer>) left out, the global norm kept."""
     seen: list[str] = []
     for keys in keys_per_run:
         for k in keys:
-            if k not in seen and (not k.startswith("grad/") or k in ("grad/global_norm", "grad/missing_count")):
+            if k not in seen and (not k.startswith(vocab.GRAD_PREFIX) or k in REPORT_GRADS):
                 seen.append(k)
-    return sorted(seen, key=lambda k: (k != "loss", "loss" not in k, k))
+    return sorted(seen, key=lambda k: (k != "loss", not vocab.is_loss_key(k), k))
 
 
 def gather(source, run_ids: list[int]) -> dict:

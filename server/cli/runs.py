@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from gradwatch.contract import STATUSES
+from gradwatch.contract import STATUSES, options
 from gradwatch_server.cli.source import SourceError, open_source, printable, resolve
 
 COMMANDS = ("runs", "export", "import-tb", "report")
@@ -93,24 +93,20 @@ def _ls(source, args) -> int:
     return 0
 
 
-def column_names(columns: str | None) -> list[str]:
-    """The ``--columns`` names as given (commas inside ``at_min(...)`` do not split)."""
-    import re
-
-    return [m.group(0).strip() for m in re.finditer(r"[^,()]+(?:\([^)]*\))?", columns or "") if m.group(0).strip()]
+column_names = options.column_names  # the ``--columns`` names as given (commas inside ``at_min(...)`` do not split)
 
 
 def cell(run: dict, name: str) -> str:
     """One ``--columns`` value of a run as text: config.<key> or summary.<key>.<field>."""
-    if name.startswith("config."):
+    kind, *path = options.parse_column(name)
+    if kind == "config":
         value = run.get("config", {})
-        for part in name[len("config.") :].split("."):
+        for part in path[0].split("."):
             value = value.get(part) if isinstance(value, dict) else None
-        return "" if value is None else str(value)
-    key, _, part = name[len("summary.") :].rpartition(".")
-    if "(" in name:
-        key, part = name[len("summary.") :].split(".at_", 1)[0], "at_" + name.split(".at_", 1)[-1]
-    value = run.get("summary", {}).get(key, {}).get(part)
+    elif kind == "summary":
+        value = run.get("summary", {}).get(path[0], {}).get(path[1])
+    else:
+        value = run.get(path[0])
     return "" if value is None else str(value)
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-GLOBAL = "grad/global_norm"  # the scalar key of the global gradient norm
-GRAD_VECTOR = "grad"  # the vector key of the per-layer gradient norms
+from gradwatch.contract import keys
+
+GLOBAL = keys.GLOBAL_NORM  # the scalar key of the global gradient norm
+GRAD_VECTOR = keys.GRAD_VECTOR  # the vector key of the per-layer gradient norms
 
 
 @dataclass

@@ -17,13 +17,12 @@ from collections import deque
 
 import numpy as np
 
+from gradwatch.contract import keys
 from gradwatch_server.health.common import GLOBAL, Alert, Observation, episode, fmt
 from gradwatch_server.health.rule import Columns, Rule
 
-RATIO = "signals/update_ratio_max"
-RATIO_AT = "signals/update_ratio_argmax"
-ACT = "signals/act_rms_max"
-ACT_AT = "signals/act_rms_argmax"
+RATIO, RATIO_AT = keys.UPDATE_RATIO_MAX, keys.UPDATE_RATIO_ARGMAX
+ACT, ACT_AT = keys.ACT_RMS_MAX, keys.ACT_RMS_ARGMAX
 RECENT = 10  # steps whose median is the current level
 MIN_RECENT = 3  # ... of at least this many samples (signals sampled every 10 steps: the last three)
 LOGIT_HINTS = ("q", "k", "query", "key", "qkv", "in_proj", "attn", "attention", "head", "lm_head", "decoder", "logits")

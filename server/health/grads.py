@@ -224,7 +224,6 @@ RULES = (
         bulk_nonfinite_gradients,
         reads=frozenset({GLOBAL}),
         losses=True,
-        nonfinite_value=True,
         flush=flush_nonfinite,
     ),
     Rule(

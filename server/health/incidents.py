@@ -17,6 +17,7 @@ import time
 import numpy as np
 from sqlalchemy import select, update
 
+from gradwatch.contract import keys as vocab
 from gradwatch_server.storage import chunks, db, store
 
 STATUSES = ("open", "acknowledged", "snoozed", "resolved")
@@ -183,9 +184,9 @@ def lr_key(conn, run_id: int):
         )
     ).all()
     keys = {r.key: r.id for r in rows}
-    if "lr" in keys:
-        return keys["lr"]
-    groups = sorted(k for k in keys if k.startswith("lr/"))
+    if vocab.LR in keys:
+        return keys[vocab.LR]
+    groups = sorted(k for k in keys if vocab.is_lr_key(k))
     return keys[groups[0]] if groups else None
 
 

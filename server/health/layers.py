@@ -215,7 +215,6 @@ RULES = (
         bulk_vanishing_gradients,
         reads=frozenset({GLOBAL}),
         needs_grads=True,
-        smaller_is_worse=True,
     ),
     Rule(
         "zero",
@@ -224,7 +223,6 @@ RULES = (
         bulk_zero_gradients,
         reads=frozenset({GLOBAL}),
         needs_grads=True,
-        smaller_is_worse=True,
     ),
     Rule("missing", "missing_gradients", check_missing_gradients, bulk_missing_gradients, needs_grads=True),
 )

@@ -11,10 +11,13 @@ from collections import deque
 
 import numpy as np
 
-from gradwatch.protocol import is_loss_key
+from gradwatch.contract import rules as specs
+from gradwatch.contract.keys import is_loss_key
 from gradwatch_server.health.common import Alert, Observation, episode, fmt, going_on, healthy_run
 from gradwatch_server.health.rule import Columns, Rule
 
+KINDS = ("nan_loss", "loss_spike", "loss_divergence")
+SEVERITY = {kind: specs.spec(kind).severity for kind in KINDS}  # the severity their alerts have (the replay's too)
 SPIKE_REFRESH = 8  # steps between recomputing the spike baseline (median / MAD of the window)
 
 
@@ -28,14 +31,14 @@ def check_nan_loss(state: dict, obs: Observation, th: dict) -> list[Alert]:
         bad = not math.isfinite(value)
         opened = episode(ks, bad, th["nan_loss.cooldown"])
         if going_on(ks, bad, opened):
-            out.append(Alert("nan_loss", obs.step, value, "critical", "", key=key, update=1))
+            out.append(Alert("nan_loss", obs.step, value, SEVERITY["nan_loss"], "", key=key, update=1))
         if opened:
             out.append(
                 Alert(
                     "nan_loss",
                     obs.step,
                     value,
-                    "critical",
+                    SEVERITY["nan_loss"],
                     key=key,
                     message=(
                         f"{key} is {fmt(value)} at step {obs.step}. Likely causes: learning rate too high, "
@@ -86,14 +89,14 @@ def check_loss_spike(state: dict, obs: Observation, th: dict) -> list[Alert]:
         # Aftershocks of one bad batch are the same episode until the loss is back in range for a while.
         opened = episode(ks, spike, th["loss_spike.cooldown"])
         if going_on(ks, spike, opened):
-            out.append(Alert("loss_spike", obs.step, value, "warning", "", key=key, update=1))
+            out.append(Alert("loss_spike", obs.step, value, SEVERITY["loss_spike"], "", key=key, update=1))
         if opened:
             out.append(
                 Alert(
                     "loss_spike",
                     obs.step,
                     value,
-                    "warning",
+                    SEVERITY["loss_spike"],
                     key=key,
                     message=(
                         f"{key} jumped to {fmt(value)} at step {obs.step}, far above its recent median {fmt(med)}. "
@@ -136,7 +139,7 @@ def check_loss_divergence(state: dict, obs: Observation, th: dict) -> list[Alert
             bad = above and value > factor * statistics.median(recent)
         opened = episode(ks, bad, th["loss_divergence.cooldown"])
         if going_on(ks, bad, opened):
-            out.append(Alert("loss_divergence", obs.step, value, "critical", "", key=key, update=1))
+            out.append(Alert("loss_divergence", obs.step, value, SEVERITY["loss_divergence"], "", key=key, update=1))
         if opened:
             med = statistics.median(recent)
             out.append(
@@ -144,7 +147,7 @@ def check_loss_divergence(state: dict, obs: Observation, th: dict) -> list[Alert
                     "loss_divergence",
                     obs.step,
                     value,
-                    "critical",
+                    SEVERITY["loss_divergence"],
                     key=key,
                     message=(
                         f"{key} diverged at step {obs.step}: {fmt(value)} is {value / first:,.0f}x its first value "
@@ -305,7 +308,6 @@ def bulk_loss_divergence(state: dict, cols: Columns) -> bool:
 
 
 # -- the same rules over a whole series, for a replay (rules/backtest.py): where episodes open, nothing else --
-SEVERITY = {"nan_loss": "critical", "loss_spike": "warning", "loss_divergence": "critical"}  # as the checks raise them
 
 
 def replay_series(kinds, values: np.ndarray, th: dict) -> list[tuple[int, str]]:
@@ -407,7 +409,7 @@ def _divergences(fin: np.ndarray, th: dict) -> list[int]:
 
 
 RULES = (
-    Rule("nan", "nan_loss", check_nan_loss, bulk_nan_loss, losses=True, nonfinite_value=True),
+    Rule("nan", "nan_loss", check_nan_loss, bulk_nan_loss, losses=True),
     Rule("spike", "loss_spike", check_loss_spike, bulk_loss_spike, losses=True),
     Rule("divergence", "loss_divergence", check_loss_divergence, bulk_loss_divergence, losses=True),
 )

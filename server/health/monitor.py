@@ -25,7 +25,7 @@ import math
 from collections.abc import Mapping
 
 from gradwatch import contract
-from gradwatch import thresholds as _thresholds
+from gradwatch.contract import rules as specs
 from gradwatch_server.health import batch as health_batch
 from gradwatch_server.health import registry
 from gradwatch_server.health.common import GRAD_VECTOR, Alert, Observation, has_grads
@@ -42,7 +42,6 @@ __all__ = [
     "Rule",
     "DEFAULTS",
     "GRAD_VECTOR",
-    "KINDS",
     "SERVER_KINDS",
     "relevant",
     "thresholds",
@@ -58,16 +57,13 @@ __all__ = [
     "check_amp_overflow",
 ]
 
-DEFAULTS = _thresholds.DEFAULTS
+DEFAULTS = specs.DEFAULTS
 SERVER_KINDS = contract.SERVER_KINDS
-# Every kind an alert can have: the rules', the server's own (data_gap, data_refused, stalled) and the
-# client's (missing_gradients for parameters left out of the optimizer, lr_suggestion from lr_find).
-KINDS = tuple(dict.fromkeys((*registry.kinds(), *SERVER_KINDS, *contract.CLIENT_KINDS)))
 
 
 def thresholds(overrides: Mapping | None = None) -> dict:
     """DEFAULTS with the valid overrides applied; unknown names and bad values keep the default."""
-    return _thresholds.merged(overrides)
+    return specs.merged(overrides)
 
 
 relevant = registry.relevant  # whether any rule reads this scalar key

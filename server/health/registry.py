@@ -4,14 +4,16 @@ The Monitor (record by record), the batch path (numpy), the alert kinds, the sca
 hands to the rules, how a recurring alert keeps its worst value and the tables in docs/alerts.md
 all iterate ``RULES``, so a declared rule runs everywhere and none can be left out of one list.
 
-Adding a rule: declare a ``Rule`` (rule.py) in a rule module's ``RULES`` tuple, with its thresholds
-in gradwatch/thresholds.py named ``<kind>.<setting>`` and its kind in gradwatch/contract.py; a new
-rule module also goes into ``MODULES``. Tests and plug-ins can ``register`` a rule at run time.
+Adding a rule: its ``RuleSpec`` (kind, severity, thresholds named ``<kind>.<setting>``, doc) in
+gradwatch.contract.rules (client_hook/contract/rules.py), and a ``Rule`` (rule.py) with its checks in a
+rule module's ``RULES`` tuple; a new rule module also goes into ``MODULES``. Tests and plug-ins can
+``register`` a rule at run time, passing its spec as ``Rule(..., own_spec=RuleSpec(...))``.
 """
 
 from __future__ import annotations
 
-from gradwatch.protocol import is_loss_key
+from gradwatch.contract import rules as specs
+from gradwatch.contract.keys import is_loss_key
 from gradwatch_server.health import early_warning, grads, layers, loss, stuck, system, throughput
 from gradwatch_server.health.rule import Rule
 
@@ -40,6 +42,10 @@ def register(rule: Rule) -> Rule:
     for other in RULES:
         if rule.name == other.name or rule.kind == other.kind:
             raise ValueError(f"rule {rule.name!r} ({rule.kind}) clashes with registered {other.name!r} ({other.kind})")
+    if rule.own_spec is not None:
+        if rule.own_spec.kind != rule.kind:
+            raise ValueError(f"rule {rule.name!r} raises {rule.kind!r} but its spec is {rule.own_spec.kind!r}'s")
+        specs.declare(rule.own_spec)  # its thresholds and kind are known everywhere from now on
     RULES = (*RULES, rule)
     _index()
     return rule
@@ -59,6 +65,8 @@ def unregister(name: str) -> Rule:
     if not found:
         raise KeyError(name)
     RULES = tuple(r for r in RULES if r.name != name)
+    if found[0].own_spec is not None:
+        specs.withdraw(found[0].kind)
     _index()
     return found[0]
 

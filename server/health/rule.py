@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradwatch import thresholds as _thresholds
-from gradwatch.protocol import is_loss_key
+from gradwatch.contract import rules as specs
+from gradwatch.contract.keys import is_loss_key
 from gradwatch_server.health.common import GLOBAL, GRAD_VECTOR, Alert, Observation
 
 
@@ -58,11 +58,6 @@ def no_state(meta: Mapping) -> dict:
     return {}
 
 
-def record_by_record(state: dict, cols: Columns) -> bool:
-    """A bulk check for a rule without a numpy fast path: always see the batch record by record."""
-    return False
-
-
 @dataclass(frozen=True)
 class Rule:
     """One health rule: what it is called, what it raises, and how it checks one record or a whole batch.
@@ -71,6 +66,10 @@ class Rule:
     whole batch: it either proves no record can make the rule alert and applies the batch to
     ``state`` exactly as ``check`` on each record would (True), or changes nothing (False), and the
     rule then sees the batch record by record.
+
+    What is known of it without running it (severity, thresholds, which value is worse, the doc) is
+    its ``RuleSpec`` in gradwatch.contract.rules, found by kind; a rule made at run time passes its
+    own ``spec``, which ``registry.register`` declares.
     """
 
     name: str  # its key in Monitor.states
@@ -80,17 +79,41 @@ class Rule:
     reads: frozenset = frozenset()  # the scalar keys it reads (besides the losses): ingest passes them on
     losses: bool = False  # whether it reads every loss key (gradwatch.protocol.is_loss_key)
     needs_grads: bool = False  # runs only on records that carry gradients (a global norm or layer norms)
-    smaller_is_worse: bool = False  # a recurrence with a smaller |value| is the worse one (e.g. a ratio)
-    nonfinite_value: bool = False  # its alert value may be NaN/inf, and that is the point: keep it
     start: Callable[[Mapping], dict] = no_state  # its state before the first record, from the run's meta
     flush: Callable[[dict], list[Alert]] | None = None  # alerts it holds back, released when the run ends
+    own_spec: specs.RuleSpec | None = None  # a run-time rule's spec (built-in rules' are in the contract)
 
     @property
-    def doc(self) -> str:
-        """What it detects and why, in one line (the check's docstring)."""
+    def spec(self) -> specs.RuleSpec:
+        """Its spec: the one it brought, else the contract's for its kind, else a bare one (no thresholds)."""
+        return self.own_spec or specs.spec(self.kind) or specs.RuleSpec(self.kind, "warning", self.doc_of_check)
+
+    @property
+    def doc_of_check(self) -> str:
+        """The check's docstring, one line."""
         return (self.check.__doc__ or "").strip()
 
     @property
+    def doc(self) -> str:
+        """What it detects and why, in one line (its spec's doc)."""
+        return self.spec.doc
+
+    @property
+    def severity(self) -> str:
+        """The severity of its alerts (its spec's)."""
+        return self.spec.severity
+
+    @property
+    def smaller_is_worse(self) -> bool:
+        """Whether a recurrence with a smaller |value| is the worse one (e.g. a ratio)."""
+        return self.spec.smaller_is_worse
+
+    @property
+    def nonfinite_value(self) -> bool:
+        """Whether its alert value may be NaN/inf on purpose (the value is the news)."""
+        return self.spec.nonfinite_value
+
+    @property
     def thresholds(self) -> dict[str, float]:
-        """Its threshold names and defaults, from gradwatch.thresholds."""
-        return _thresholds.of(self.kind)
+        """Its threshold names and defaults, from its spec."""
+        return self.spec.defaults

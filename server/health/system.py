@@ -8,12 +8,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 
+from gradwatch.contract import keys
 from gradwatch_server.health.common import Alert, Observation, episode, fmt, healthy_run
 from gradwatch_server.health.rule import Columns, Rule
 
-TOTAL = "memory/cuda_total"
-RESERVED = "memory/cuda_reserved"
-SCALE = "amp/scale"
+TOTAL, RESERVED, SCALE = keys.CUDA_TOTAL, keys.CUDA_RESERVED, keys.AMP_SCALE
 
 
 def memory_start(meta: Mapping) -> dict:

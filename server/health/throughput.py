@@ -15,11 +15,11 @@ from collections import deque
 
 import numpy as np
 
+from gradwatch.contract import keys
 from gradwatch_server.health.common import Alert, Observation, episode, fmt
 from gradwatch_server.health.rule import Columns, Rule
 
-STEP_TIME = "perf/step_time"
-DATA_WAIT = "perf/data_wait"
+STEP_TIME, DATA_WAIT = keys.STEP_TIME, keys.DATA_WAIT
 
 
 def check_throughput_drop(state: dict, obs: Observation, th: dict) -> list[Alert]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from gradwatch.contract.options import CUSTOM_RULE_OPS as OPS
+from gradwatch.contract.options import CUSTOM_RULE_TYPES as TYPES
 from gradwatch_server.health.common import Alert, fmt
 
-TYPES = ("threshold", "relative", "zscore", "n_of_m")
-OPS = (">", "<")
+__all__ = ["OPS", "TYPES", "CustomRule", "run_custom"]
 
 
 class CustomRule:

@@ -6,7 +6,7 @@ The document::
     {"disabled": ["loss_spike"], "thresholds": {"loss_spike.factor": 8}, "severity": {"loss_spike": "critical"},
      "custom": [{"name": "val loss high", "key": "val/loss", "type": "threshold", "op": ">", "value": 2.0}]}
 
-Thresholds (patience and cooldown included) are the names of ``gradwatch.thresholds``. A run's own
+Thresholds (patience and cooldown included) are the names of the rules' specs (``gradwatch.contract.rules``). A run's own
 ``init(alerts=...)`` (and the server's ``--alerts``) win over the project's thresholds.
 """
 
@@ -18,7 +18,7 @@ import time
 from sqlalchemy import select
 
 from gradwatch import contract
-from gradwatch import thresholds as th_rules
+from gradwatch.contract import rules as th_rules
 from gradwatch_server.health import registry
 from gradwatch_server.rules.custom import OPS, TYPES, CustomRule, run_custom
 from gradwatch_server.storage import db

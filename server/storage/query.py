@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from sqlalchemy import Float, String, and_, case, cast, false, func, literal, not_, or_, true
 from sqlalchemy.dialects.postgresql import JSONB
 
+from gradwatch.contract import options
 from gradwatch_server.storage import db
 
 RUN_FIELDS = ("id", "name", "project", "status", "created_at", "updated_at", "finished_at", "last_step")
@@ -279,11 +280,7 @@ def parse_order(text: str) -> list[tuple[Field, bool]]:
 def parse_columns(text: str) -> list[Field]:
     """``columns``: comma-separated fields; ``summary.<key>`` alone means every figure of that key."""
     out = []
-    for m in re.finditer(r"[^,()]+(?:\([^)]*\))?", text):
-        name = m.group(0).strip()
-        if not name:
-            continue
-        col = m.start() + 1
+    for col, name in options.split_columns(text):  # the one split of the column grammar (gradwatch.contract)
         call = re.fullmatch(r"(.+)\((.+)\)", name)
         if call:
             out.append(parse_field(call.group(1).strip(), col, text, call.group(2).strip()))

@@ -7,9 +7,10 @@ import json
 import numpy as np
 from sqlalchemy import select
 
+from gradwatch.contract import keys
 from gradwatch_server.storage import chunks, db, store
 
-STEP_TIME, DATA_WAIT = "perf/step_time", "perf/data_wait"  # what gradwatch.capture.step_timer records
+STEP_TIME, DATA_WAIT = keys.STEP_TIME, keys.DATA_WAIT  # what gradwatch.capture.step_timer records
 RECENT = 50  # steps: a rank's pace is the median over its latest this many step times
 STRAGGLER_RATIO = 1.3  # a rank 30 % slower than the ranks' median is the straggler (see ``straggler``)
 

@@ -266,7 +266,12 @@ MAX_HEATMAP_CELLS = 250_000  # layers x step columns in one heatmap read (docs/s
 
 
 def get_heatmap(
-    conn, run_id: int, key: str = "grad", max_steps: int = 400, start: int | None = None, end: int | None = None
+    conn,
+    run_id: int,
+    key: str = contract.keys.GRAD_VECTOR,
+    max_steps: int = 400,
+    start: int | None = None,
+    end: int | None = None,
 ) -> dict:
     """Layer x step matrix of a vector key; each column is the max over its step bucket."""
     layouts = vector_layouts(conn, run_id)
@@ -281,7 +286,10 @@ def get_heatmap(
     return {"key": key, "layers": layers, **series.read_heatmap(conn, key_id, len(layers), columns, start, end)}
 
 
-NONFINITE_KINDS = ("nan_loss", "nonfinite_gradients")
+def keeps_nonfinite(kind: str) -> bool:
+    """Whether an alert of this kind keeps a NaN/inf value (its rule's spec says the value is the news)."""
+    spec = contract.rules.spec(kind)
+    return spec is not None and spec.nonfinite_value
 
 
 def alert_dict(r) -> dict:
@@ -297,7 +305,7 @@ def alert_dict(r) -> dict:
         "key": get("key"),
         "layer": get("layer"),
         "value": protocol.encode_float(db.from_db_float(value))
-        if value is not None or get("kind") in NONFINITE_KINDS
+        if value is not None or keeps_nonfinite(get("kind"))
         else None,
         "severity": get("severity"),
         "message": get("message"),

@@ -10,6 +10,7 @@ import urllib.parse
 from fastapi import APIRouter, Body, HTTPException, Query, Request
 from fastapi.responses import Response
 
+from gradwatch.contract import keys
 from gradwatch_server.storage import edits, retention, store
 
 router = APIRouter()
@@ -97,7 +98,7 @@ def content_disposition(filename: str) -> str:
 def get_heatmap(
     request: Request,
     run_id: int,
-    key: str = "grad",
+    key: str = keys.GRAD_VECTOR,
     max_steps: int = Query(400, ge=1, le=5000),
     start: int | None = None,
     end: int | None = None,

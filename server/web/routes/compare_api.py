@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 
 import numpy as np
@@ -12,15 +13,19 @@ from fastapi import APIRouter, HTTPException, Query, Request
 from sqlalchemy import select
 
 from gradwatch import contract
+from gradwatch.contract import options
 from gradwatch_server.storage import chunks, db, store
 from gradwatch_server.storage.query import QueryError
 
 router = APIRouter()
 
-AGGS = ("mean", "median")
-BANDS = ("std", "sem", "minmax", "none")
-TIME_AXES = ("step", "wall", "relative")
+TIME_AXES = options.TIME_AXES
 MAX_RUNS = 2000
+
+
+def _one_of(names) -> str:
+    """A Query pattern that accepts exactly these names."""
+    return "^(" + "|".join(re.escape(n) for n in names) + ")$"
 
 
 def _ids(text: str | None) -> list[int] | None:
@@ -200,9 +205,9 @@ def series(
     project: str | None = None,
     where: str | None = Query(None, max_length=4000),
     group: str | None = Query(None, max_length=contract.MAX_KEY_LEN),
-    x: str = Query("step", min_length=1, max_length=contract.MAX_KEY_LEN),
-    agg: str = Query("mean", pattern="^(mean|median)$"),
-    band: str = Query("std", pattern="^(std|sem|minmax|none)$"),
+    x: str = Query(options.TIME_AXES[0], min_length=1, max_length=contract.MAX_KEY_LEN),
+    agg: str = Query(options.AGGREGATIONS[0], pattern=_one_of(options.AGGREGATIONS)),
+    band: str = Query(options.BANDS[0], pattern=_one_of(options.BANDS)),
     points: int = Query(200, ge=2, le=2000),
     limit: int = Query(1000, ge=1, le=MAX_RUNS),
 ) -> dict:

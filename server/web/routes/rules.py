@@ -7,7 +7,7 @@ import asyncio
 
 from fastapi import APIRouter, Body, HTTPException, Request
 
-from gradwatch import thresholds
+from gradwatch.contract import rules as specs
 from gradwatch_server.health import registry
 from gradwatch_server.rules import backtest, policy
 
@@ -33,7 +33,7 @@ def _read(conn, project: str) -> dict:
 def get_rules(request: Request, project: str) -> dict:
     """The project's rules (disabled, thresholds, severity, custom), who changed them and when, and the defaults."""
     out = _services(request).read(_read, project)
-    out["defaults"] = dict(thresholds.DEFAULTS)
+    out["defaults"] = dict(specs.DEFAULTS)
     out["kinds"] = list(registry.kinds())
     return out
 

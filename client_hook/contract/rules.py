@@ -1,0 +1,340 @@
+"""A ``RuleSpec`` per health rule: its kind, thresholds (defaults and ranges), severity, one-line doc.
+
+The server's rules (server/health/) bind their checks to these specs by kind; the client validates
+``init(alerts=...)`` against the same thresholds so a typo fails at once, in the user's script; the
+pages get kinds, severities and defaults from /contract.js. A rule registered at run time declares
+its own spec (``declare``) and from then on is everywhere a built-in one is. Standard library only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from gradwatch.contract.options import SEVERITIES
+
+MAX_WINDOW = 1000  # most steps in any rule's window (loss_spike.window etc.; docs/security.md)
+
+# (low, high, low inclusive) for each kind of setting, by the part after the dot.
+RANGES: dict[str, tuple[float, float, bool]] = {
+    # a window is kept and re-sorted per check: its bound is what one run may cost the server's writer
+    "window": (1, MAX_WINDOW, True),
+    "min_history": (1, 1e7, True),
+    "patience": (1, 1e7, True),
+    "cooldown": (1, 1e7, True),
+    "skips": (1, 1e7, True),
+    "factor": (1.0, math.inf, False),
+    "early_factor": (1.0, math.inf, False),
+    "ceiling": (0.0, math.inf, False),
+    "min_delta": (0.0, math.inf, True),
+    "min_norm": (0.0, math.inf, True),
+    "ratio": (0.0, 1.0, False),
+    "fraction": (0.0, 1.0, False),
+    "level": (0.0, math.inf, False),
+}
+INTEGERS = ("window", "min_history", "patience", "cooldown", "skips")  # settings that count steps
+
+
+class Threshold(NamedTuple):
+    """One setting of a rule: its name after the dot, default and what it means; its range is by name."""
+
+    setting: str
+    default: float
+    doc: str = ""
+
+
+class RuleSpec:
+    """What is known about a health rule without running it (its check lives in server/health/).
+
+    Args:
+        kind: the alert kind it raises; its thresholds are named ``<kind>.<setting>``.
+        severity: the severity of its alerts (a few raise the other one in a worse case).
+        doc: what it detects and why, in one line.
+        thresholds: its settings with their defaults.
+        worse: ``"smaller"`` when a recurrence with a smaller |value| is the worse one (e.g. a ratio).
+        nonfinite_value: its alert value may be NaN/inf, and that is the point: keep it.
+    """
+
+    __slots__ = ("kind", "severity", "doc", "thresholds", "worse", "nonfinite_value")
+
+    def __init__(self, kind: str, severity: str, doc: str, thresholds=(), worse="larger", nonfinite_value=False):
+        if severity not in SEVERITIES:
+            raise ValueError(f"rule {kind!r}: severity must be one of {SEVERITIES}, got {severity!r}")
+        if worse not in ("larger", "smaller"):
+            raise ValueError(f"rule {kind!r}: worse must be 'larger' or 'smaller', got {worse!r}")
+        for t in thresholds:
+            if t.setting not in RANGES:
+                raise ValueError(f"threshold {kind}.{t.setting}: no range for {t.setting!r} (known: {sorted(RANGES)})")
+        self.kind, self.severity, self.doc = kind, severity, doc
+        self.thresholds: tuple[Threshold, ...] = tuple(thresholds)
+        self.worse, self.nonfinite_value = worse, bool(nonfinite_value)
+
+    def __repr__(self) -> str:
+        return f"RuleSpec({self.kind!r}, {self.severity!r}, thresholds={len(self.thresholds)})"
+
+    @property
+    def smaller_is_worse(self) -> bool:
+        """Whether a recurrence with a smaller |value| is the worse one."""
+        return self.worse == "smaller"
+
+    @property
+    def defaults(self) -> dict[str, float]:
+        """Its thresholds' full names and defaults."""
+        return {f"{self.kind}.{t.setting}": t.default for t in self.thresholds}
+
+
+def _t(setting: str, default: float, doc: str = "") -> Threshold:
+    return Threshold(setting, default, doc)
+
+
+BUILT_IN: tuple[RuleSpec, ...] = (
+    RuleSpec(
+        "nan_loss",
+        "critical",
+        "A loss that is NaN or +/-inf: training has diverged at this exact step.",
+        (_t("cooldown", 10, "finite-loss steps that end a NaN episode"),),
+        nonfinite_value=True,
+    ),
+    RuleSpec(
+        "loss_spike",
+        "warning",
+        "A finite loss far outside its recent robust spread (median + factor x MAD).",
+        (
+            _t("factor", 10.0, "robust z-score (median / MAD) over the window"),
+            _t("window", 100),
+            _t("min_history", 20),
+            _t("cooldown", 20, "steps back in range before a new spike episode"),
+            _t("min_delta", 1e-4, "absolute floor: a rise smaller than this over the median is never a spike"),
+        ),
+    ),
+    RuleSpec(
+        "loss_divergence",
+        "critical",
+        "A finite loss that jumps to many times both the run's first loss and its recent median.",
+        (
+            _t("factor", 10.0, "x above the run's first loss and its recent median"),
+            _t("window", 10, "recent values whose median is the short-term reference"),
+            _t("cooldown", 20, "steps back under factor x the first loss to end it"),
+        ),
+    ),
+    RuleSpec(
+        "nonfinite_gradients",
+        "critical",
+        "NaN/inf inside gradients, naming the first parameters (input side) affected, or the loss if it went first.",
+        (_t("cooldown", 10, "finite-gradient steps that end an episode"),),
+        nonfinite_value=True,
+    ),
+    RuleSpec(
+        "exploding_gradients",
+        "warning",
+        "Global grad norm far above its own rolling median (or its first steps'), or past an absolute ceiling.",
+        (
+            _t("ceiling", 1000.0, "absolute global-norm warning level"),
+            _t("factor", 100.0, "x over the rolling median of the run's own norms"),
+            _t("early_factor", 1000.0, "x over the median of the first steps, before min_history"),
+            _t("window", 50),
+            _t("min_history", 10),
+            _t("cooldown", 20, "healthy steps in a row that end an episode"),
+            _t("min_norm", 0.1, "absolute floor: a global norm below this is never relatively exploding"),
+        ),
+    ),
+    RuleSpec(
+        "vanishing_gradients",
+        "warning",
+        "Early layers' gradient norms orders of magnitude below the late layers', for many steps.",
+        (
+            _t("ratio", 1e-3, "early-layer / late-layer norm ratio"),
+            _t("patience", 20, "consecutive steps below the ratio"),
+            _t("cooldown", 20),
+        ),
+        worse="smaller",
+    ),
+    RuleSpec(
+        "zero_gradients",
+        "warning",
+        "Parameters whose gradient is exactly zero for many consecutive steps (dead or disconnected).",
+        (_t("patience", 20, "consecutive steps with an exactly-zero gradient"), _t("cooldown", 10)),
+        worse="smaller",
+    ),
+    RuleSpec(
+        "missing_gradients",
+        "warning",
+        "Parameters that require grad but get no gradient at all (.grad is None) step after step.",
+        (_t("patience", 5, "consecutive steps with .grad None"), _t("cooldown", 5)),
+    ),
+    RuleSpec(
+        "memory_pressure",
+        "warning",
+        "CUDA memory reserved close to the device's capacity: an OOM is near.",
+        (_t("fraction", 0.95, "CUDA reserved / device total"), _t("cooldown", 20)),
+    ),
+    RuleSpec(
+        "amp_overflow",
+        "warning",
+        "GradScaler keeps skipping steps (loss scale keeps dropping): fp16 overflow every few steps.",
+        (_t("skips", 5, "skipped AMP steps ..."), _t("window", 100, "... within this many scaler updates")),
+    ),
+    RuleSpec(
+        "loss_plateau",
+        "warning",
+        "A loss that has not fallen at all over its first N values: the run may not be learning.",
+        (
+            _t("patience", 200, "finite values of a loss after which it must have fallen"),
+            _t("ratio", 0.99, "... below this x its start (medians of its first and latest values)"),
+        ),
+    ),
+    RuleSpec(
+        "instability_warning",
+        "warning",
+        "Update/weight ratios (‖Δw‖/‖w‖) growing past a safe size: a warning tens of steps before a divergence.",
+        (
+            _t("level", 0.1, "median update/weight ratio (largest matrix) of the last 10 steps ..."),
+            _t("factor", 1.5, "... and that many x its median over the baseline window"),
+            _t("window", 100, "baseline: this many steps, ending window/2 steps ago"),
+            _t("min_history", 60, "update ratios seen before the rule may warn"),
+            _t("cooldown", 50, "quiet steps that end a warning episode"),
+        ),
+    ),
+    RuleSpec(
+        "throughput_drop",
+        "warning",
+        "Step time sustained far above the run's own median (throughput down by a fraction), naming data waits.",
+        (
+            _t("fraction", 0.3, "throughput this far below the run's median (step time >= median / 0.7) ..."),
+            _t("patience", 20, "... as the median of this many steps"),
+            _t("window", 200, "the run's median step time over this many healthy steps"),
+            _t("min_history", 50, "step times seen before the rule may alert"),
+            _t("cooldown", 50, "normal-pace steps that end an episode"),
+            _t("min_delta", 0.01, "seconds: a slowdown smaller than this per step is never a drop"),
+        ),
+    ),
+)
+
+SPECS: dict[str, RuleSpec] = {}  # kind -> spec, built-ins first, then the ones declared at run time
+DEFAULTS: dict[str, float] = {}  # every declared threshold's default (kept in place: importers hold it)
+
+
+def declare(spec: RuleSpec) -> RuleSpec:
+    """Add a rule's spec: its kind, severity and thresholds are known everywhere from now on.
+
+    Args:
+        spec: the spec; its kind must not be declared already.
+
+    Returns:
+        The spec.
+    """
+    if not isinstance(spec, RuleSpec):
+        raise TypeError(f"expected a RuleSpec, got {type(spec).__name__}")
+    if spec.kind in SPECS:
+        raise ValueError(f"rule kind {spec.kind!r} is declared already")
+    SPECS[spec.kind] = spec
+    DEFAULTS.update(spec.defaults)
+    return spec
+
+
+def withdraw(kind: str) -> RuleSpec:
+    """Remove a declared spec and its thresholds (KeyError when there is none)."""
+    spec = SPECS.pop(kind)
+    for name in spec.defaults:
+        DEFAULTS.pop(name, None)
+    return spec
+
+
+def spec(kind: str) -> RuleSpec | None:
+    """The spec of a rule kind, or None (a kind the server or the client raises itself)."""
+    return SPECS.get(kind)
+
+
+def kinds() -> tuple[str, ...]:
+    """Every declared rule kind, in declaration order."""
+    return tuple(SPECS)
+
+
+for _spec in BUILT_IN:
+    declare(_spec)
+
+RULE_KINDS = tuple(s.kind for s in BUILT_IN)  # the built-in rules' kinds
+# raised by the server about the data itself; custom_rule: a project's own rule on any metric (server/rules/)
+SERVER_KINDS = ("data_gap", "data_refused", "stalled", "custom_rule", "straggler")
+# sent by the client as alert events (missing_gradients: parameters left out of the optimizer;
+# nan_provenance: where the first NaN/inf was born, capture/layer_signals.py); memory_pressure also
+# comes from a client's OOM crash
+CLIENT_KINDS = ("missing_gradients", "data_gap", "lr_suggestion", "nan_provenance")
+ALERT_KINDS = tuple(dict.fromkeys(RULE_KINDS + SERVER_KINDS + CLIENT_KINDS))  # every kind an alert can have
+
+
+def alert_kinds() -> tuple[str, ...]:
+    """Every kind an alert can have now: the declared rules', the server's and the client's."""
+    return tuple(dict.fromkeys(kinds() + SERVER_KINDS + CLIENT_KINDS))
+
+
+# -- checking thresholds ------------------------------------------------------------------------
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, (bool, str, bytes)) or value is None:
+        raise ValueError(f"alert threshold {name!r} must be a number, got {type(value).__name__} {value!r}")
+    try:
+        number = float(value)  # ints, numpy scalars, 0-dim arrays and tensors
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"alert threshold {name!r} must be a number, got {type(value).__name__} {value!r}") from exc
+    if math.isnan(number):
+        raise ValueError(f"alert threshold {name!r} must be a number, got NaN")
+    return number
+
+
+def check(name: str, value: Any) -> float:
+    """One threshold as a float, or ValueError saying what is wrong with it."""
+    if not isinstance(name, str) or name not in DEFAULTS:
+        close = difflib.get_close_matches(str(name), DEFAULTS, n=3, cutoff=0.6)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise ValueError(f"unknown alert threshold {name!r}.{hint} Known: {', '.join(sorted(DEFAULTS))}")
+    number = _number(name, value)
+    part = name.split(".", 1)[1]
+    low, high, inclusive = RANGES[part]
+    if not ((low <= number if inclusive else low < number) and number <= high):
+        bound = f"{'>=' if inclusive else '>'} {low:g}" + (f" and <= {high:g}" if high < math.inf else "")
+        raise ValueError(f"alert threshold {name!r} must be {bound}, got {number:g}")
+    if part in INTEGERS and number != int(number):
+        raise ValueError(f"alert threshold {name!r} counts steps and must be a whole number, got {number:g}")
+    return number
+
+
+def validate(overrides: Mapping | None) -> dict[str, float]:
+    """The overrides as {name: float}; ValueError for unknown names, non-numbers or out-of-range values."""
+    if overrides is None:
+        return {}
+    if not isinstance(overrides, Mapping):
+        raise ValueError(f"alerts must be a dict of threshold name -> number, got {type(overrides).__name__}")
+    return {str(name): check(name, value) for name, value in overrides.items()}
+
+
+def merged(overrides: Mapping | None) -> dict[str, float]:
+    """DEFAULTS with every valid override applied; a bad one keeps its default (never raises)."""
+    th = {k: float(v) for k, v in DEFAULTS.items()}
+    if not isinstance(overrides, Mapping):
+        return th
+    for name, value in overrides.items():
+        try:
+            th[name] = check(name, value)
+        except ValueError:
+            pass
+    return th
+
+
+def of(kind: str) -> dict[str, float]:
+    """The defaults of one alert kind's thresholds (``{}`` for a kind no declared rule raises)."""
+    found = SPECS.get(kind)
+    return dict(found.defaults) if found else {}
+
+
+def shared() -> dict:
+    """What /contract.js carries about the rules, by JavaScript name."""
+    return {
+        "RULE_KINDS": list(kinds()),
+        "RULE_SPECS": {
+            s.kind: {"severity": s.severity, "doc": s.doc, "worse": s.worse, "thresholds": s.defaults}
+            for s in SPECS.values()
+        },
+        "THRESHOLD_DEFAULTS": dict(DEFAULTS),
+    }
