@@ -1,25 +1,64 @@
-// The notification channels of one project (on the rules page): webhooks (Slack, Discord, JSON) and emails,
-// each with its minimum severity; a test button; the deliveries with their status and reason.
-import { el, getJSON } from "./common.js";
+// The notification channels of one project (on the rules page), each with its minimum severity; a test button;
+// the deliveries with their status and reason. The form is built from the channel kinds the server serves
+// (GET .../channels: `kinds`, each with its stored fields and options), so a new kind needs nothing here.
+import { el, getJSON, SEVERITIES } from "./common.js";
 
 const $ = (id) => document.getElementById(id);
 const PROJECT = new URLSearchParams(location.search).get("project") || "default";
 const API = `/api/projects/${encodeURIComponent(PROJECT)}`;
+let KINDS = [];
 
 const select = (options, value, field) => {
-  const s = el("select", { "data-field": field }, ...options.map((o) => el("option", { value: o }, o)));
+  const s = el("select", { "data-field": field }, ...options.map(([v, label]) => el("option", { value: v }, label)));
   s.value = value;
   return s;
 };
 
-function row(ch = { kind: "webhook", format: "slack", min_severity: "warning" }) {
+// The kind whose stored fields a channel carries (a webhook without a format posts JSON).
+const kindOf = (ch) =>
+  KINDS.find((k) =>
+    Object.entries(k.stored).every(
+      ([f, v]) => (f === "format" && ch.kind === "webhook" ? ch.format || "json" : ch[f]) === v,
+    ),
+  ) || KINDS[0];
+
+function optionInputs(kind, ch) {
+  return kind.options.map((o) => {
+    const value = Array.isArray(ch[o.name]) ? ch[o.name].join(", ") : ch[o.name] || "";
+    return el("input", { "data-option": o.name, placeholder: o.label, title: o.label, size: 50, value });
+  });
+}
+
+function row(ch = {}) {
+  const kind = ch.kind ? kindOf(ch) : KINDS[0];
+  const options = el("td", { class: "options" }, ...optionInputs(kind, ch));
+  const kinds = select(
+    KINDS.map((k) => [k.name, k.label]),
+    kind.name,
+    "channel-kind",
+  );
+  kinds.addEventListener("change", () =>
+    options.replaceChildren(
+      ...optionInputs(
+        KINDS.find((k) => k.name === kinds.value),
+        {},
+      ),
+    ),
+  );
   const tr = el(
     "tr",
     { class: "channel" },
-    el("td", {}, select(["webhook", "email"], ch.kind, "kind")),
-    el("td", {}, el("input", { "data-field": "target", size: 50, value: ch.url || (ch.to || []).join(", ") })),
-    el("td", {}, select(["slack", "discord", "json"], ch.format || "json", "format")),
-    el("td", {}, select(["info", "warning", "critical"], ch.min_severity || "warning", "min_severity")),
+    el("td", {}, kinds),
+    options,
+    el(
+      "td",
+      {},
+      select(
+        SEVERITIES.map((s) => [s, s]),
+        ch.min_severity || "warning",
+        "min_severity",
+      ),
+    ),
     el("td", {}, el("button", { onclick: () => tr.remove() }, "Remove")),
   );
   return tr;
@@ -27,10 +66,10 @@ function row(ch = { kind: "webhook", format: "slack", min_severity: "warning" })
 
 function edited() {
   return [...document.querySelectorAll("#channels .channel")].map((tr) => {
-    const f = (name) => tr.querySelector(`[data-field='${name}']`).value.trim();
-    return f("kind") === "webhook"
-      ? { kind: "webhook", url: f("target"), format: f("format"), min_severity: f("min_severity") }
-      : { kind: "email", to: f("target"), min_severity: f("min_severity") };
+    const kind = KINDS.find((k) => k.name === tr.querySelector("[data-field='channel-kind']").value);
+    const out = { ...kind.stored, min_severity: tr.querySelector("[data-field='min_severity']").value };
+    for (const input of tr.querySelectorAll("[data-option]")) out[input.dataset.option] = input.value.trim();
+    return out;
   });
 }
 
@@ -76,5 +115,8 @@ $("save-channels").addEventListener("click", () =>
 $("test-channels").addEventListener("click", () =>
   call(() => getJSON(API + "/channels/test", { method: "POST" }), "test sent: see the deliveries below"),
 );
-getJSON(API + "/channels").then((c) => $("channels").tBodies[0].replaceChildren(...c.channels.map(row)));
+getJSON(API + "/channels").then((c) => {
+  KINDS = c.kinds;
+  $("channels").tBodies[0].replaceChildren(...c.channels.map(row));
+});
 deliveries();

@@ -131,3 +131,20 @@ def test_ctrl_c_on_serve_exits_quietly(tmp_path):
         proc.kill()
     assert proc.returncode in (0, 130), out
     assert "Traceback" not in out and "KeyboardInterrupt" not in out, out
+
+
+def test_docs_command_table_is_generated_from_the_registry():
+    """docs/cli.md's table is the registry's; every registered command has a handler and a --help line."""
+    import re
+    from pathlib import Path
+
+    from gradwatch_server.cli import markdown_table, parser_and_helps
+    from gradwatch_server.cli.commands import COMMANDS
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    table = re.search(r"<!-- commands-table:start -->\n(.*)\n<!-- commands-table:end -->", text, re.S).group(1)
+    assert table == markdown_table()
+    parser, helps = parser_and_helps()
+    assert len(helps) == len(COMMANDS) == len({c.run for c in COMMANDS})  # one parser and one handler each
+    assert parser.parse_args(["gc", "--older-than", "1d"]).gradwatch_handler is COMMANDS[3].run
+    assert all(f"`gradwatch {name}`" in text and line for name, line in helps.items())

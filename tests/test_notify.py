@@ -135,9 +135,15 @@ def test_channels_page_saves_and_sends_a_test(parts, page):
     srv, api, rx, box = parts
     page.goto(srv.url + "/rules?project=web")
     page.wait_for_selector("#builtin tr[data-kind='loss_spike']")
-    page.click("#add-channel")
-    page.locator("#channels .channel [data-field='target']").fill(rx.url + "/hook")
-    page.locator("#channels .channel [data-field='format']").select_option("discord")
+    page.click("#add-channel")  # the form is built from the kinds the server serves (their option schemas)
+    kinds = page.locator("#channels .channel [data-field='channel-kind'] option")
+    assert kinds.evaluate_all("os => os.map(o => o.value)") == [
+        k["name"] for k in api.get("/api/projects/web/channels")["kinds"]
+    ]
+    page.locator("#channels .channel [data-field='channel-kind']").select_option("email")
+    assert page.locator("#channels .channel [data-option='to']").count() == 1
+    page.locator("#channels .channel [data-field='channel-kind']").select_option("discord")
+    page.locator("#channels .channel [data-option='url']").fill(rx.url + "/hook")
     page.click("#save-channels")
     page.wait_for_selector("#channel-message:has-text('channels saved')")
     assert api.get("/api/projects/web/channels")["channels"][0]["format"] == "discord"

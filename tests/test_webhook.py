@@ -114,11 +114,11 @@ def test_bad_step_to_alert_latency_is_sub_second(server, api):
 
 
 def test_slack_markup_in_names_and_messages_is_escaped():
-    from gradwatch_server.notify import formats
+    from gradwatch_server.notify.kinds import slack
 
     alert = {"run_id": 3, "severity": "warning", "kind": "loss_spike", "step": 5, "message": "<!here> & <http://x|y>"}
     note = {"run_id": 3, "run": {"name": "<!channel> <https://evil.example|click me>", "project": "p"}, "alert": alert}
-    text = formats.render("slack", note)["text"]
+    text = slack.render(note)["text"]
     assert "<!" not in text and "<http" not in text and "|click me>" not in text
     assert "&lt;!channel&gt; &lt;https://evil.example|click me&gt;" in text and "&amp;" in text
 

@@ -15,14 +15,37 @@ import threading
 import time
 from pathlib import Path
 
-from gradwatch_server.serve import BackgroundServer
-from gradwatch_server.settings import default_db_url
+from gradwatch_server.cli.launch import launch
+from gradwatch_server.settings import add_arguments, default_db_url
 
 RUNS = (  # name, optimizer, lr, schedule
     ("baseline adam lr=3e-3", "Adam", 3e-3, "cosine"),
     ("sgd constant lr=0.05", "SGD", 0.05, "constant"),
     ("lr ramp (diverges)", "SGD", 0.05, "ramp"),
 )
+
+
+def add_parser(sub) -> None:
+    demo = sub.add_parser(
+        "demo",
+        help="start a server and stream real demo training runs into it",
+        description="Start a server and stream three real PyTorch training runs into it, a few seconds apart: "
+        "two healthy ones and one whose learning rate ramps up until the loss diverges (and is "
+        "flagged). Uses a database of its own (printed at start), not your default one; keeps "
+        "serving after training until Ctrl-C.",
+    )
+    add_arguments(demo)
+    demo.add_argument("--steps", type=int, default=6000, help="training steps per demo run [6000, ~5 minutes]")
+    demo.add_argument("--delay", type=float, default=0.05, help="seconds to sleep per step, to watch it live [0.05]")
+    demo.add_argument("--exit", action="store_true", help="exit when the demo runs end instead of serving on")
+
+
+def run(args) -> int:
+    return launch(
+        args,
+        lambda settings: run_demo(settings, steps=args.steps, delay=args.delay, keep_serving=not args.exit),
+        lambda settings: settings.db_url if settings.db else f"sqlite:///{demo_db_path()}",
+    )
 
 
 def demo_db_path() -> Path:
@@ -137,6 +160,8 @@ def _database(settings):
 
 def run_demo(settings, steps: int = 6000, delay: float = 0.05, keep_serving: bool = True) -> None:
     """Start the server, stream the demo runs a few seconds apart, then keep serving until Ctrl-C."""
+    from gradwatch_server.serve import BackgroundServer
+
     settings = _database(settings)
     server = BackgroundServer(settings).start()
     print(f"gradwatch demo: open {server.login_link() if settings.token else server.url} in your browser", flush=True)

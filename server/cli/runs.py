@@ -1,4 +1,4 @@
-"""``gradwatch runs ls|rm``, and the wiring of the data commands (runs, export, import-tb, report) into the CLI."""
+"""``gradwatch runs ls|rm``: list or delete runs on a server (or a database with --db)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,9 @@ import sys
 from gradwatch.contract import STATUSES, options
 from gradwatch_server.cli.source import SourceError, open_source, printable, resolve
 
-COMMANDS = ("runs", "export", "import-tb", "report")
 
-
-def add_parsers(sub) -> None:
-    """Add every data command to the ``gradwatch`` parser."""
-    from gradwatch_server.cli import export, import_tb, report
+def add_parser(sub) -> None:
+    from gradwatch_server.cli import export
 
     runs = sub.add_parser(
         "runs", help="list or delete runs", description="List or delete runs on a server (or a database with --db)."
@@ -33,29 +30,6 @@ def add_parsers(sub) -> None:
     rm.add_argument("-y", "--yes", action="store_true", help="do not ask (needed when not on a terminal)")
     rm.add_argument("--json", action="store_true", help='print {"deleted": [ids]}')
     export.add_source_arguments(rm)
-    export.add_parser(sub)
-    import_tb.add_parser(sub)
-    report.add_parser(sub)
-
-
-def main(args) -> int:
-    """Run one data command; a problem is one line on stderr and exit status 1."""
-    from gradwatch_server.cli import export, import_tb, report
-
-    handlers = {
-        "runs": run_runs,
-        "export": export.run_export,
-        "import-tb": import_tb.run_import,
-        "report": report.run_report,
-    }
-    try:
-        return handlers[args.command](args)
-    except SourceError as exc:
-        print(printable(f"gradwatch {args.command}: {exc}"), file=sys.stderr)  # may quote a run's name
-        return 1
-    except KeyboardInterrupt:
-        print(f"gradwatch {args.command}: interrupted", file=sys.stderr)
-        return 130
 
 
 def run_runs(args) -> int:

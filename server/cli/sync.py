@@ -7,6 +7,22 @@ import sys
 from pathlib import Path
 
 
+def add_parser(sub) -> None:
+    p = sub.add_parser("sync", help="deliver batches a run left on disk when the server was unreachable")
+    p.add_argument(
+        "spool_dir",
+        nargs="?",
+        default=None,
+        help="the directory printed by the run; without it, every pending run under the spool "
+        "directory ($GRADWATCH_SPOOL_DIR or ~/.cache/gradwatch/spool)",
+    )
+    p.add_argument("--server", default=None, help="server address [$GRADWATCH_SERVER or http://127.0.0.1:8765]")
+
+
+def run(args) -> int:
+    return sync(args.spool_dir, args.server)
+
+
 def sync(spool_dir: str | None = None, server: str | None = None, token: str | None = None) -> int:
     """Send spooled runs: one run's spool, every run under a spool root, or (no path) every pending run.
 

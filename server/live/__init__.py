@@ -1,1 +1,1 @@
-"""What leaves the server as it happens: pushes to open pages, to other server processes, and to webhooks."""
+"""What leaves the server as it happens: pushes to open pages and to other server processes (webhooks: notify/)."""

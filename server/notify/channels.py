@@ -3,41 +3,30 @@
 from __future__ import annotations
 
 import json
-import re
 import time
-import urllib.parse
 
 from sqlalchemy import select
 
 from gradwatch import contract
-from gradwatch_server.notify.formats import FORMATS
+from gradwatch_server.notify import kinds
 from gradwatch_server.storage import db
 
 MAX_CHANNELS = 20
-EMAIL = re.compile(r"^[^@\s,]+@[^@\s,]+$")
 
 
 def check(i: int, ch) -> dict:
-    """One channel normalised, or ValueError naming what is wrong."""
+    """One channel normalised (its kind's stored fields, its options, min_severity), or ValueError naming what is wrong."""
     where = f"channels[{i}]"
-    if not isinstance(ch, dict) or ch.get("kind") not in ("webhook", "email"):
-        raise ValueError(f"{where}.kind must be 'webhook' or 'email'")
+    if not isinstance(ch, dict):
+        raise ValueError(f"{where} must be an object")
+    try:
+        kind = kinds.of(ch)
+    except ValueError as exc:
+        raise ValueError(f"{where} {exc}") from None
     severity = ch.get("min_severity", "warning")
     if severity not in contract.SEVERITIES:
         raise ValueError(f"{where}.min_severity must be one of {', '.join(contract.SEVERITIES)}")
-    if ch["kind"] == "webhook":
-        url, fmt = ch.get("url"), ch.get("format", "json")
-        if not isinstance(url, str) or urllib.parse.urlsplit(url).scheme not in ("http", "https") or len(url) > 2000:
-            raise ValueError(f"{where}.url must be an http(s) URL")
-        if fmt not in FORMATS:
-            raise ValueError(f"{where}.format must be one of {', '.join(FORMATS)}")
-        return {"kind": "webhook", "url": url, "format": fmt, "min_severity": severity}
-    to = ch.get("to")
-    if isinstance(to, str):
-        to = [t.strip() for t in to.split(",") if t.strip()]
-    if not isinstance(to, list) or not to or not all(isinstance(t, str) and EMAIL.match(t) for t in to):
-        raise ValueError(f"{where}.to must be one or more email addresses")
-    return {"kind": "email", "to": to[:50], "min_severity": severity}
+    return {**kind.stored, **kind.check(where, ch), "min_severity": severity}
 
 
 def validate(body) -> list[dict]:
@@ -63,10 +52,7 @@ def save(conn, project: str, chans: list[dict]) -> list[dict]:
 
 def describe(ch: dict) -> str:
     """How a delivery names its channel (a webhook's URL without its query, where secrets live)."""
-    if ch["kind"] == "email":
-        return ("email " + ", ".join(ch["to"]))[:400]
-    parts = urllib.parse.urlsplit(ch["url"])
-    return f"{ch['format']} {parts.scheme}://{parts.netloc}{parts.path}"[:400]
+    return kinds.of(ch).describe(ch)
 
 
 def record(conn, project: str, run_id, incident_id, channel: str, status: str, reason, attempts: int) -> None:

@@ -12,34 +12,26 @@ channels every incident goes to the server's own: ``alert_email`` (critical ones
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
 import time
-import urllib.request
 from collections import deque
 
 from sqlalchemy import select
 
 from gradwatch import contract
 from gradwatch_server.health import incidents
-from gradwatch_server.live import webhook
-from gradwatch_server.notify import channels, formats, mail
+from gradwatch_server.notify import channels, kinds
 from gradwatch_server.storage import db, store
 
 log = logging.getLogger("gradwatch.server")
 RANK = {s: i for i, s in enumerate(contract.SEVERITIES)}
 
 
-def post(url: str, body: dict, timeout: float = 10.0) -> None:
-    """One JSON POST; raises on a network error or a non-2xx answer."""
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        if not 200 <= resp.status < 300:
-            raise OSError(f"HTTP {resp.status}")
+def server_webhook(url: str) -> list[dict]:
+    """The ``webhook`` setting as channels (none when unset): Slack text, every severity, for every project."""
+    return [{"kind": "webhook", "url": url, "format": "slack", "min_severity": "info"}] if url else []
 
 
 class Notifier:
@@ -49,7 +41,7 @@ class Notifier:
         self.engine, self.writer = engine, writer
         self.smtp_url, self.base_url = settings.smtp_url, settings.base_url.rstrip("/")
         self.alert_email = [a.strip() for a in settings.alert_email.split(",") if a.strip()]
-        self.webhook = webhook.channel(settings.webhook)  # the server-wide webhook, for every project
+        self.webhook = server_webhook(settings.webhook)  # the server-wide webhook, for every project
         self.per_run, self.retries, self.backoff = settings.webhook_per_run, retries, backoff
         self.grace = grace  # seconds a root waits for what its step brought along (the story, the worst severity)
         self.queue: queue.Queue = queue.Queue(maxsize=1000)
@@ -135,12 +127,7 @@ class Notifier:
         }
 
     def _send(self, note: dict, ch: dict) -> None:
-        if ch["kind"] == "webhook":
-            post(ch["url"], formats.render(ch["format"], note))
-            return
-        if not self.smtp_url:
-            raise ValueError("no smtp_url set on the server")
-        mail.send(self.smtp_url, ch["to"], formats.headline(note), formats.text(note))
+        kinds.of(ch).send(ch, note, self)  # the kind reads what it needs of the server's (smtp_url)
 
     def _deliver(self, note: dict, ch: dict) -> dict:
         """Send with retries and backoff; record and return the outcome."""

@@ -1,10 +1,6 @@
-"""What a notification says, per channel format: one incident, its root cause first, with a link to the run."""
+"""What a notification says (every channel kind renders these): one incident, its root cause first, a link to the run."""
 
 from __future__ import annotations
-
-from gradwatch_server.live.webhook import slack_escape
-
-FORMATS = ("slack", "discord", "json")
 
 
 def headline(note: dict) -> str:
@@ -28,22 +24,3 @@ def text(note: dict) -> str:
     if note.get("link"):
         lines.append(note["link"])
     return "\n".join(lines)
-
-
-def render(fmt: str, note: dict) -> dict:
-    """The JSON body of a webhook post in ``fmt``."""
-    if fmt == "slack":
-        return {"text": slack_escape(text(note))}  # a run named <!channel> must not ping (docs/security.md)
-    if fmt == "discord":
-        # Discord's limit per message; no @everyone/@here/role pings from a run's name or message
-        return {"content": text(note)[:2000], "allowed_mentions": {"parse": []}}
-    return {
-        "type": "incident",
-        "headline": headline(note),
-        "text": text(note),
-        "link": note.get("link"),
-        "run": note.get("run"),
-        "incident": note.get("incident"),
-        "alert": note.get("alert"),
-        "test": bool(note.get("test")),
-    }

@@ -6,7 +6,7 @@ import asyncio
 
 from fastapi import APIRouter, Body, HTTPException, Request
 
-from gradwatch_server.notify import channels
+from gradwatch_server.notify import channels, kinds
 
 router = APIRouter()
 
@@ -17,8 +17,8 @@ def _services(request: Request):
 
 @router.get("/api/projects/{project}/channels")
 def get_channels(request: Request, project: str) -> dict:
-    """The project's channels: webhooks (slack / discord / json) and emails, each with its min_severity."""
-    return {"project": project, "channels": _services(request).read(channels.load, project)}
+    """The project's channels, each with its min_severity, and every channel kind's option schema (the form)."""
+    return {"project": project, "channels": _services(request).read(channels.load, project), "kinds": kinds.schema()}
 
 
 @router.put("/api/projects/{project}/channels")

@@ -1,0 +1,47 @@
+"""What the webhook kinds share: the URL option, its check, the JSON POST and a name without the URL's query."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+import urllib.request
+
+from gradwatch_server.notify.kinds.base import ChannelKind, Option
+
+URL = Option("url", "Webhook URL", "url", secret=True)
+
+
+def check(where: str, ch: dict) -> dict:
+    url = ch.get("url")
+    if not isinstance(url, str) or urllib.parse.urlsplit(url).scheme not in ("http", "https") or len(url) > 2000:
+        raise ValueError(f"{where}.url must be an http(s) URL")
+    return {"url": url}
+
+
+def post(url: str, body: dict, timeout: float = 10.0) -> None:
+    """One JSON POST; raises on a network error or a non-2xx answer."""
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        if not 200 <= resp.status < 300:
+            raise OSError(f"HTTP {resp.status}")
+
+
+def describe(ch: dict) -> str:
+    """``slack https://hooks.slack.com/services``: the query, where secrets live, left out."""
+    parts = urllib.parse.urlsplit(ch["url"])
+    return f"{ch['format']} {parts.scheme}://{parts.netloc}{parts.path}"[:400]
+
+
+def kind(name: str, label: str, render) -> ChannelKind:
+    """A webhook kind that posts ``render(note)`` as JSON to its URL."""
+    return ChannelKind(
+        name=name,
+        label=label,
+        stored={"kind": "webhook", "format": name},
+        options=(URL,),
+        check=check,
+        send=lambda ch, note, context: post(ch["url"], render(note)),
+        describe=describe,
+    )
