@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import inspect
 import os
 import signal
 import subprocess
-import sys
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 _popen_init = subprocess.Popen.__init__
@@ -19,7 +19,7 @@ _refuse = None  # set while a unit test runs: it may start no process of its own
 
 def _from_tests() -> bool:
     """Whether the code asking for this process is the suite's (the code under test may run tools)."""
-    frame = sys._getframe(2)
+    frame = inspect.currentframe()
     while frame and frame.f_code.co_filename in (subprocess.__file__, __file__):
         frame = frame.f_back
     return bool(frame) and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == TESTS
