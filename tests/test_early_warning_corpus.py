@@ -61,7 +61,8 @@ def render() -> str:
     lines = [
         f"From `tests/test_early_warning_corpus.py`: {len(DIVERGING) + len(SOUND)} real CPU training runs. *Lead* "
         f"is the blow-up step (the first loss NaN/inf or over {BLOWUP:g}x the first loss) minus the step the "
-        "warning was raised at; a *false warning* is one on a run that never blows up.",
+        "warning was raised at; a *false warning* is one on a run that never blows up. The steps are one machine's "
+        "(another's training differs by a few steps); the tests check the properties, not these figures.",
         "",
         "| run | blows up at | first warning | lead (steps) | other alerts before the blow-up |",
         "|---|---|---|---|---|",
