@@ -32,7 +32,6 @@ class ServerProcess:
             [sys.executable, "-m", "gradwatch_server.cli", "serve", "--port", str(self.port), "--db", db, *extra],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            start_new_session=True,  # its workers die with it (stop, kill)
         )
         try:  # the port is bound before uvicorn listens on it
             wait_until(self._answers, timeout=timeout, message="gradwatch serve never answered /healthz")
@@ -74,7 +73,8 @@ class ServerProcess:
         self._kill_group()
 
     def _kill_group(self) -> None:
-        """SIGKILL to what is left of the server's process group (its workers); reaps the server."""
+        """SIGKILL to what is left of the server's process group (its workers; in the suite, where
+        tests/children.py gives each process a group of its own); reaps the server."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
