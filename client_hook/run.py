@@ -13,16 +13,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gradwatch import distributed, metadata, protocol, signals
-from gradwatch.contract import OUTBOX_MEMORY_BYTES
+from gradwatch import metadata, protocol, signals
 from gradwatch.delivery import hello, spool
 from gradwatch.delivery import pending as delivery
 from gradwatch.delivery import resume as resuming
 from gradwatch.delivery.sender import Sender
+from gradwatch.integrations import distributed
 from gradwatch.recorder import Recorder
+from gradwatch.run_options import ON_NAN_MODES, RunOptions
 from gradwatch.values import to_value
 
-ON_NAN_MODES = ("warn", "raise", "stop")
+__all__ = ["ON_NAN_MODES", "Run", "RunOptions", "TrainingDiverged", "default_spool_root"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -63,9 +64,11 @@ class Run:
             runs started on this machine can be continued: their secret is kept in
             ``~/.cache/gradwatch/runs`` (see gradwatch.delivery.resume).
 
+        options: a ``RunOptions`` holding any of the above (keyword arguments override it).
+
     Raises:
-        ValueError, TypeError: bad ``on_nan``, ``alerts``, ``tags`` or ``config`` (at once, not at
-            every connection attempt).
+        ValueError, TypeError: bad ``on_nan``, ``alerts``, ``tags`` or ``config``, or an unknown option
+            (at once, not at every connection attempt).
 
     ``run.recorder`` (a ``gradwatch.recorder.Recorder``) is what integrations and tools record
     through; a training script needs only ``log``, ``watch`` and ``finish``.
@@ -77,71 +80,28 @@ class Run:
         name: str | None = None,
         config: Mapping | None = None,
         *,
-        server: str | None = None,
-        alerts: Mapping | None = None,
-        on_nan: str = "warn",
-        tags: list[str] | None = None,
-        flush_interval: float = 0.2,
-        spool_dir: str | None = None,
-        max_memory_bytes: int = OUTBOX_MEMORY_BYTES,
-        token: str | None = None,
-        all_ranks: bool = False,
-        loss_key: str | None = None,
-        id: str | None = None,  # noqa: A002 - the name users know from other trackers
-        resume: str | int | bool | None = None,
+        options: RunOptions | None = None,
+        **kwargs,
     ):
-        if on_nan not in ON_NAN_MODES:
-            raise ValueError(f"on_nan must be one of {ON_NAN_MODES}, got {on_nan!r}")
-        alerts, tags = hello.check_alerts(alerts), hello.check_tags(tags)
+        opts = self.options = RunOptions.of(options, kwargs)
         self.project = str(project)
-        prior = resuming.find(resume, id, self.project, name)
+        prior = resuming.find(opts.resume, opts.id, self.project, name)
         self.resumed = prior is not None
-        self.uid = prior["uid"] if prior else (resuming.check_id(id) if id is not None else uuid.uuid4().hex)
+        self.uid = prior["uid"] if prior else (resuming.check_id(opts.id) if opts.id is not None else uuid.uuid4().hex)
         name = name or (prior or {}).get("name")
         self.name = str(name) if name else f"run-{self.uid[:6]}"
-        job = distributed.describe(all_ranks, self.uid, self.project, self.name)
+        job = distributed.describe(opts.all_ranks, self.uid, self.project, self.name)
         if "group" in job:
             self.name = f"{self.name} [rank {job['rank']}]"
         self.config = dict(config or {})
-        self.loss_key = protocol.check_key(loss_key) if loss_key is not None else None
-        self.on_nan = on_nan
-        self.server = (server or os.environ.get("GRADWATCH_SERVER") or protocol.DEFAULT_SERVER).rstrip("/")
+        self.loss_key, self.on_nan, self.server = opts.loss_key, opts.on_nan, opts.server
         self.should_stop = False
         self.diverged: tuple | None = None
         self._raise_pending: str | None = None
         self._watcher = None
-        self._optimizer_steps: int | None = None  # counted once watch() knows the optimizer
-        self._step_hook = None
         self._key_is_loss: dict[str, bool] = {}  # keys already validated -> is it a loss?
         self._pid = os.getpid()
-        # The secret proves to the server that a reconnect (or `gradwatch sync` of the spool) is this run's.
-        info = {
-            "uid": self.uid,
-            "secret": prior["secret"] if prior else secrets.token_hex(16),
-            "project": self.project,
-            "name": self.name,
-            "config": hello.jsonable(self.config),
-            "meta": {**metadata.collect(), **job, **({"loss_key": self.loss_key} if self.loss_key else {})},
-            "alerts": alerts,
-            "tags": tags,
-        }
-        where = Path(spool_dir) if spool_dir else default_spool_root() / self.uid
-        self._token = token or os.environ.get("GRADWATCH_TOKEN") or None  # kept for background delivery; never stored
-        self._sender = Sender(
-            self.server,
-            info,
-            where,
-            flush_interval=flush_interval,
-            max_memory_bytes=max_memory_bytes,
-            inspect=self._inspect_resolved,
-            token=self._token,
-            start_seq=int((prior or {}).get("seq", 0)),  # a continued run numbers its batches on
-        )
-        resuming.remember(self.uid, secret=info["secret"], project=self.project, name=self.name, server=self.server)
-        if not spool_dir:  # once this run reaches the server, spools that older runs left behind go too
-            self._sender.on_connected = lambda: delivery.deliver_pending(
-                default_spool_root(), self.server, self._token, skip=where
-            )
+        self._sender = self._open_sender(prior, job)
         # What the watchers, integrations and importers record through (see gradwatch.recorder).
         self.recorder = Recorder(self._sender)
         self._first_step = int((prior or {}).get("step", 0))  # where a continued run's steps go on from
@@ -150,6 +110,38 @@ class Run:
         self.recorder.put_event({"type": "status", "status": "running"})
         self._sender.start()
         signals.track(self)
+
+    def _open_sender(self, prior: dict | None, job: dict) -> Sender:
+        """The sender that delivers this run, its hello ready; the run is remembered on this machine."""
+        opts = self.options
+        # The secret proves to the server that a reconnect (or `gradwatch sync` of the spool) is this run's.
+        info = {
+            "uid": self.uid,
+            "secret": prior["secret"] if prior else secrets.token_hex(16),
+            "project": self.project,
+            "name": self.name,
+            "config": hello.jsonable(self.config),
+            "meta": {**metadata.collect(), **job, **({"loss_key": self.loss_key} if self.loss_key else {})},
+            "alerts": opts.alerts,
+            "tags": opts.tags,
+        }
+        where = Path(opts.spool_dir) if opts.spool_dir else default_spool_root() / self.uid
+        sender = Sender(
+            self.server,
+            info,
+            where,
+            flush_interval=opts.flush_interval,
+            max_memory_bytes=opts.max_memory_bytes,
+            inspect=self._inspect_resolved,
+            token=opts.token,
+            start_seq=int((prior or {}).get("seq", 0)),  # a continued run numbers its batches on
+        )
+        resuming.remember(self.uid, secret=info["secret"], project=self.project, name=self.name, server=self.server)
+        if not opts.spool_dir:  # once this run reaches the server, spools that older runs left behind go too
+            sender.on_connected = lambda: delivery.deliver_pending(
+                default_spool_root(), self.server, opts.token, skip=where
+            )
+        return sender
 
     # -- public API ----------------------------------------------------------------------
     @property
@@ -240,25 +232,27 @@ class Run:
 
         if self._watcher is not None:
             self._watcher.remove()
-        self._unhook_steps()
+        self.recorder.clock.stop_counting()
         self._watcher = Watcher(
             self.recorder, model, optimizer, scaler, every, signals, signals_every, on_nan, batch_size, system_every
         )
-        if optimizer is not None:
-            self._optimizer_steps = self._first_step
-            self._step_hook = optimizer.register_step_post_hook(self._on_optimizer_stepped)
+        if optimizer is not None:  # a log() without step= now belongs to the latest optimizer step
+            self.recorder.clock.count_from(self._first_step)
         return self
 
-    def _on_optimizer_stepped(self, optimizer, args, kwargs) -> None:
-        """Count optimizer steps: a ``log`` without ``step=`` belongs to the latest one."""
-        self._optimizer_steps += 1
-        self.recorder.guarded(lambda: self.recorder.claim_step(self._optimizer_steps - 1))
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything logged so far is acknowledged by the server (or spooled while it is away).
 
-    def _unhook_steps(self) -> None:
-        if self._step_hook is not None:
-            self._step_hook.remove()
-            self._step_hook = None
-        self._optimizer_steps = None
+        Args:
+            timeout: seconds to wait at most.
+
+        Returns:
+            True once every record logged before the call is acked (or written to the spool because
+            the server cannot be reached); False when ``timeout`` passed first.
+        """
+        if self.recorder.finished:
+            return True
+        return self.recorder.settle(timeout)
 
     def finish(self, status: str = "finished", timeout: float = 30.0, *, _budget: float | None = None) -> None:
         """Deliver everything to the server and mark the run ended; safe to call twice.
@@ -278,7 +272,8 @@ class Run:
         try:
             if self._watcher is not None:
                 self._watcher.remove()
-            self._unhook_steps()
+            self.recorder.clock.detach_all()
+            self.recorder.clock.stop_counting()
             self.recorder.put_event({"type": "status", "status": status})
             sender.hurry_up()
             sender.deliver(patience=timeout, grace=3.0 if sender.ever_connected else 1.0, cap=_budget, progress=True)
@@ -339,8 +334,9 @@ class Run:
             raise RuntimeError("the run is finished")
         if type(data) is not dict and not isinstance(data, Mapping):  # the ABC check alone costs ~1 us
             raise TypeError(f"log() takes a dict of metrics, got {type(data).__name__}")
-        if step is None and self._optimizer_steps is not None:  # the latest optimizer step, not one of its own
-            step = max(self._optimizer_steps - 1, 0)
+        latest = self.recorder.clock.latest() if step is None else None
+        if latest is not None:  # the latest optimizer step, not one of its own
+            step = latest
         else:
             step = self.recorder.claim_step(step)
         scalars = {}

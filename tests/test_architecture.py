@@ -124,12 +124,11 @@ ALLOWED = {
     "gradwatch_server.storage.ranks": {"._mapping"},
     # torch._foreach_norm: one fused kernel for every layer's norm (torch.linalg has no foreach form);
     # Variable._execution_engine.queue_callback: the only hook that runs once a whole backward pass ends.
-    "gradwatch.watcher": {"._foreach_norm", "._execution_engine"},
-    "gradwatch.capture.layer_signals": {"._foreach_norm"},  # per-layer norms of samples and outputs, fused
+    "gradwatch.capture.norms": {"._foreach_norm", "._execution_engine"},
     # The c10d store of the default process group: how ranks share the run group without a collective.
-    "gradwatch.distributed": {"._get_default_store"},
+    "gradwatch.integrations.distributed": {"._get_default_store"},
     # Lightning keeps the values of self.log() for the current step only in its result collection.
-    "gradwatch.lightning": {"._forward_cache", "._computed", "._forked_name", "._get_cache"},
+    "gradwatch.integrations.lightning": {"._forward_cache", "._computed", "._forked_name", "._get_cache"},
 }
 
 

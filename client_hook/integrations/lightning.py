@@ -81,7 +81,7 @@ class GradwatchCallback(pl.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         if self.run is None or not self.watch_gradients or self.run.recorder is None:  # None: a NoopRun
             return
-        from gradwatch.step_watcher import StepWatcher
+        from gradwatch.integrations.step_watcher import StepWatcher
 
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         self._watcher = StepWatcher(
