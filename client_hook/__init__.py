@@ -122,10 +122,21 @@ def _current() -> Run | None:
 
 
 def log(data: Mapping[str, Any], step: int | None = None) -> None:
-    """Log to the current run (see ``Run.log``); does nothing before ``init``."""
+    """Log to the current run (see ``Run.log``); does nothing before ``init``.
+
+    In a worker process of the script (``multiprocessing``, fork or spawn) it records nothing and says so
+    once on stderr, with what to do instead.
+    """
     current = _current()
     if current is not None:
         current.log(data, step=step)
+    elif isinstance(run, Run) and run.forked:
+        run.log(data, step=step)  # a forked worker's copy of the parent's run: it says so
+    elif run is None:
+        from gradwatch import signals
+
+        if signals.in_worker():
+            signals.say_not_in_worker()
 
 
 def watch(model, optimizer=None, scaler=None) -> Run | None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gradwatch import metadata, protocol, signals
+from gradwatch import metadata, protocol, signals, watch_set
 from gradwatch.delivery import hello, spool
 from gradwatch.delivery import pending as delivery
 from gradwatch.delivery import resume as resuming
@@ -98,12 +98,12 @@ class Run:
         self.should_stop = False
         self.diverged: tuple | None = None
         self._raise_pending: str | None = None
-        self._watcher = None
         self._key_is_loss: dict[str, bool] = {}  # keys already validated -> is it a loss?
         self._pid = os.getpid()
         self._sender = self._open_sender(prior, job)
         # What the watchers, integrations and importers record through (see gradwatch.recorder).
         self.recorder = Recorder(self._sender)
+        self._watched = watch_set.WatchSet(self.recorder)  # the models watch() was given
         self._first_step = int((prior or {}).get("step", 0))  # where a continued run's steps go on from
         if self._first_step:
             self.recorder.claim_step(self._first_step - 1)
@@ -158,7 +158,13 @@ class Run:
     @property
     def step(self) -> int:
         """The step the next ``log`` without ``step=`` will use."""
-        return self.recorder.current_step()
+        latest = self.recorder.clock.latest()
+        return latest if latest is not None else self.recorder.current_step()
+
+    @property
+    def forked(self) -> bool:
+        """True in a forked child of the process that started the run (it records nothing there)."""
+        return os.getpid() != self._pid
 
     @property
     def finished(self) -> bool:
@@ -170,15 +176,17 @@ class Run:
 
         Args:
             data: metric name -> Python number or single-value tensor (any device, any dtype).
-            step: explicit step. Default: once ``watch`` knows the optimizer, the latest optimizer
-                step (so an eval metric logged between steps does not shift later steps);
-                otherwise one more than the previous step (from 0).
+            step: explicit step. Default: once ``watch`` knows an optimizer, the latest training step
+                (so an eval metric logged between steps does not shift later steps; a log inside
+                ``optimizer.step(closure)`` belongs to the step being taken); otherwise one more than
+                the previous step (from 0). ``run.step`` is that step.
 
         Raises:
             TrainingDiverged: only with on_nan="raise", once a loss is NaN/inf.
         """
         if self.recorder.finished and os.getpid() != self._pid:
-            return  # a forked child (DataLoader worker): the parent's run is not ours to log to
+            signals.say_not_in_worker()  # a forked child: the parent's run is not ours to log to
+            return
         try:
             self._log(data, step)
         except Exception as exc:  # a bad call must not kill the training job
@@ -194,6 +202,7 @@ class Run:
         scaler=None,
         every: int = 1,
         *,
+        name: str | list | None = None,
         signals: bool = True,
         signals_every: int | None = None,
         on_nan: str | None = None,
@@ -202,10 +211,16 @@ class Run:
     ) -> Run:
         """Record gradient norms (global and per parameter), missing grads, LR and memory.
 
+        Called again, it adds a model (a GAN's two nets, one run); the same model again replaces its watch.
+        Norms are what backward produced, before any clipping (docs/gradients.md).
+
         Args:
-            model: the ``torch.nn.Module`` being trained.
-            optimizer: its optimizer; norms are captured at each ``optimizer.step()``.
-                Without one, they are captured after every backward pass.
+            model: the ``torch.nn.Module`` being trained, or a list of them (``[netD, netG]``).
+            optimizer: its optimizer (a list, one per model); norms are captured when the step's gradients
+                are final: at ``clip_grad_norm_`` or ``optimizer.step()``, for ``step(closure)`` after the
+                closure. Without one, they are captured after every backward pass.
+            name: the model's name in a run of several (its layers are ``<name>.<parameter>``; a list for a
+                list of models); default: none for the first model, its index for the others.
             scaler: a ``torch.amp.GradScaler``, to record the loss scale and skipped steps.
             every: capture every N-th step (1 = all). Norms read every gradient once, which on
                 a CPU-only run costs about one memory pass over the gradients.
@@ -225,19 +240,21 @@ class Run:
         Returns:
             The run, for chaining.
         """
-        from gradwatch.watcher import Watcher
-
         if on_nan not in (None, "skip"):
             raise ValueError(f"watch(on_nan=...) must be None or 'skip', got {on_nan!r}")
-
-        if self._watcher is not None:
-            self._watcher.remove()
-        self.recorder.clock.stop_counting()
-        self._watcher = Watcher(
-            self.recorder, model, optimizer, scaler, every, signals, signals_every, on_nan, batch_size, system_every
+        options = dict(
+            scaler=scaler,
+            every=every,
+            signals=signals,
+            signals_every=signals_every,
+            on_nan=on_nan,
+            batch_size=batch_size,
+            system_every=system_every,
         )
-        if optimizer is not None:  # a log() without step= now belongs to the latest optimizer step
-            self.recorder.clock.count_from(self._first_step)
+        for one, opt, label in watch_set.pairs(model, optimizer, name):
+            self._watched.add(one, opt, label, options)
+            if opt is not None:  # a log() without step= now belongs to the latest training step
+                self.recorder.clock.count_from(self._first_step)
         return self
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -270,8 +287,7 @@ class Run:
         self.recorder.finished = True
         sender = self._sender
         try:
-            if self._watcher is not None:
-                self._watcher.remove()
+            self._watched.remove_all()
             self.recorder.clock.detach_all()
             self.recorder.clock.stop_counting()
             self.recorder.put_event({"type": "status", "status": status})
@@ -309,12 +325,20 @@ class Run:
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
             "step": self.recorder.current_step(),
         }
-        if self._watcher is not None:
+        watcher = self._watched.first()
+        if watcher is not None:
             try:
-                event["memory"] = {**self._watcher.memory(), **self._watcher.memory_breakdown()}
+                event["memory"] = {**watcher.memory(), **watcher.memory_breakdown()}
             except Exception:
                 pass
         self.recorder.put_event(event)
+
+    def __getstate__(self):
+        """A run does not travel to another process (spawn pickles what a worker gets): say what to do instead."""
+        raise TypeError(
+            "a gradwatch Run cannot be sent to another process: log from the process that called "
+            "gradwatch.init(), or call gradwatch.init() inside each worker for a run per worker"
+        )
 
     def __enter__(self) -> Run:
         return self

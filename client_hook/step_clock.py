@@ -38,7 +38,12 @@ class Subscription:
 
 
 class StepClock:
-    """Counts a run's optimizer steps and calls its subscribers around each one.
+    """Counts a run's training steps and calls its subscribers around each optimizer step.
+
+    The step rule, with one optimizer or several: a training step ends once every optimizer the clock
+    is attached to has stepped, or when an optimizer that already stepped in it steps again (so two
+    optimizers stepped once per iteration make one step per iteration, and a critic stepped five times
+    per generator step makes five). An AMP step that ``GradScaler`` skipped ends its step too (marked).
 
     Args:
         recorder: the run's ``Recorder`` (``current_step``, ``guarded``; ``claim_step`` once counting).
@@ -46,12 +51,20 @@ class StepClock:
 
     def __init__(self, recorder):
         self.recorder = recorder
-        self.count = 0  # optimizer steps completed since the clock began counting
-        self.base: int | None = None  # counting: the step of the first optimizer step (a continued run's next)
+        self.count = 0  # training steps completed
+        self.base: int | None = None  # counting (Run.watch): log() without step= follows the clock
+        self.last = -1  # the step of the latest completed training step
         self.pinned: int | None = None  # a framework's own step number
         self.subscribers: list[Subscription] = []
+        self.ends: list[Callable] = []  # fn(step, skipped) when a training step ends
+        self.scale_updates: list[Callable] = []  # fn(step, scaler) after each GradScaler.update
         self.hooks: dict[int, tuple] = {}  # id(optimizer) -> (optimizer, its two hook handles)
-        self.taking: int | None = None  # the step between an optimizer's pre and post hook
+        self.scalers: dict[int, tuple] = {}  # id(scaler) -> (scaler, its original update)
+        self.round: int | None = None  # the step of the training step under way (some optimizer stepped)
+        self.stepped: set[int] = set()  # optimizers that stepped in it
+        self.taking = False  # between an optimizer's pre and post hook
+        self.closure = False  # ... and that step was given a closure (gradients come inside it)
+        self.moved = False  # an optimizer stepped since the last GradScaler.update
 
     # -- what steps the clock -------------------------------------------------------------
     def attach(self, optimizer) -> None:
@@ -60,16 +73,40 @@ class StepClock:
             handles = (optimizer.register_step_pre_hook(self._pre), optimizer.register_step_post_hook(self._post))
             self.hooks[id(optimizer)] = (optimizer, handles)
 
+    def attach_scaler(self, scaler) -> None:
+        """Hear every ``GradScaler.update`` (once per scaler): a step the scaler skipped ends as skipped."""
+        if id(scaler) in self.scalers or scaler is None:
+            return
+        original = scaler.update
+
+        def update(*args, **kwargs):
+            result = original(*args, **kwargs)
+            self.recorder.guarded(lambda: self._scaler_updated(scaler))
+            return result
+
+        scaler.update = update
+        self.scalers[id(scaler)] = (scaler, original)
+
     def detach_all(self) -> None:
-        """Remove every optimizer hook (the run finished, or its watchers were removed)."""
+        """Remove every optimizer hook and scaler wrapper (the run finished)."""
         for _, handles in self.hooks.values():
             for handle in handles:
                 handle.remove()
         self.hooks.clear()
+        for scaler, _ in self.scalers.values():
+            if "update" in vars(scaler):
+                del scaler.update
+        self.scalers.clear()
+
+    def about_to_step(self, optimizer) -> None:
+        """``optimizer`` will step soon (its gradients are being clipped): a step it already took is over."""
+        if id(optimizer) in self.stepped:
+            self._end(skipped=False)
 
     def count_from(self, base: int) -> None:
-        """Run.watch: ``log()`` without ``step=`` follows the optimizer, whose first step here is ``base``."""
-        self.base, self.count = base, 0
+        """Run.watch: ``log()`` without ``step=`` follows the clock, whose first step here is ``base``."""
+        if self.base is None:
+            self.base, self.last = base, base - 1
 
     def stop_counting(self) -> None:
         """``log()`` counts its own steps again."""
@@ -82,16 +119,22 @@ class StepClock:
     # -- reading it -----------------------------------------------------------------------
     @property
     def step(self) -> int:
-        """The step a capture made now is recorded at: the framework's, the one being taken, or the run's next."""
+        """The step a capture made now is recorded at: the framework's, the one under way, or the run's next."""
         if self.pinned is not None:
             return self.pinned
-        return self.taking if self.taking is not None else self.recorder.current_step()
+        return self.round if self.round is not None else self.recorder.current_step()
 
     def latest(self) -> int | None:
-        """Where ``log()`` without ``step=`` goes while counting: the latest optimizer step (None: not counting)."""
+        """Where ``log()`` without ``step=`` goes while counting (None: not counting): the training step
+        under way (a log inside ``step(closure)``, or between two optimizers' steps), else the latest one."""
         if self.base is None:
             return None
-        return max(self.base + self.count - 1, 0)
+        return self.round if self.round is not None else max(self.last, 0)
+
+    def recent(self) -> int:
+        """The step a background sample (system counters) belongs to: the latest step logged or taken."""
+        latest = self.latest()
+        return latest if latest is not None else max(self.recorder.current_step() - 1, 0)
 
     # -- subscribing ----------------------------------------------------------------------
     def subscribe(
@@ -110,12 +153,27 @@ class StepClock:
         """Call ``fn(step)`` once the optimizer has updated the weights."""
         return self.subscribe(after=fn, every=every, optimizer=optimizer)
 
+    def on_step_end(self, fn: Callable[[int, bool], None]) -> Callable:
+        """Call ``fn(step, skipped)`` when a training step ends (``skipped``: GradScaler skipped it)."""
+        self.ends.append(fn)
+        return fn
+
+    def on_scale_update(self, fn: Callable[[int, object], None]) -> Callable:
+        """Call ``fn(step, scaler)`` after each ``GradScaler.update`` (the step it concluded)."""
+        self.scale_updates.append(fn)
+        return fn
+
     # -- the optimizer hooks (the client's only step hooks) ---------------------------------
     def _pre(self, optimizer, args, kwargs) -> None:
-        self.taking = self.step
+        if id(optimizer) in self.stepped:  # it steps again: the training step it was part of is over
+            self._end(skipped=False)
+        if self.round is None:
+            self.round = self.step
+        self.taking, self.closure = True, callable(kwargs.get("closure", args[0] if args else None))
+        step = self.step
         for sub in self._concerned(optimizer):
             if sub.before is not None and sub.due:
-                self.recorder.guarded(lambda sub=sub: sub.before(self.taking))
+                self.recorder.guarded(lambda sub=sub: sub.before(step))
 
     def _post(self, optimizer, args, kwargs) -> None:
         step = self.step  # a framework may have pinned its step inside step(closure)
@@ -126,10 +184,31 @@ class StepClock:
         finally:
             for sub in self._concerned(optimizer):
                 sub.seen += 1
-            self.taking = None
-            self.count += 1
-            if self.base is not None:  # a log() without step= now belongs to this step
-                self.recorder.guarded(lambda: self.recorder.claim_step(self.base + self.count - 1))
+            self.taking = self.closure = False
+            self.moved = True
+            self.stepped.add(id(optimizer))
+            if self.stepped >= set(self.hooks):
+                self._end(skipped=False)
+
+    def _scaler_updated(self, scaler) -> None:
+        if not self.moved:  # no optimizer stepped since the last update: the scaler skipped this step
+            if self.round is None:
+                self.round = self.step
+            self._end(skipped=True)
+        self.moved = False
+        for fn in list(self.scale_updates):
+            self.recorder.guarded(lambda fn=fn: fn(self.last if self.pinned is None else self.pinned, scaler))
+
+    def _end(self, skipped: bool) -> None:
+        """The training step under way is over: tell who listens, then count it."""
+        step = self.pinned if self.pinned is not None else self.round
+        self.round, self.stepped = None, set()
+        for fn in list(self.ends):
+            self.recorder.guarded(lambda fn=fn: fn(step, skipped))
+        self.count += 1
+        self.last = step
+        if self.base is not None:  # a log() without step= now belongs to this step
+            self.recorder.guarded(lambda: self.recorder.claim_step(step))
 
     def _concerned(self, optimizer) -> list:
         return [s for s in self.subscribers if s.optimizer is None or s.optimizer is optimizer]

@@ -9,9 +9,8 @@ capture mode's business (``capture/modes.py``); the step it is recorded at is th
 
 from __future__ import annotations
 
-from typing import Any
-
 from gradwatch.capture import memory
+from gradwatch.capture.board import Part, board_of
 from gradwatch.capture.layer_signals import LayerSignals
 from gradwatch.capture.modes import AfterBackward, AtOptimizerStep
 from gradwatch.capture.norms import loss_scale
@@ -33,6 +32,8 @@ class Watcher:
         recorder: the run's ``Recorder`` (``run.recorder``): what captures are handed to.
         model, optimizer, scaler, every, signals, signals_every, on_nan, batch_size, system_every: see ``Run.watch``.
         mode: when to capture (``capture/modes.py``); default: at the optimizer step, or after backward without one.
+        name: the model's name in a run that watches several: its layers are ``<name>.<parameter>``.
+        timer: time the optimizer's steps (``perf/*``; one watcher per run does).
     """
 
     def __init__(
@@ -49,11 +50,14 @@ class Watcher:
         system_every: float | None = None,
         *,
         mode=None,
+        name: str | None = None,
+        timer: bool = True,
     ):
         import torch
 
         self.torch, self.recorder, self.model, self.scaler = torch, recorder, model, scaler
-        self.clock = clock_of(recorder)
+        self.clock, self.board = clock_of(recorder), board_of(recorder)
+        self.label, self.prefix = (str(name), f"{name}.") if name else ("", "")
         self.optimizers = [optimizer] if optimizer is not None else []
         self.wrapped: list = []  # the optimizers as a framework handed them (accelerate's wrappers hold the scaler)
         every = max(1, int(every))
@@ -61,18 +65,21 @@ class Watcher:
         # Every parameter, in registration order; which of them train is read at each capture, so a
         # layer frozen (or unfrozen) after watch() is simply not (or again) reported.
         self.params = list(model.named_parameters())
-        self.names = [n for n, p in self.params if p.requires_grad]
+        self.names = [self.prefix + n for n, p in self.params if p.requires_grad]
         self.device = next((p.device for _, p in self.params), torch.device("cpu"))
         self.captures = 0
         self._last_breakdown_step = -(10**9)
         self._trainable_ids: tuple = ()
         self._forward_order: dict = {}
         self.counters = memory.MemoryCounters(torch)
-        self.scale_handle = self._wrap_scaler_update(scaler) if scaler is not None else None
+        if scaler is not None:  # the loss scale after every GradScaler.update (a drop: a skipped step)
+            self.clock.attach_scaler(scaler)
+            self.clock.on_scale_update(self._record_scale)
         # Forward pre-hooks noting the order layers run in; removed at the first capture.
         self.order_handles = self._hook_forward_order(model)
         self.signals = self.timer = None
-        self.signals_args = (signals, signals_every or max(every, DEFAULT_SIGNALS_EVERY), on_nan, batch_size)
+        self.signals_args = (signals, signals_every or max(every, DEFAULT_SIGNALS_EVERY), on_nan, batch_size, timer)
+        self.board.join(self)
         self.mode.start(self)
         if self.optimizers:
             self.report_unoptimized()
@@ -85,13 +92,13 @@ class Watcher:
         if self.timer is not None:
             return
         self.clock.attach(optimizer)
-        signals, every, on_nan, batch_size = self.signals_args
+        signals, every, on_nan, batch_size, timer = self.signals_args
         if signals:  # capture/layer_signals.py
             self.signals = LayerSignals(
                 self.recorder, self.model, optimizer, every, self.trainable, self.scaler, on_nan
             )
         # Step time, data-loader wait and throughput (capture/step_timer.py): host clocks, at each optimizer step.
-        self.timer = StepTimer(self.recorder, self.model, batch_size, optimizer=optimizer)
+        self.timer = StepTimer(self.recorder, self.model, batch_size, optimizer=optimizer) if timer else False
 
     # -- layer order ----------------------------------------------------------------------
     def _hook_forward_order(self, model) -> list:
@@ -137,61 +144,56 @@ class Watcher:
         ids = tuple(id(p) for _, p in trainable)
         if ids != self._trainable_ids:
             self._trainable_ids = ids
-            self.names = [n for n, _ in trainable]
-            self.recorder.put_layout(GRAD_VECTOR, self.names)  # before the first record that uses it
+            self.names = [self.prefix + n for n, _ in trainable]  # the board sends the run's layout
             self.mode.new_trainables(self)
         return trainable
 
     def remove(self) -> None:
         """Detach every hook this watcher installed."""
         self.mode.stop()
+        self.board.leave(self)
         for handle in self.order_handles:
             handle.remove()
         self.order_handles = []
         for part in (self.signals, self.timer):
-            if part is not None:
+            if part:
                 part.remove()
         if self.system is not None:
             self.system.stop()
-        if self.scaler is not None and "update" in vars(self.scaler):
-            del self.scaler.update
+        if self._record_scale in self.clock.scale_updates:
+            self.clock.scale_updates.remove(self._record_scale)
 
     # -- what is captured ----------------------------------------------------------------
-    def capture(self) -> None:
-        """Record gradient norms, learning rates and memory for the current step."""
+    def capture(self) -> Part:
+        """Capture gradient norms, learning rates and memory for the current step (handed to the run's board)."""
         self.captures += 1
-        scalars: dict[str, Any] = {}
-        vectors = {}
         grads = [p.grad for _, p in self.trainable()]
-        missing = [i for i, g in enumerate(grads) if g is None]
         present = [g for g in grads if g is not None]
-        if present:
-            norms = self.mode.norms(self, present)
-            scalars[keys.GLOBAL_NORM] = defer_vector(self.torch.linalg.vector_norm(norms))
-            vectors[GRAD_VECTOR] = (defer_vector(norms), missing, len(grads))
-        elif grads:
-            vectors[GRAD_VECTOR] = ([], missing, len(grads))
-        scalars[keys.MISSING_COUNT] = float(len(missing))
-        scalars.update(self.learning_rates())
-        scalars.update(self.memory())
+        part = Part(list(self.names), self.mode.norms(self, present) if present else None, [])
+        part.missing = [i for i, g in enumerate(grads) if g is None]
+        part.scalars[keys.MISSING_COUNT] = float(len(part.missing))
+        part.scalars.update(self.learning_rates())
+        part.scalars.update(self.memory())
         step = self.clock.step
         # Every 100 steps, and on the second capture too: optimizer state only exists after a step.
         if step - self._last_breakdown_step >= 100 or self.captures == 2:
             self._last_breakdown_step = step
-            scalars.update(self.memory_breakdown())
-        self.recorder.put_record(step, scalars, vectors)
+            part.scalars.update(self.memory_breakdown())
+        self.board.put(self, step, part, wait=self.mode.waits)
+        return part
 
     def learning_rates(self) -> dict:
-        """``lr`` (``lr/<group>``; ``lr/<optimizer>.<group>`` with several optimizers), read without a sync."""
-        rates = {}
+        """``lr``, or ``lr/<group>`` per group; groups that all share one host rate are one ``lr``.
+
+        Several optimizers: ``lr/<optimizer>.<group>``; in a run of several models, ``lr/<model>...``.
+        Rates held as tensors are read without a sync (so never merged)."""
+        rates: dict = {}
+        owner = [self.label] if self.label and len(self.board.watchers) > 1 else []
         many = len(self.optimizers) > 1
         for i, opt in enumerate(self.optimizers):
-            groups = opt.param_groups
-            for g, group in enumerate(groups):
-                lr = group.get("lr")
-                if lr is None:
-                    continue
-                parts = ([str(i)] if many else []) + ([str(g)] if len(groups) > 1 else [])
+            groups = [(g, group.get("lr")) for g, group in enumerate(opt.param_groups) if group.get("lr") is not None]
+            for label, lr in _distinct(groups):
+                parts = owner + ([str(i)] if many else []) + ([label] if label else [])
                 key = keys.LR_PREFIX + ".".join(parts) if parts else keys.LR
                 rates[key] = defer_vector(lr.detach().reshape(())) if hasattr(lr, "detach") else float(lr)
         return rates
@@ -227,20 +229,19 @@ class Watcher:
                 }
             )
 
-    def _wrap_scaler_update(self, scaler):
-        """Record the loss scale after every GradScaler.update (a drop means a skipped step)."""
-        original = scaler.update
-
-        def update(*args, **kwargs):
-            result = original(*args, **kwargs)
-            self.recorder.guarded(self._record_scale)
-            return result
-
-        scaler.update = update
-        return update
-
-    def _record_scale(self) -> None:
+    def _record_scale(self, step: int, scaler) -> None:
+        """After a GradScaler.update: its new scale, at the step it concluded (one watcher per scaler records)."""
+        first = next((w for w in self.board.watchers if w.scaler is scaler), self)
         scale = loss_scale(self.scaler)
-        if scale is not None:
+        if scaler is self.scaler and first is self and scale is not None:
             scale = defer_vector(scale.detach().clone().reshape(()))
-            self.recorder.put_record(self.clock.step, {keys.AMP_SCALE: scale}, {})
+            self.recorder.put_record(step, {keys.AMP_SCALE: scale}, {})
+
+
+def _distinct(groups: list) -> list:
+    """[(key part, lr)]: "" for one group or groups that all share one host rate, else one per group."""
+    if len(groups) <= 1:
+        return [("", lr) for _, lr in groups]
+    if all(not hasattr(lr, "detach") for _, lr in groups) and len({float(lr) for _, lr in groups}) == 1:
+        return [("", groups[0][1])]
+    return [(str(g), lr) for g, lr in groups]

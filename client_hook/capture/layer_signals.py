@@ -5,7 +5,8 @@ read off the device later by the sender thread. On a sampled step (every ``every
 
 - ``act_rms``: forward hooks on the leaf modules keep a reference to each output (while autograd
   holds it anyway); at the optimizer step one fused ``_foreach_norm`` turns them into RMS values.
-- ``update_ratio``: ‖Δw‖/‖w‖ per parameter (the grad layout). The step pre-hook copies a fixed strided
+- ``update_ratio``: ‖Δw‖/max(‖w‖, floor) per parameter (the grad layout; the floor is the norm of weights of
+  RMS ``FLOOR_RMS``, so a zero-initialised bias gets a finite ratio, not 1e9). The step pre-hook copies a fixed strided
   sample of each parameter (at most ``SAMPLE`` elements in ``BLOCKS`` runs: exact for small tensors, never a copy of
   the weights); the post-hook divides the norm of (sample after − sample before) by the sample's norm.
   It works for any optimizer, and costs O(SAMPLE) per parameter whatever its size.
@@ -31,6 +32,7 @@ UPDATE_VECTOR = keys.UPDATE_VECTOR
 ACT_VECTOR = keys.ACT_VECTOR
 SAMPLE = 4096  # elements per parameter copied to measure its update (exact below this size)
 BLOCKS = 64  # ... in this many contiguous runs
+FLOOR_RMS = 1e-3  # an update is measured against weights of at least this RMS (zero-initialised biases)
 
 
 def sample(t):
@@ -88,6 +90,7 @@ class LayerSignals:
         self.reported = False
         self.sent: dict[str, list] = {}  # layouts sent, by vector key
         self.first_cache: dict = {}
+        self.floor_key, self.floor = None, None
         self.handles = [m.register_forward_hook(self._make_hook(n)) for n, m in self.modules]
         self.clock.attach(optimizer)
         # Every step: read finished probes, and (on_nan="skip") drop non-finite gradients; the samples every N-th.
@@ -134,7 +137,8 @@ class LayerSignals:
 
     def _before_step(self, step: int) -> None:
         torch = self.torch
-        params = [(n, p) for n, p in self.trainable() if p.grad is not None]
+        closure = self.clock.closure  # step(closure): the gradients come inside the step; every parameter counts
+        params = [(n, p) for n, p in self.trainable() if p.grad is not None or closure]
         acts = self._act_rms()
         if not params:
             self.snapshot = ([], None, None, acts)
@@ -156,7 +160,7 @@ class LayerSignals:
             wnorm = norms
             diffs = [sample(p.detach()) - b for (_, p), b in zip(params, before)]  # at most SAMPLE elements each
             dnorm = fused_norms(torch, diffs)
-            ratio = dnorm / wnorm.clamp_min(1e-12)
+            ratio = dnorm / torch.maximum(wnorm, self._floor(before, wnorm.device))
             names = [n for n, _ in self.trainable()]
             have = {id(p) for _, p in params}
             missing = [i for i, (_, p) in enumerate(self.trainable()) if id(p) not in have]
@@ -191,6 +195,16 @@ class LayerSignals:
                 )  # no .item()
         if scalars or vectors:
             self.recorder.put_record(step, scalars, vectors)
+
+    def _floor(self, samples: list, device):
+        """Per parameter, the norm a sample of RMS ``FLOOR_RMS`` has: a zero-initialised bias or gain is measured
+        against it, so its ratio is a finite number, not ‖Δw‖/0 (kept on the device, built once per layout)."""
+        sizes = tuple(t.numel() for t in samples)
+        if self.floor_key != (sizes, device):
+            self.floor_key = (sizes, device)
+            numel = self.torch.tensor(sizes, dtype=self.torch.float32, device=device)
+            self.floor = FLOOR_RMS * numel.clamp_min(1).sqrt()
+        return self.floor
 
     def _layout(self, key: str, names: list) -> None:
         """Send a vector's layout when it is new or changed (before the record that uses it)."""

@@ -1,6 +1,7 @@
 """When a ``Watcher`` captures: one small object per way of knowing that the gradients are ready.
 
-- ``AtOptimizerStep``: ``watch(model, optimizer)``: before each optimizer step, from the run's step clock.
+- ``AtOptimizerStep``: ``watch(model, optimizer)``: when the step's gradients are final, before the script
+  clips them (at ``clip_grad_norm_``, else the optimizer's pre-step; the post-step for ``step(closure)``).
 - ``AfterBackward``: ``watch(model)``: when each backward pass ends (hooks on the parameters); the
   gradients are still AMP-scaled there, so the loss scale is divided back out (a device op, no sync).
 - ``Driven``: a framework calls ``capture_at(step)``; with ``pre_clip`` the norms are read when each
@@ -9,30 +10,97 @@
 
 from __future__ import annotations
 
+from gradwatch.capture import clipping
 from gradwatch.capture.norms import fused_norms, loss_scale, when_backward_ends
 
 
 class AtOptimizerStep:
-    """Capture at the run clock's pre-step of the optimizers, every ``every``-th step."""
+    """Capture when the step's gradients are final, before anything clips them, every ``every``-th step.
+
+    That is the first of: ``clip_grad_norm_`` being called on the model's gradients (``capture/clipping.py``:
+    then the clipped norms follow from its factor), the optimizer's pre-step hook, or, for
+    ``optimizer.step(closure)``, its post-step hook (the gradients of the closure's last backward).
+    """
+
+    waits = True  # the part is recorded when the training step ends (with the other models' parts)
 
     def __init__(self, every: int = 1):
-        self.every, self.subscription = every, None
+        self.every, self.subscription, self.watcher = every, None, None
+        self.part = None  # this training step's capture
+        self.ids: list = []  # ids of the parameters whose norms the part holds, in its order
 
     def start(self, watcher) -> None:
-        for opt in watcher.optimizers:
-            watcher.clock.attach(opt)
-        self.subscription = watcher.clock.on_before(lambda step: watcher.capture(), every=self.every)
+        self.watcher = watcher
+        opt = watcher.optimizers[0]
+        watcher.clock.attach(opt)
+        self.subscription = watcher.clock.subscribe(
+            before=self._before_step, after=self._after_step, every=self.every, optimizer=opt
+        )
+        self.end = watcher.clock.on_step_end(self._step_ended)
+        clipping.listen(self)
+
+    def _capture(self) -> None:
+        self.part = self.watcher.capture()
+        self.ids = [id(p) for _, p in self.watcher.trainable() if p.grad is not None]
+
+    def _before_step(self, step: int) -> None:
+        if self.part is None and not self.watcher.clock.closure:
+            self._capture()
+
+    def _after_step(self, step: int) -> None:
+        if self.part is None:  # step(closure): the closure's last backward made this step's gradients
+            self._capture()
+
+    def _step_ended(self, step: int, skipped: bool) -> None:
+        self.part = None
+
+    # -- clip_grad_norm_ (capture/clipping.py) -----------------------------------------------------
+    def before(self, params, max_norm) -> None:
+        """The script is about to clip: if these are this model's gradients, capture them as they are."""
+        if not self.subscription.due or not self._mine(params):
+            return
+        self.watcher.clock.about_to_step(self.watcher.optimizers[0])
+        if self.part is None:
+            self.watcher.recorder.guarded(self._capture)
+
+    def after(self, params, max_norm, total) -> None:
+        """It clipped: the norms that reach the optimizer are the captured ones times its factor."""
+        part = self.part
+        if part is None or part.norms is None or not self._mine(params):
+            return
+
+        def derive():
+            torch = self.watcher.torch
+            factor = clipping.clip_factor(torch, max_norm, total).to(part.norms.device)
+            clipped = set(map(id, params))
+            hit = [i in clipped for i in self.ids]
+            before = part.clipped if part.clipped is not None else part.norms
+            if all(hit):
+                part.clipped = before * factor
+            else:
+                mask = torch.tensor(hit, device=before.device)
+                part.clipped = torch.where(mask, before * factor, before)
+            part.threshold = float(max_norm)
+
+        self.watcher.recorder.guarded(derive)
+
+    def _mine(self, params) -> bool:
+        ids = {id(p) for _, p in self.watcher.params}
+        return any(id(p) in ids for p in params)
 
     def new_trainables(self, watcher) -> None:
-        """Nothing to hook: the optimizer step says when."""
+        """Nothing to hook: the optimizer step (or the clip) says when."""
 
     def norms(self, watcher, grads):
-        """The step pre-hook runs after GradScaler.step has unscaled the gradients: read them as they are."""
+        """GradScaler unscales before clipping and before the optimizer steps: read them as they are."""
         return fused_norms(watcher.torch, grads)
 
     def stop(self) -> None:
+        clipping.unlisten(self)
         if self.subscription is not None:
             self.subscription.remove()
+            if self.end in self.watcher.clock.ends:
+                self.watcher.clock.ends.remove(self.end)
 
 
 class _BackwardHooks:
@@ -69,6 +137,8 @@ class _BackwardHooks:
 class AfterBackward(_BackwardHooks):
     """Capture when each backward pass ends, every ``every``-th pass."""
 
+    waits = False
+
     def __init__(self, every: int = 1):
         super().__init__()
         self.every, self.calls, self.watcher = every, 0, None
@@ -101,6 +171,8 @@ class Driven(_BackwardHooks):
     Args:
         pre_clip: the framework clips before its hook: note the norms when each backward ends.
     """
+
+    waits = False
 
     def __init__(self, pre_clip: bool = False):
         super().__init__()

@@ -14,6 +14,7 @@ import threading
 import time
 
 from gradwatch.contract import keys
+from gradwatch.step_clock import clock_of
 
 INTERVAL = 5.0  # seconds between samples
 
@@ -72,6 +73,7 @@ class SystemMetrics:
 
     def __init__(self, recorder, interval: float = INTERVAL):
         self.recorder, self.interval = recorder, float(interval)
+        self.clock = clock_of(recorder)  # samples go to the latest step logged or taken
         self.psutil = _psutil()
         self.nvml, self.handles = (None, []) if os.environ.get("GRADWATCH_NO_NVML") else _nvml()
         self.process = self.psutil.Process() if self.psutil else None
@@ -120,7 +122,7 @@ class SystemMetrics:
         while not self.stop_event.wait(self.interval):
             values = self.sample()
             if values and not getattr(self.recorder, "finished", False):
-                self.recorder.guarded(lambda v=values: self.recorder.put_record(self.recorder.current_step(), v, {}))
+                self.recorder.guarded(lambda v=values: self.recorder.put_record(self.clock.recent(), v, {}))
 
     def stop(self) -> None:
         """End the thread (it exits at its next wake-up at the latest)."""

@@ -94,13 +94,15 @@ def lr_find(
         )
         found = suggest(lrs, smoothed, diverged_at, diverge_factor)
         _record(run, found, lrs, smoothed, diverged_at)
-        return LRSuggestion(found[0], found[1], lrs, losses, smoothed, run.url)
+        result = LRSuggestion(found[0], found[1], lrs, losses, smoothed)
     finally:
         model.load_state_dict(saved[0])
         optimizer.load_state_dict(saved[1])
         model.train(saved[2])
         torch.set_rng_state(saved[3])
         run.finish()
+    result.run_url = run.url  # after finish: a sweep faster than the server's first answer knows its page too
+    return result
 
 
 def _open_run(model, optimizer, project, name, sweep: dict, init_kwargs: dict):
