@@ -169,7 +169,8 @@ class StepClock:
             self._end(skipped=False)
         if self.round is None:
             self.round = self.step
-        self.taking, self.closure = True, callable(kwargs.get("closure", args[0] if args else None))
+        given = [a for a in args if a is not optimizer]  # the hook's args start with the optimizer itself
+        self.taking, self.closure = True, callable(kwargs.get("closure", given[0] if given else None))
         step = self.step
         for sub in self._concerned(optimizer):
             if sub.before is not None and sub.due:

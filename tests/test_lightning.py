@@ -124,6 +124,10 @@ def test_every_optimizer_is_captured(server, api):
         Two(), loaders()[0]
     )
     rid = api.get("/api/runs")[0]["id"]
+    # max_steps=4 optimizer steps are 2 batches: 2 training steps (one per batch, not one per optimizer),
+    # each with one capture of both nets' fresh gradients.
+    assert series(api, rid, "train_loss")["steps"] == [0, 1]
+    assert series(api, rid, "grad/global_norm")["steps"] == series(api, rid, "grad/head.weight")["steps"] == [0, 1]
     assert set(series(api, rid, "lr/0")["values"]) == {0.1}
     assert set(series(api, rid, "lr/1")["values"]) == {0.003}
     assert {"grad/net.0.weight", "grad/head.weight"} <= set(api.get(f"/api/runs/{rid}/keys"))
