@@ -78,8 +78,9 @@ def test_heat_is_the_summary_maxima_and_which_non_finite_kinds_occurred():
     present[:, 2] = [False, True, False, False, True, False]  # layer 2: only the -inf steps had a value
     _, _, data = rollup.summarise(steps, steps, values, present, np.zeros(6, dtype=np.int64))
     heat = rollup.heat_of(data[0])
-    maxima, flags = np.frombuffer(heat[:24], "<f8"), np.frombuffer(heat[24:], np.uint8)
-    assert len(heat) == 9 * 3 and maxima.tolist() == [2.0, 5.0, -math.inf]
+    maxima, flags = rollup.heat_arrays(heat, 3)
+    assert rollup.heat_arrays(heat, 4) is None  # another layout's heat is not read as this one's
+    assert maxima.tolist() == [2.0, 5.0, -math.inf]
     assert flags.tolist() == [rollup.FLAG_PINF, rollup.FLAG_NAN, rollup.FLAG_NINF]
     assert (rollup.flags_of(data) == flags).all()
 
