@@ -1,4 +1,4 @@
-"""Maintenance commands: ``gradwatch gc`` (retention) and ``gradwatch db upgrade|status|wait``.
+"""Maintenance commands: ``gradwatch gc`` (retention) and ``gradwatch db upgrade|status|wait|compact|stats``.
 
 Each works on the database named by ``--db`` (or GRADWATCH_DB, or the default SQLite file), with
 or without a server running on it, and ends in one readable line on failure, never a traceback.
@@ -49,6 +49,9 @@ def add_parsers(sub) -> None:
     wait = actions.add_parser("wait", help="wait until the database answers (used by the Docker image)")
     _db_flag(wait)
     wait.add_argument("--timeout", type=float, default=60.0, help="give up after this many seconds [60]")
+    from gradwatch_server.storage.blocks import command  # compact and stats: logic and flags live there
+
+    command.add_parsers(actions, _db_flag)
 
 
 def _db_flag(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +73,10 @@ def main(args) -> int:
     try:
         if args.command == "gc":
             return gc(args, url)
-        return {"upgrade": upgrade, "status": status, "wait": wait}[args.db_command](args, url)
+        from gradwatch_server.storage.blocks import command
+
+        actions = {"upgrade": upgrade, "status": status, "wait": wait, **command.ACTIONS}
+        return actions[args.db_command](args, url)
     except SQLAlchemyError as exc:
         sys.exit(f"gradwatch: cannot use the database {redacted(url)}: {first_line(exc)} (check --db)")
 

@@ -231,6 +231,14 @@ def _decode_or_report(conn, key_id: int, row, slots: int | None, column: int | N
         return None
 
 
+def decode_row(row) -> Points | None:
+    """A chunk row (either format, as read with all its columns) as Points; None if it is damaged."""
+    try:
+        return _decode(row, None)
+    except codec.Corrupt:
+        return None
+
+
 def _decode(row, slots: int | None, column: int | None = None) -> Points:
     """One chunk row as Points; ``slots`` pads (no value) or cuts rows written under another layout;
     ``column`` keeps only that slot (one layer of a vector), before anything is copied."""
