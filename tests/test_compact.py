@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+from old_format import as_release_0_2, disk_size
 from server_process import ServerProcess, get_json
 from test_ingest_ws import Link, _columns_batch
 
@@ -55,47 +56,6 @@ def _build(path: Path, steps: int = 9000, vector_steps: int = 1500) -> None:
     engine.dispose()
 
 
-def _as_release_0_2(path: Path) -> None:
-    """Every block rewritten as the previous release stored it (raw little-endian arrays), revision 0002."""
-    con = sqlite3.connect(path)
-    for row_id, data in con.execute("SELECT id, data FROM chunks").fetchall():
-        if codec.is_encoded(data):
-            steps, walls, values, missing = codec.decode_chunk(data)
-            raw_missing = None if missing is None else np.ascontiguousarray(missing).astype(np.uint8).tobytes()
-            con.execute(
-                "UPDATE chunks SET steps = ?, walls = ?, data = ?, missing = ? WHERE id = ?",
-                (
-                    steps.astype("<i8").tobytes(),
-                    walls.tobytes(),
-                    np.ascontiguousarray(values).tobytes(),
-                    raw_missing,
-                    row_id,
-                ),
-            )
-    for table in ("rollups", "rollup_heat"):
-        for key_id, level, block, data in con.execute(f"SELECT key_id, level, block, data FROM {table}").fetchall():
-            if codec.is_encoded(data):
-                array = codec.decode_array(data)
-                raw = (
-                    array.tobytes() if table == "rollups" else array[0].tobytes() + array[1].astype(np.uint8).tobytes()
-                )
-                con.execute(
-                    f"UPDATE {table} SET data = ? WHERE key_id = ? AND level = ? AND block = ?",
-                    (raw, key_id, level, block),
-                )
-    con.execute("UPDATE alembic_version SET version_num = '0002'")
-    con.commit()
-    con.execute("VACUUM")
-    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    con.close()
-
-
-def _size(path: Path) -> int:
-    """The database on disk: the file and its write-ahead log."""
-    wal = Path(f"{path}-wal")
-    return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
-
-
 def _reads(conn, run_id: int) -> dict:
     """Everything a page shows of the run: full series, envelopes, one layer, heatmaps."""
     out = {}
@@ -127,8 +87,15 @@ def test_old_blocks_read_as_before_and_compact_to_identical_smaller_ones(tmp_pat
     with engine.connect() as conn:
         new_reads = _reads(conn, 1)
     engine.dispose()
-    _as_release_0_2(path)
-    raw_size = _size(path)
+    as_release_0_2(path)
+    con = sqlite3.connect(path)  # 0.2 also kept 64-step blocks of scalar keys (this release no longer reads them)
+    unread = con.execute(
+        "INSERT INTO rollups SELECT key_id, 64, block, n, data FROM rollups WHERE level = 256 AND key_id IN "
+        "(SELECT id FROM metric_keys WHERE layers IS NULL)"
+    ).rowcount
+    con.commit()
+    con.close()
+    raw_size = disk_size(path)
     assert _blocks(path)[1] == 0
     engine = database.make_engine(url)  # upgrades 0002 -> 0003 and reads the old blocks as they are
     with engine.connect() as conn:
@@ -138,6 +105,7 @@ def test_old_blocks_read_as_before_and_compact_to_identical_smaller_ones(tmp_pat
     assert small_rows > 3  # the live-shaped tail: one small row per batch
     done = compact.compact(url, say=lambda _line: None)
     assert done.chunks > 0 and done.rollups > 0 and done.merged > 0 and done.bytes_after < done.bytes_before / 2
+    assert done.dropped == unread > 0
     assert _blocks(path)[0] == 0  # nothing raw is left
     engine = database.make_engine(url)
     with engine.connect() as conn:
@@ -147,7 +115,7 @@ def test_old_blocks_read_as_before_and_compact_to_identical_smaller_ones(tmp_pat
     engine.dispose()
     assert {k.rows for k in usage.kinds.values()} and all(k.encoded == k.rows for k in usage.kinds.values())
     assert usage.runs[0][:3] == (1, "p", "before the upgrade") and usage.runs[0][3] == 9000 * 3 + 1500 * len(LAYERS)
-    assert _size(path) < raw_size / 2.5, (_size(path), raw_size)
+    assert disk_size(path) < raw_size / 2.5, (disk_size(path), raw_size)
     again = compact.compact(url, say=lambda _line: None)  # resumable and idempotent: nothing left to do
     assert again.chunks == again.merged == again.rollups == 0
 
@@ -159,8 +127,8 @@ def test_compaction_beside_a_live_server_loses_and_doubles_nothing(tmp_path):
     with engine.connect() as conn:
         before = _reads(conn, 1)
     engine.dispose()
-    _as_release_0_2(path)
-    raw_size = _size(path)
+    as_release_0_2(path)
+    raw_size = disk_size(path)
     server = ServerProcess(f"sqlite:///{path}")
     stop, warm, sent, errors = threading.Event(), threading.Event(), [], []
 
@@ -219,4 +187,4 @@ def test_compaction_beside_a_live_server_loses_and_doubles_nothing(tmp_path):
     with engine.connect() as conn:
         assert _reads(conn, 1) == before
     engine.dispose()
-    assert _size(path) < raw_size / 2, (_size(path), raw_size)
+    assert disk_size(path) < raw_size / 2, (disk_size(path), raw_size)

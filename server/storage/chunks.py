@@ -70,6 +70,8 @@ class Tail:
     parts: list = field(default_factory=list)
     n: int = 0
     slots: int | None = None
+    key_id: int | None = None
+    sealed: bool = False  # its rows are one compressed row (``seal``)
 
 
 def _row(key_id: int, p: Points, packed: bool = False) -> dict:
@@ -78,7 +80,8 @@ def _row(key_id: int, p: Points, packed: bool = False) -> dict:
     missing = p.missing if p.missing is not None and p.missing.any() else None
     row = {"key_id": key_id, "first_step": int(p.steps.min()), "last_step": int(p.steps.max()), "n": len(p)}
     if packed:
-        return {**row, "steps": b"", "walls": b"", "data": codec.encode_chunk(p.steps, p.walls, p.values, missing)}
+        blob = codec.encode_chunk(p.steps, p.walls, p.values, missing)
+        return {**row, "steps": b"", "walls": b"", "data": blob, "missing": None}
     return {
         **row,
         "steps": np.ascontiguousarray(p.steps, dtype="<i8").tobytes(),
@@ -90,7 +93,7 @@ def _row(key_id: int, p: Points, packed: bool = False) -> dict:
 
 def packed_row(key_id: int, p: Points) -> dict:
     """A compressed chunk row of these points (``gradwatch db compact`` writes these)."""
-    return {**_row(key_id, p, packed=True), "missing": None}
+    return _row(key_id, p, packed=True)
 
 
 def concat(parts: list[Points]) -> Points:
@@ -144,7 +147,7 @@ def append(writes: Writes, tail: Tail, key_id: int, points: Points) -> None:
     cap = capacity(slots)
     if tail.slots is not None and tail.slots != slots:  # the layout changed: leave the old rows as they are
         tail.ids, tail.parts, tail.n = [], [], 0
-    tail.slots = slots
+    tail.slots, tail.key_id, tail.sealed = slots, key_id, False
     if tail.n + len(points) >= cap:
         if tail.ids:
             writes.deletes += tail.ids
@@ -155,7 +158,21 @@ def append(writes: Writes, tail: Tail, key_id: int, points: Points) -> None:
         if full == len(points):
             return
         points = points.take(slice(full, None))
-    writes.small.append((tail, points, _row(key_id, points)))
+    # A live step's row stays raw (cheapest to write, merged away soon); a bulk batch's is compressed.
+    writes.small.append((tail, points, _row(key_id, points, packed=len(points) * slots >= PACK_SMALL)))
+
+
+PACK_SMALL = 64  # values from which a small row is worth compressing
+
+
+def seal(writes: Writes, tail: Tail) -> None:
+    """A key whose run ended: its small rows merged into one compressed row (they would stay raw for good)."""
+    if tail.key_id is None or not tail.ids or tail.sealed:
+        return
+    writes.deletes += tail.ids
+    points = concat(tail.parts)
+    tail.ids, tail.parts, tail.n, tail.sealed = [], [], 0, True
+    writes.small.append((tail, points, packed_row(tail.key_id, points)))
 
 
 def load_tail(conn, key_id: int, slots: int) -> Tail:

@@ -26,15 +26,17 @@ from gradwatch_server.storage import db
 from gradwatch_server.storage.blocks import codec
 from gradwatch_server.storage.chunks import from_f64
 
-# Scalars start at 64: finer blocks would cost more rows than they save (a chart of < 32k steps reads
-# its raw points from chunks in milliseconds). Vectors (300 layers = 2.4 KB a step) also keep 16, so a
-# heatmap never reads more than ~25k steps raw. 262144 keeps a 10M-step chart to a few hundred blocks.
+# Scalars start at 256: a 64-step block cost 1.2 bytes a point compressed (docs/storage.md), more than a
+# point of a constant key, to save reading up to 128k raw points (~60 compressed chunks, milliseconds).
+# Vectors (300 layers = 2.4 KB a step) keep 16, so a heatmap never reads more than ~25k steps raw.
+# 262144 keeps a 10M-step chart to a few hundred blocks.
 LEVELS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 
 
 def levels_for(slots: int) -> tuple:
-    """The rollup levels kept for a key with ``slots`` values per step."""
-    return LEVELS if slots > 1 else LEVELS[1:]
+    """The rollup levels kept for a key with ``slots`` values per step (0.2 also kept 64 for scalars:
+    those rows are no longer read, and ``gradwatch db compact`` deletes them)."""
+    return LEVELS if slots > 1 else LEVELS[2:]
 
 
 MIN_V, MIN_S, MAX_V, MAX_S, NAN_S, PINF_S, NINF_S = range(7)

@@ -33,7 +33,8 @@ def compact(args, url: str) -> int:
     saved = done.bytes_before - done.bytes_after
     print(
         f"\\ngradwatch: compacted {done.keys:,} keys in {time.monotonic() - start:.1f} s: {done.chunks:,} chunk rows "
-        f"rewritten ({done.merged:,} small rows merged), {done.rollups:,} rollup rows; "
+        f"rewritten ({done.merged:,} small rows merged), {done.rollups:,} rollup rows, "
+        f"{done.dropped:,} rollup rows of unread levels dropped; "
         f"{done.bytes_before / 1e6:,.1f} MB -> {done.bytes_after / 1e6:,.1f} MB ({saved / 1e6:,.1f} MB saved)"
     )
     return 0

@@ -22,7 +22,7 @@ import json
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import bindparam, event, func, select, text, update
+from sqlalchemy import bindparam, delete, event, func, select, text, update
 
 from gradwatch_server.storage import chunks, db
 from gradwatch_server.storage.blocks import codec
@@ -36,6 +36,7 @@ class Done:
     chunks: int = 0  # raw chunk rows re-encoded
     merged: int = 0  # small rows merged into another
     rollups: int = 0  # raw rollup and heat rows re-encoded
+    dropped: int = 0  # rollup rows of levels no longer read (0.2's 64-step blocks of scalar keys)
     bytes_before: int = 0
     bytes_after: int = 0  # of the rows it touched
 
@@ -130,6 +131,17 @@ def compact_rollups(conn, key_id: int, done: Done) -> bool:
     return not left
 
 
+def drop_unread_levels(conn, key_id: int, slots: int, done: Done) -> None:
+    """Rollup rows of levels this release no longer reads for the key (``rollup.levels_for``)."""
+    from gradwatch_server.storage import rollup
+
+    kept = rollup.levels_for(slots)
+    for table in (db.rollups, db.rollup_heat):
+        t = table.c
+        gone = conn.execute(delete(table).where(t.key_id == key_id, t.level.not_in(kept))).rowcount
+        done.dropped += gone if table is db.rollups else 0
+
+
 def _locked(conn, query):
     """On PostgreSQL the rows read are locked until commit (SQLite: the whole write lock, at BEGIN)."""
     return query.with_for_update() if conn.dialect.name == "postgresql" else query
@@ -189,6 +201,7 @@ def compact(url: str, run_id: int | None = None, progress=None, say=print) -> Do
                     progress(done.chunks - before, total)
             with engine.begin() as conn:
                 merge_small(conn, key_id, slots, done)
+                drop_unread_levels(conn, key_id, slots, done)
             done.keys += 1
         give_back_space(engine, say)
     finally:
