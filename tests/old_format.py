@@ -13,11 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
+from gradwatch_server.storage import chunks, database, rollup
 from gradwatch_server.storage.blocks import codec
 
 
-def as_release_0_2(path: Path) -> None:
-    """Every block rewritten as the previous release stored it (raw little-endian arrays), revision 0002."""
+def as_release_0_2(path: Path) -> int:
+    """Every block rewritten as the previous release stored it (raw little-endian arrays), revision 0002,
+    with the 64-step rollup blocks 0.2 also kept for scalar keys; returns how many of those it added."""
+    added = _scalar_blocks_of_64(path)
     con = sqlite3.connect(path)
     for row_id, data in con.execute("SELECT id, data FROM chunks").fetchall():
         if codec.is_encoded(data):
@@ -49,6 +52,25 @@ def as_release_0_2(path: Path) -> None:
     con.execute("VACUUM")
     con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     con.close()
+    return added
+
+
+def _scalar_blocks_of_64(path: Path) -> int:
+    """The 64-step summaries of every scalar key, from its points (as 0.2's writer made them)."""
+    engine = database.make_engine(f"sqlite:///{path}")
+    rows = []
+    with engine.begin() as conn:
+        for (key_id,) in conn.exec_driver_sql("SELECT id FROM metric_keys WHERE layers IS NULL").all():
+            p = chunks.read(conn, key_id, slots=1)
+            if len(p):
+                blocks, counts, data = rollup.summarise(
+                    p.steps.astype(np.float64), p.walls, p.values, p.present(), p.steps // 64
+                )
+                rows += [(key_id, int(b), int(n), d.tobytes()) for b, n, d in zip(blocks, counts, data)]
+        if rows:
+            conn.exec_driver_sql("INSERT INTO rollups (key_id, level, block, n, data) VALUES (?, 64, ?, ?, ?)", rows)
+    engine.dispose()
+    return len(rows)
 
 
 def disk_size(path: Path) -> int:

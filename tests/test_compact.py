@@ -87,14 +87,7 @@ def test_old_blocks_read_as_before_and_compact_to_identical_smaller_ones(tmp_pat
     with engine.connect() as conn:
         new_reads = _reads(conn, 1)
     engine.dispose()
-    as_release_0_2(path)
-    con = sqlite3.connect(path)  # 0.2 also kept 64-step blocks of scalar keys (this release no longer reads them)
-    unread = con.execute(
-        "INSERT INTO rollups SELECT key_id, 64, block, n, data FROM rollups WHERE level = 256 AND key_id IN "
-        "(SELECT id FROM metric_keys WHERE layers IS NULL)"
-    ).rowcount
-    con.commit()
-    con.close()
+    unread = as_release_0_2(path)  # with 0.2's 64-step blocks of scalar keys (no longer read)
     raw_size = disk_size(path)
     assert _blocks(path)[1] == 0
     engine = database.make_engine(url)  # upgrades 0002 -> 0003 and reads the old blocks as they are
