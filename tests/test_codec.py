@@ -83,6 +83,9 @@ def test_float32_born_values_take_half_the_bytes_of_float64_noise():
     assert size32 < 0.6 * size64 and size32 < 3.5 * n  # steps and a steady clock cost next to nothing
     constant = len(codec.encode_chunk(steps, walls, np.full((n, 1), 3e-4), None, codec.ZLIB))
     assert constant < 200
+    cosine = (3e-4 * 0.5 * (1 + np.cos(np.pi * np.arange(n) / 1e5)))[:, None]  # smooth float64: delta-of-delta wins
+    blob = codec.encode_chunk(steps, walls, cosine, None, codec.ZLIB)
+    assert len(blob) < 4.5 * n and (_bits(codec.decode_chunk(blob)[2]) == _bits(cosine)).all()
 
 
 @pytest.mark.parametrize("compressor", COMPRESSORS)

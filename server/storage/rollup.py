@@ -172,6 +172,27 @@ def decode(blob: bytes, slots: int) -> np.ndarray | None:
     return data if data.shape == (ROWS, slots) else None
 
 
+def _decode_all(blobs: list, rows: int, slots: int, slot: int | None = None) -> np.ndarray | None:
+    """(k, rows, slots) of summary blobs in either format (codec.decode_arrays for the encoded ones);
+    with ``slot``, (k, rows, 1) of that slot only."""
+    encoded = [i for i, b in enumerate(blobs) if codec.is_encoded(b)]
+    if len(encoded) == len(blobs):
+        return codec.decode_arrays(blobs, rows, slots, slot)
+    out = np.empty((len(blobs), rows, slots if slot is None else 1))
+    if encoded:
+        part = codec.decode_arrays([blobs[i] for i in encoded], rows, slots, slot)
+        if part is None:
+            return None
+        out[encoded] = part
+    for i, blob in enumerate(blobs):
+        if not codec.is_encoded(blob):
+            if len(blob) != rows * slots * 8:
+                return None
+            data = from_f64(blob).reshape(rows, slots)
+            out[i] = data if slot is None else data[:, slot : slot + 1]
+    return out
+
+
 def pick_level(width: float, slots: int = 1) -> int | None:
     """The coarsest level whose blocks still fit in one bucket of ``width`` steps (None: read raw)."""
     fitting = [lv for lv in levels_for(slots) if lv <= width]
@@ -202,10 +223,9 @@ def read_blocks(conn, key_id: int, level: int, first: int, last: int, slots: int
         else:  # one layer of many: a strided view of each row, not a copy of every slot of every row
             data = np.stack([from_f64(r.data)[slot::slots] for r in rows]).astype(np.float64)[:, :, None]
     else:
-        decoded = [decode(r.data, slots) for r in rows]
-        if any(d is None for d in decoded):
+        data = _decode_all([r.data for r in rows], ROWS, slots, slot)
+        if data is None:
             return None, None, None  # a damaged block: the caller reads raw points instead
-        data = np.stack(decoded) if slot is None else np.stack([d[:, slot] for d in decoded])[:, :, None]
     return np.array([r.block for r in rows], dtype=np.int64), np.array([r.n for r in rows], dtype=np.int64), data
 
 
@@ -266,9 +286,16 @@ def read_heat(conn, key_id: int, level: int, first: int, last: int, slots: int):
     h, r = db.rollup_heat.c, db.rollups.c
     in_range = (h.key_id == key_id, h.level == level, h.block >= first, h.block <= last)
     rows = conn.execute(select(h.block, h.data).where(*in_range).order_by(h.block)).all()
-    decoded = [heat_arrays(row.data, slots) for row in rows]
-    if any(d is None for d in decoded):
-        return None
+    blobs = [row.data for row in rows]
+    if all(codec.is_encoded(b) for b in blobs):
+        both = codec.decode_arrays(blobs, 2, slots)
+        if both is None:
+            return None
+        decoded = None
+    else:
+        decoded = [heat_arrays(b, slots) for b in blobs]
+        if any(d is None for d in decoded):
+            return None
     have = np.array([row.block for row in rows], dtype=np.int64)
     # Which blocks exist is the rollups' say (an index-only read): heat rows must match them one for one.
     stored = np.array(
@@ -277,7 +304,9 @@ def read_heat(conn, key_id: int, level: int, first: int, last: int, slots: int):
         .all(),
         dtype=np.int64,
     )
-    if decoded:
+    if decoded is None:
+        maxima, flags = both[:, 0], both[:, 1].astype(np.uint8)
+    elif decoded:
         maxima, flags = np.stack([d[0] for d in decoded]).astype(np.float64), np.stack([d[1] for d in decoded])
     else:
         maxima, flags = np.zeros((0, slots)), np.zeros((0, slots), dtype=np.uint8)

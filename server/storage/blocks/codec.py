@@ -5,8 +5,9 @@ The scheme (measured in docs/storage.md, benchmarks/bench_storage.py), vectorise
 - steps and wall times: delta-of-delta of their int64 bit patterns (wrapping, so exact for any
   value), zigzag, so a steady step or clock is a run of zeros;
 - values: float32 when every value of the block round-trips bit-exactly through float32 (what a
-  float32 tensor produced), else float64; stored layer-major and XORed with the previous step of
-  the same slot (Gorilla's idea: a constant LR or a counter leaves mostly zero bits);
+  float32 tensor produced), else float64; stored layer-major, each slot's bits either XORed with
+  the previous step's (Gorilla's idea: noise and constants) or as a delta-of-delta (a smooth
+  schedule, a counter), whichever compresses the block smaller;
 - every array byte-shuffled (all first bytes, then all second bytes...: Blosc's idea), then one
   zstd frame (zlib when ``zstandard`` is not installed; a blob says which it used);
 - a 16-byte header (kind, flags, sizes, CRC-32 of header and body), so a flipped bit or a cut
@@ -30,8 +31,11 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 CHUNK, ARRAY = 0xC1, 0xA1  # kinds of blob
 RAW, ZLIB, ZSTD = 0, 1, 2  # how the body is compressed (flag bits 0-1)
-F32, MISSING, XOR = 4, 8, 16  # flag bits: values as float32, a missing mask follows, values XORed along time
-_HEAD = struct.Struct("<BBHIII")  # kind, flags (bits 5-7: padding), f32 row mask, n, width, crc32
+F32, MISSING = 4, 8  # flag bits: values as float32, a missing mask follows (bit 4 unused)
+T_NONE, T_XOR, T_DOD = 0, 1, 2  # a chunk's value transform along time (the header's third field)
+_HEAD = struct.Struct(
+    "<BBHIII"
+)  # kind, flags (bits 5-7: padding), transform (chunk) or f32 row mask (array), n, width, crc32
 _LEVELS = {ZLIB: 6, ZSTD: 3}
 
 
@@ -48,26 +52,47 @@ def is_encoded(blob: bytes) -> bool:
 
 
 def encode_chunk(steps, walls, values, missing=None, compressor: int | None = None) -> bytes:
-    """One chunk's points: steps (n,) int64, walls (n,) float64, values (n, width) float64, missing (n, width) bool."""
+    """One chunk's points: steps (n,) int64, walls (n,) float64, values (n, width) float64, missing (n, width) bool.
+
+    The values go through the transform that compresses them best, tried on the block: XOR with the
+    previous step (noise, constants) or delta-of-delta of the bits (smooth float64 schedules, counters).
+    """
     n, width = values.shape
-    layer_major = np.ascontiguousarray(np.asarray(values, dtype="<f8").T)
-    flags, bits = _value_bits(layer_major)
-    flags |= XOR
-    bits = bits ^ np.concatenate([np.zeros((width, 1), bits.dtype), bits[:, :-1]], axis=1)
-    parts = [
-        _shuffle(_zigzag(_dod(np.asarray(steps, dtype="<i8")))),
-        _shuffle(_zigzag(_dod(np.ascontiguousarray(walls, dtype="<f8").view("<i8")))),
-        _shuffle(bits.ravel()),
-    ]
+    flags, bits = _value_bits(np.ascontiguousarray(np.asarray(values, dtype="<f8").T))
+    head = _shuffle(_zigzag(_dod(np.asarray(steps, dtype="<i8"))))
+    head += _shuffle(_zigzag(_dod(np.ascontiguousarray(walls, dtype="<f8").view("<i8"))))
+    tail = b""
     if missing is not None and missing.any():
         flags |= MISSING
-        parts.append(np.packbits(np.ascontiguousarray(missing.T)).tobytes())
-    return _seal(CHUNK, flags, 0, n, width, b"".join(parts), compressor)
+        tail = np.packbits(np.ascontiguousarray(missing.T)).tobytes()
+    blobs = [
+        _seal(CHUNK, flags, transform, n, width, head + _shuffle(_forward(bits, transform).ravel()) + tail, compressor)
+        for transform in (T_XOR, T_DOD)
+    ]
+    return min(blobs, key=len)
+
+
+def _forward(bits: np.ndarray, transform: int) -> np.ndarray:
+    """(width, n) unsigned bit patterns, each row transformed along time (wrapping integer arithmetic)."""
+    first = np.zeros((bits.shape[0], 1), bits.dtype)
+    if transform == T_XOR:
+        return bits ^ np.concatenate([first, bits[:, :-1]], axis=1)
+    with np.errstate(over="ignore"):
+        return np.diff(np.diff(bits, axis=1, prepend=first), axis=1, prepend=first)
+
+
+def _inverse(bits: np.ndarray, transform: int) -> np.ndarray:
+    if transform == T_XOR:
+        return np.bitwise_xor.accumulate(bits, axis=1)
+    if transform == T_DOD:
+        with np.errstate(over="ignore"):
+            return np.cumsum(np.cumsum(bits, axis=1, dtype=bits.dtype), axis=1, dtype=bits.dtype)
+    return bits
 
 
 def decode_chunk(blob: bytes) -> tuple:
     """``encode_chunk``'s inputs back: steps, walls, values (n, width; a transposed view), missing or None."""
-    kind, flags, _mask, n, width, body = _open(blob)
+    kind, flags, transform, n, width, body = _open(blob)
     if kind != CHUNK:
         raise Corrupt("not a chunk blob")
     size = 4 if flags & F32 else 8
@@ -77,9 +102,7 @@ def decode_chunk(blob: bytes) -> tuple:
     steps = _undod(_unzigzag(_unshuffle(body[: 8 * n], 8)))
     walls = _undod(_unzigzag(_unshuffle(body[8 * n : 16 * n], 8))).view("<f8")
     end = 16 * n + size * n * width
-    bits = _unshuffle(body[16 * n : end], size).reshape(width, n)
-    if flags & XOR:
-        bits = np.bitwise_xor.accumulate(bits, axis=1)
+    bits = _inverse(_unshuffle(body[16 * n : end], size).reshape(width, n), transform)
     values = bits.view("<f4").astype(np.float64) if size == 4 else bits.view("<f8")
     missing = None
     if flags & MISSING:
@@ -111,6 +134,49 @@ def decode_array(blob: bytes) -> np.ndarray:
     out[exact] = _unshuffle(body[: 4 * n32 * width], 4).view("<f4").reshape(n32, width)
     out[~exact] = _unshuffle(body[4 * n32 * width :], 8).view("<f8").reshape(rows - n32, width)
     return out
+
+
+def decode_arrays(blobs: list, rows: int, width: int, slot: int | None = None) -> np.ndarray | None:
+    """Many ``encode_array`` blobs of one shape at once, (k, rows, width), or with ``slot`` only that
+    column, (k, rows, 1); None if any is damaged or of another shape. Blobs that share a float32 row
+    mask are unshuffled in one numpy pass, and with ``slot`` only that column's bytes are gathered
+    (a chart reads a few thousand blocks: per-blob numpy calls would cost more than decompressing)."""
+    cols = width if slot is None else 1
+    out = np.empty((len(blobs), rows, cols))
+    groups: dict = {}
+    try:
+        for i, blob in enumerate(blobs):
+            kind, _flags, mask, n, w, body = _open(blob)
+            if kind != ARRAY or n != rows or w != width:
+                return None
+            group = groups.setdefault(mask, ([], []))
+            group[0].append(i)
+            group[1].append(body)
+    except Corrupt:
+        return None
+    for mask, (index, bodies) in groups.items():
+        exact = (mask >> np.arange(rows)) & 1 == 1
+        n32 = int(exact.sum())
+        size = width * (4 * n32 + 8 * (rows - n32))
+        if any(len(b) != size for b in bodies):
+            return None
+        raw = np.frombuffer(b"".join(bodies), np.uint8).reshape(len(bodies), size)
+        block = np.empty((len(bodies), rows, cols))
+        block[:, exact] = _planes(raw, 0, 4, n32, width, slot).view("<f4").reshape(len(bodies), n32, cols)
+        block[:, ~exact] = (
+            _planes(raw, 4 * n32 * width, 8, rows - n32, width, slot).view("<f8").reshape(len(bodies), rows - n32, cols)
+        )
+        out[index] = block
+    return out
+
+
+def _planes(raw: np.ndarray, start: int, size: int, nrows: int, width: int, slot: int | None) -> np.ndarray:
+    """(k, values, size) bytes of the shuffled section at ``start`` of each body, all columns or one."""
+    count = nrows * width
+    section = raw[:, start : start + size * count].reshape(len(raw), size, count)
+    if slot is not None:
+        section = section[:, :, slot::width]  # the column's value in every row, each byte plane
+    return np.ascontiguousarray(section.transpose(0, 2, 1))
 
 
 def width_of(blob: bytes) -> int:
