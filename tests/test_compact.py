@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import pytest
 from old_format import as_release_0_2, disk_size
 from server_process import ServerProcess, get_json
 from test_ingest_ws import Link, _columns_batch
@@ -31,9 +32,9 @@ def _loss(i: int, rng) -> float:
     return float(np.float32(2.0 / (1 + i * 1e-3) + rng.normal(0, 0.02)))
 
 
-def _build(path: Path, steps: int = 9000, vector_steps: int = 1500) -> None:
-    """A finished-looking run through the real ingest: bulk batches, then a live-shaped tail of 1-step batches."""
-    engine = database.make_engine(f"sqlite:///{path}")
+def _build(path: Path | str, steps: int = 9000, vector_steps: int = 1500) -> None:
+    """A run through the real ingest: bulk batches, then a live-shaped tail of 1-step batches (a SQLite file or a URL)."""
+    engine = database.make_engine(f"sqlite:///{path}" if isinstance(path, Path) else path)
     rng = np.random.default_rng(0)
     with engine.begin() as conn:
         run_id = open_run(conn, {"uid": "old", "project": "p", "name": "before the upgrade"}, {})["run_id"]
@@ -181,3 +182,28 @@ def test_compaction_beside_a_live_server_loses_and_doubles_nothing(tmp_path):
         assert _reads(conn, 1) == before
     engine.dispose()
     assert disk_size(path) < raw_size / 2, (disk_size(path), raw_size)
+
+
+@pytest.mark.slow
+def test_postgres_old_blocks_read_and_compact_the_same_way(postgres_url):
+    from pg_cluster import fresh_database
+
+    url = fresh_database(postgres_url)
+    _build(url, steps=5000, vector_steps=600)
+    engine = database.make_engine(url)
+    with engine.connect() as conn:
+        new_reads = _reads(conn, 1)
+    engine.dispose()
+    unread = as_release_0_2(url)
+    engine = database.make_engine(url)
+    with engine.connect() as conn:
+        assert _reads(conn, 1) == new_reads
+    engine.dispose()
+    done = compact.compact(url, say=lambda _line: None)
+    assert done.chunks > 0 and done.rollups > 0 and done.dropped == unread > 0
+    engine = database.make_engine(url)
+    with engine.connect() as conn:
+        assert _reads(conn, 1) == new_reads
+        usage = stats.collect(conn)
+    engine.dispose()
+    assert all(k.encoded == k.rows for k in usage.kinds.values()) and usage.file_bytes > 0
