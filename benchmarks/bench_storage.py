@@ -1,6 +1,6 @@
 """Bytes on disk per point: realistic streams stored now, as the previous release stored them, and by TensorBoard.
 
-Run: .venv/bin/python benchmarks/bench_storage.py [--quick] [--steps N] [--vector-steps N] [--no-tensorboard]
+Run: .venv/bin/python benchmarks/bench_storage.py [--quick] [--steps N] [--vector-steps N] [--no-tensorboard] [--postgres]
 
 One run of 10 scalar keys logged together (float32-born losses with noise, one with NaN bursts, a
 noisy gradient norm, float64 counters, a constant LR, a cosine LR, step times, a memory counter,
@@ -13,7 +13,10 @@ client stamps one record. For each file, in the same run:
 - **0.2**: the same database with every block rewritten as the previous release stored it
   (``tests/old_format.py``), after ``VACUUM``;
 - TensorBoard: the same scalars through ``torch.utils.tensorboard.SummaryWriter.add_scalar``
-  (and, for the vectors, one ``add_scalar`` per layer), the event file's size.
+  (and, for the vectors, one ``add_scalar`` per layer, on the first 2,000 steps), the event file's size;
+- with ``--postgres``, the same runs on a throwaway PostgreSQL cluster: the block tables after
+  ``VACUUM FULL`` (heap, TOAST, indexes), now and in the 0.2 form, whose raw blobs PostgreSQL's own
+  TOAST compression (pglz) shrinks.
 
 Every key is read back and compared bit for bit (NaN payloads, infinities) with what was logged.
 """
@@ -76,13 +79,13 @@ def vector_stream(steps: int, rng) -> np.ndarray:
     return out
 
 
-def ingest(path: Path, steps: int, walls: np.ndarray, scalars: dict, vectors: np.ndarray | None) -> float:
-    """The streams through apply_batch; seconds taken."""
-    engine = database.make_engine(f"sqlite:///{path}")
+def ingest(path, steps: int, walls: np.ndarray, scalars: dict, vectors: np.ndarray | None) -> float:
+    """The streams through apply_batch into a SQLite file (a Path) or a database URL; seconds taken."""
+    engine = database.make_engine(f"sqlite:///{path}" if isinstance(path, Path) else path)
     layout = [f"layer{j}" for j in range(LAYERS)]
     start = time.perf_counter()
     with engine.begin() as conn:
-        run_id = open_run(conn, {"uid": path.stem, "project": "bench", "name": path.stem}, {})["run_id"]
+        run_id = open_run(conn, {"uid": "bench", "project": "bench", "name": "bench"}, {})["run_id"]
         state = load_state(conn, run_id)
     for seq, lo in enumerate(range(0, steps, BATCH), start=1):
         hi = min(lo + BATCH, steps)
@@ -149,12 +152,18 @@ def vacuumed(path: Path) -> int:
     return disk_size(path)
 
 
-def tensorboard_bytes(tmp: Path, name: str, steps: int, walls, scalars: dict, vectors) -> int | None:
-    """The event file TensorBoard writes for the same stream (None if tensorboard is not installed)."""
+TB_VECTOR_STEPS = 2000  # TensorBoard writes a layer value per add_scalar call: its file is measured on these
+
+
+def tensorboard_bytes(tmp: Path, name: str, steps: int, walls, scalars: dict, vectors) -> float | None:
+    """Bytes per value of the event file TensorBoard writes for the same stream (None: not installed).
+    For the vectors only the first TB_VECTOR_STEPS steps are written (the file grows linearly)."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         return None
+    if vectors is not None:
+        steps = min(steps, TB_VECTOR_STEPS)
     logdir = tmp / f"tb-{name}"
     writer = SummaryWriter(str(logdir), max_queue=10_000, flush_secs=3600)
     for i in range(steps):
@@ -164,7 +173,8 @@ def tensorboard_bytes(tmp: Path, name: str, steps: int, walls, scalars: dict, ve
             for j in range(LAYERS - 1):
                 writer.add_scalar(f"grad/layer{j}", vectors[i, j], i, walltime=walls[i])
     writer.close()
-    return sum(f.stat().st_size for f in logdir.rglob("*") if f.is_file())
+    values = steps * (len(scalars) if vectors is None else LAYERS - 1)
+    return sum(f.stat().st_size for f in logdir.rglob("*") if f.is_file()) / values
 
 
 def empty_database(tmp: Path) -> int:
@@ -188,12 +198,47 @@ def measure(tmp: Path, name: str, steps: int, scalars: dict, vectors, walls, tb:
             "values": values, "tensorboard": board}  # fmt: skip
 
 
+BLOCK_TABLES = ("chunks", "rollups", "rollup_heat")
+
+
+def postgres_bytes(url: str) -> int:
+    """The block tables on PostgreSQL after VACUUM FULL: heap, TOAST (pglz-compressed) and indexes."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg2://"), isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        for table in BLOCK_TABLES:
+            conn.execute(text(f"VACUUM FULL {table}"))
+        size = sum(conn.execute(text(f"SELECT pg_total_relation_size('{t}')")).scalar() for t in BLOCK_TABLES)
+    engine.dispose()
+    return size
+
+
+def postgres_rows(steps: int, vector_steps: int, walls, scalars: dict, vectors) -> list:
+    """(label, values, 0.2 bytes with TOAST, now bytes) of the two runs on a throwaway PostgreSQL cluster."""
+    from pg_cluster import cluster, fresh_database
+
+    out = []
+    with cluster() as cluster_url:
+        for label, n, sc, vec, values in (
+            ("scalars", steps, scalars, None, steps * len(scalars)),
+            ("vectors", vector_steps, {}, vectors, vector_steps * (LAYERS - 1)),
+        ):
+            url = fresh_database(cluster_url)
+            ingest(url, n, walls, sc, vec)
+            now = postgres_bytes(url)
+            as_release_0_2(url)
+            out.append((label, values, postgres_bytes(url), now))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (CI keeps the script working)")
     parser.add_argument("--steps", type=int, default=100_000, help="steps of the 10-scalar run [100,000]")
     parser.add_argument("--vector-steps", type=int, default=20_000, help="steps of the 300-layer run [20,000]")
     parser.add_argument("--no-tensorboard", action="store_true", help="skip the TensorBoard event files")
+    parser.add_argument("--postgres", action="store_true", help="also on PostgreSQL: its TOAST beside the codec")
     args = parser.parse_args()
     steps, vector_steps = (6_000, 600) if args.quick else (args.steps, args.vector_steps)
     rng = np.random.default_rng(0)
@@ -201,20 +246,27 @@ def main() -> None:
         tmp = Path(tmp_name)
         empty = empty_database(tmp)
         walls = 1.76e9 + np.arange(max(steps, vector_steps)) * 0.1 + rng.normal(0, 1e-3, max(steps, vector_steps))
-        scalars = scalar_streams(steps, rng)
+        scalars, vectors = scalar_streams(steps, rng), vector_stream(vector_steps, rng)
         s = measure(tmp, "scalars", steps, scalars, None, walls, not args.no_tensorboard)
-        v = measure(tmp, "vectors", vector_steps, {}, vector_stream(vector_steps, rng), walls, not args.no_tensorboard)
+        v = measure(tmp, "vectors", vector_steps, {}, vectors, walls, not args.no_tensorboard)
+        pg = postgres_rows(steps, vector_steps, walls, scalars, vectors) if args.postgres else []
     print(f"\nempty database (schema only, after VACUUM): {empty:,} bytes; every figure below read back bit-exact: "
           f"{s['exact'] and v['exact']}\n")  # fmt: skip
     print("| run | values | 0.2: whole file, bytes/value | now: whole file, bytes/value | now: without the empty "
           "schema | ratio 0.2 / now | TensorBoard event file, bytes/value | ingest (s) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for label, r in ((f"{steps:,} steps x 10 scalar keys", s), (f"{vector_steps:,} steps x {LAYERS} layers", v)):
-        board = f"{r['tensorboard'] / r['values']:.1f}" if r["tensorboard"] else "-"
+        board = f"{r['tensorboard']:.1f}" if r["tensorboard"] else "-"
         print(
             f"| {label} | {r['values']:,} | {r['old'] / r['values']:.2f} | **{r['now'] / r['values']:.2f}** | "
             f"{(r['now'] - empty) / r['values']:.2f} | {r['old'] / r['now']:.1f} | {board} | {r['seconds']:.1f} |"
         )
+    if pg:
+        print("\nPostgreSQL (block tables after VACUUM FULL: heap, TOAST and indexes; 0.2's raw blobs over 2 KB are")
+        print("TOAST-compressed by PostgreSQL itself, pglz):\n")
+        print("| run | 0.2 with TOAST, bytes/value | now, bytes/value | ratio |\n|---|---|---|---|")
+        for label, values, old, now in pg:
+            print(f"| {label} | {old / values:.2f} | **{now / values:.2f}** | {old / now:.1f} |")
     print("\nPer key, blob bytes per value (row and index overhead not counted): chunks + rollups (and heat rows)\n")
     print("| key | 0.2: chunks | 0.2: rollups | now: chunks | now: rollups | now: total |\n|---|---|---|---|---|---|")
     for r, n in ((s, steps), (v, vector_steps * (LAYERS - 1))):

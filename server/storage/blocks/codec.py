@@ -20,6 +20,7 @@ padded to 5 modulo 8, so ``is_encoded`` tells them apart without a schema change
 from __future__ import annotations
 
 import struct
+import threading
 import zlib
 
 import numpy as np
@@ -65,9 +66,11 @@ def encode_chunk(steps, walls, values, missing=None, compressor: int | None = No
     if missing is not None and missing.any():
         flags |= MISSING
         tail = np.packbits(np.ascontiguousarray(missing.T)).tobytes()
+    # Per-layer float32 norms are noise, where XOR always won (docs/storage.md): one try for those.
+    transforms = (T_XOR,) if width > 1 and flags & F32 else (T_XOR, T_DOD)
     blobs = [
         _seal(CHUNK, flags, transform, n, width, head + _shuffle(_forward(bits, transform).ravel()) + tail, compressor)
-        for transform in (T_XOR, T_DOD)
+        for transform in transforms
     ]
     return min(blobs, key=len)
 
@@ -210,16 +213,24 @@ def _open(blob: bytes) -> tuple:
     if len(blob) < _HEAD.size or not is_encoded(blob):
         raise Corrupt(f"blob of {len(blob)} bytes is cut short")
     kind, flags, mask, n, width, crc = _HEAD.unpack_from(blob)
-    pad = flags >> 5
-    if zlib.crc32(blob[_HEAD.size :], zlib.crc32(blob[:12])) != crc:  # everything but the checksum itself
+    view = memoryview(blob)  # slices without copies
+    if zlib.crc32(view[_HEAD.size :], zlib.crc32(view[:12])) != crc:  # everything but the checksum itself
         raise Corrupt("checksum mismatch")
-    packed = blob[_HEAD.size : len(blob) - pad] if pad else blob[_HEAD.size :]
+    packed = view[_HEAD.size : len(blob) - (flags >> 5)]
     return kind, flags & 31, mask, n, width, _decompress(packed, flags & 3)
+
+
+def _zstd():
+    """This thread's zstd compressor and decompressor (their objects must not be shared by threads)."""
+    pair = getattr(_local, "zstd", None)
+    if pair is None:
+        pair = _local.zstd = (zstandard.ZstdCompressor(level=_LEVELS[ZSTD]), zstandard.ZstdDecompressor())
+    return pair
 
 
 def _compress(body: bytes, how: int) -> bytes:
     if how == ZSTD:
-        return zstandard.ZstdCompressor(level=_LEVELS[ZSTD]).compress(body)
+        return _zstd()[0].compress(body)
     return zlib.compress(body, _LEVELS[ZLIB]) if how == ZLIB else body
 
 
@@ -232,15 +243,15 @@ def _decompress(packed: bytes, how: int) -> bytes:
 
 def _inflate(packed: bytes, how: int) -> bytes:
     if how == RAW:
-        return packed
+        return bytes(packed)
     if how == ZLIB:
         return zlib.decompress(packed)
     if zstandard is None:
         raise Corrupt("block compressed with zstd: install the zstandard package to read it")
-    return _ZSTD_DECOMPRESSOR.decompress(packed)
+    return _zstd()[1].decompress(packed)
 
 
-_ZSTD_DECOMPRESSOR = zstandard.ZstdDecompressor() if zstandard is not None else None
+_local = threading.local()
 _DECOMPRESS_ERRORS = (zlib.error,) + ((zstandard.ZstdError,) if zstandard is not None else ())
 
 
