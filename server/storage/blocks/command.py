@@ -18,6 +18,12 @@ def add_parsers(actions, db_flag) -> None:
     )
     db_flag(compact)
     compact.add_argument("--run", type=int, default=None, metavar="ID", help="only this run")
+    compact.add_argument(
+        "--no-vacuum",
+        action="store_true",
+        help="leave the freed pages in the file (reused by new data) instead of giving them back; "
+        "on SQLite the first give-back is one VACUUM, during which the server's writes wait",
+    )
     stats = actions.add_parser("stats", help="bytes per point by kind of block and per run, biggest runs first")
     db_flag(stats)
     stats.add_argument("--top", type=int, default=20, metavar="N", help="list the N biggest runs [20]")
@@ -29,7 +35,8 @@ def compact(args, url: str) -> int:
 
     database.make_engine(url).dispose()  # the schema current first (an older release then refuses the file)
     start = time.monotonic()
-    done = compaction.compact(url, args.run, progress=_bar, say=lambda line: print(line, file=sys.stderr))
+    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    done = compaction.compact(url, args.run, progress=_bar, say=say, vacuum=not args.no_vacuum)
     saved = done.bytes_before - done.bytes_after
     print(
         f"\\ngradwatch: compacted {done.keys:,} keys in {time.monotonic() - start:.1f} s: {done.chunks:,} chunk rows "

@@ -179,8 +179,8 @@ def _reencode(blob: bytes, rows: int | None) -> bytes | None:
     return codec.encode_array(np.stack([maxima, flags]))
 
 
-def compact(url: str, run_id: int | None = None, progress=None, say=print) -> Done:
-    """Compact every key (or one run's), key by key in short transactions, then give the space back.
+def compact(url: str, run_id: int | None = None, progress=None, say=print, vacuum: bool = True) -> Done:
+    """Compact every key (or one run's), key by key in short transactions, then (``vacuum``) give the space back.
 
     ``progress(done_rows, total_rows)`` is called after each slice.
     """
@@ -203,7 +203,8 @@ def compact(url: str, run_id: int | None = None, progress=None, say=print) -> Do
                 merge_small(conn, key_id, slots, done)
                 drop_unread_levels(conn, key_id, slots, done)
             done.keys += 1
-        give_back_space(engine, say)
+        if vacuum:
+            give_back_space(engine, say)
     finally:
         engine.dispose()
     return done
