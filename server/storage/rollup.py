@@ -260,12 +260,20 @@ def heat_of(data: np.ndarray) -> bytes:
     return codec.encode_array(np.stack([data[MAX_V], flags_of(data).astype(np.float64)]))
 
 
+def heat_is_raw(blob: bytes, slots: int) -> bool:
+    """Whether a heat blob is 0.2's (9 bytes a slot). That length is 5 modulo 8, like an encoded blob's,
+    when ``slots`` is, so there the header decides: an encoded heat blob names 2 rows of ``slots``."""
+    if len(blob) != 9 * slots:
+        return False
+    return not codec.is_encoded(blob) or not codec.has_header(blob, codec.ARRAY, 2, slots)
+
+
 def heat_arrays(blob: bytes, slots: int) -> tuple | None:
     """(maxima, flags) of one heat blob in either format; None if damaged or of another layout."""
-    if not codec.is_encoded(blob):
-        if len(blob) != 9 * slots:
-            return None
+    if heat_is_raw(blob, slots):
         return np.frombuffer(blob[: 8 * slots], "<f8"), np.frombuffer(blob[8 * slots :], np.uint8)
+    if not codec.is_encoded(blob):
+        return None
     try:
         data = codec.decode_array(blob)
     except codec.Corrupt:
@@ -287,7 +295,7 @@ def read_heat(conn, key_id: int, level: int, first: int, last: int, slots: int):
     in_range = (h.key_id == key_id, h.level == level, h.block >= first, h.block <= last)
     rows = conn.execute(select(h.block, h.data).where(*in_range).order_by(h.block)).all()
     blobs = [row.data for row in rows]
-    if all(codec.is_encoded(b) for b in blobs):
+    if not any(heat_is_raw(b, slots) for b in blobs):
         both = codec.decode_arrays(blobs, 2, slots)
         if both is None:
             return None

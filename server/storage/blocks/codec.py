@@ -182,6 +182,12 @@ def _planes(raw: np.ndarray, start: int, size: int, nrows: int, width: int, slot
     return np.ascontiguousarray(section.transpose(0, 2, 1))
 
 
+def has_header(blob: bytes, kind: int, rows: int, width: int) -> bool:
+    """Whether an encoded-length blob's header names this kind and shape (not checking its checksum)."""
+    head = _HEAD.unpack_from(blob) if len(blob) >= _HEAD.size else None
+    return head is not None and head[0] == kind and head[3] == rows and head[4] == width
+
+
 def width_of(blob: bytes) -> int:
     """The width (slots) an encoded blob's header names, without decoding it."""
     return _HEAD.unpack_from(blob)[4]

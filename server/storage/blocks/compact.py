@@ -19,10 +19,10 @@ stopped. At the end the file gives its free pages back (SQLite: ``incremental_va
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import bindparam, delete, event, func, select, text, update
+from sqlalchemy import bindparam, delete, event, func, select, text, tuple_, update
 
 from gradwatch_server.storage import chunks, db
 from gradwatch_server.storage.blocks import codec
@@ -37,6 +37,7 @@ class Done:
     merged: int = 0  # small rows merged into another
     rollups: int = 0  # raw rollup and heat rows re-encoded
     dropped: int = 0  # rollup rows of levels no longer read (0.2's 64-step blocks of scalar keys)
+    cursor: dict = field(default_factory=dict)  # (table, key id) -> the last (level, block) looked at
     bytes_before: int = 0
     bytes_after: int = 0  # of the rows it touched
 
@@ -103,20 +104,26 @@ def merge_small(conn, key_id: int, slots: int, done: Done) -> None:
         _rewrite(conn, key_id, keep[0][0], chunks.concat([p for _r, p in keep]), done, [r for r, _p in keep[1:]])
 
 
-def compact_rollups(conn, key_id: int, done: Done) -> bool:
+def compact_rollups(conn, key_id: int, slots: int, done: Done) -> bool:
     """Up to SLICE raw rollup and heat rows of a key re-encoded in place; True when it has none left."""
     from gradwatch_server.storage import rollup
 
     left = False
     for table, rows_of in ((db.rollups, rollup.ROWS), (db.rollup_heat, None)):
         t = table.c
-        rows = conn.execute(
-            select(t.level, t.block, t.data)
-            .where(t.key_id == key_id, func.length(t.data) % 8 != 5)
-            .order_by(t.level, t.block)
-            .limit(SLICE)
-        ).all()
+        raw = func.length(t.data) % 8 != 5
+        if rows_of is None:  # a 0.2 heat row is 9 bytes a slot: 5 modulo 8 when the slots are
+            raw = raw | (func.length(t.data) == 9 * slots)
+        query = select(t.level, t.block, t.data).where(t.key_id == key_id, raw)
+        after = done.cursor.get((table.name, key_id))  # pages by (level, block): a page of look-alikes ends too
+        if after is not None:
+            query = query.where(tuple_(t.level, t.block) > tuple_(*after))
+        rows = conn.execute(query.order_by(t.level, t.block).limit(SLICE)).all()
+        if rows:
+            done.cursor[(table.name, key_id)] = (rows[-1].level, rows[-1].block)
         left = left or len(rows) == SLICE
+        if rows_of is None:
+            rows = [r for r in rows if not codec.is_encoded(r.data) or rollup.heat_is_raw(r.data, slots)]
         params = []
         for row in rows:
             blob = _reencode(row.data, rows_of)
@@ -196,7 +203,7 @@ def compact(url: str, run_id: int | None = None, progress=None, say=print, vacuu
             while not finished:
                 with engine.begin() as conn:
                     finished = compact_slice(conn, key_id, done)
-                    finished = compact_rollups(conn, key_id, done) and finished
+                    finished = compact_rollups(conn, key_id, slots, done) and finished
                 if progress is not None:
                     progress(done.chunks - before, total)
             with engine.begin() as conn:
