@@ -38,8 +38,10 @@ def compact(args, url: str) -> int:
     say = lambda line: print(line, file=sys.stderr)  # noqa: E731
     done = compaction.compact(url, args.run, progress=_bar, say=say, vacuum=not args.no_vacuum)
     saved = done.bytes_before - done.bytes_after
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
     print(
-        f"\\ngradwatch: compacted {done.keys:,} keys in {time.monotonic() - start:.1f} s: {done.chunks:,} chunk rows "
+        f"gradwatch: compacted {done.keys:,} keys in {time.monotonic() - start:.1f} s: {done.chunks:,} chunk rows "
         f"rewritten ({done.merged:,} small rows merged), {done.rollups:,} rollup rows, "
         f"{done.dropped:,} rollup rows of unread levels dropped; "
         f"{done.bytes_before / 1e6:,.1f} MB -> {done.bytes_after / 1e6:,.1f} MB ({saved / 1e6:,.1f} MB saved)"
@@ -48,12 +50,12 @@ def compact(args, url: str) -> int:
 
 
 def _bar(done: int, total: int) -> None:
-    if not sys.stderr.isatty() and done < total:
+    if not sys.stderr.isatty():  # a log file gets the summary line only
         return
     frac = done / total if total else 1.0
     filled = int(30 * min(1.0, frac))
     sys.stderr.write(
-        f"\\r[{'#' * filled}{' ' * (30 - filled)}] {100 * min(1.0, frac):3.0f} % {done:,}/{total:,} old chunks"
+        f"\r[{'#' * filled}{' ' * (30 - filled)}] {100 * min(1.0, frac):3.0f} % {done:,}/{total:,} old chunks"
     )
     sys.stderr.flush()
 
