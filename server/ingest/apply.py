@@ -168,10 +168,13 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
             batch.problems.append(f"event: {exc}")
     if batch.problems:
         new_alerts.append(refused_alert(batch))
-    if run_changes.get("status") in contract.CLIENT_ENDINGS:  # its newest rollup blocks are final now
-        pending = rollup_writes.Writes()
+    if run_changes.get("status") in contract.CLIENT_ENDINGS:  # its newest blocks are final now
+        pending, tails = rollup_writes.Writes(), chunks.Writes()
         rollup_writes.write_pending(conn, state.rollups, pending)
         pending.flush(conn)
+        for tail in state.tails.values():
+            chunks.seal(tails, tail)
+        tails.flush(conn)
     changed = [state.alerts.record(conn, a, now) for a in new_alerts]
     if "error" in run_changes:  # a crash right after a divergence (even in the same batch) is told as part of it
         run_changes["error"] = with_incident(run_changes["error"], state.alerts.incidents.rows)
