@@ -50,10 +50,10 @@ def test_rules_are_validated_stored_and_logged(server, api):
     }
     status, body = api.request("PUT", "/api/projects/p/rules", doc)
     assert status == 200, body
-    assert body["updated_by"] == "ana" and body["disabled"] == ["loss_spike"]
+    assert body["updated_by"] == "anonymous" and body["disabled"] == ["loss_spike"]  # the token's name, not "by"
     lines = body["history"][0]["changes"]
     assert "loss_spike: off" in lines and "thresholds.exploding_gradients.factor: default -> 50.0" in lines
-    assert body["history"][0]["by"] == "ana" and body["custom"][0]["window"] == 50
+    assert body["history"][0]["by"] == "anonymous" and body["custom"][0]["window"] == 50
 
 
 def test_a_running_run_applies_new_rules_from_its_next_batch(server, api):

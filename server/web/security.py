@@ -14,11 +14,17 @@ import json
 import logging
 import re
 import secrets
+import time
 from urllib.parse import quote, urlsplit
 
 from starlette.exceptions import HTTPException
 
 from gradwatch_server.settings import LOOPBACK_NAMES, Settings, strip_port
+from gradwatch_server.web import pools, tokens
+from gradwatch_server.web.authorize import Denied, authorize
+from gradwatch_server.web.roles import OPEN, Identity
+
+NOBODY = Identity("nobody", "viewer", frozenset())  # on the open paths (/login) before logging in
 
 COOKIE = "gradwatch_session"
 OPEN_PATHS = frozenset({"/healthz", "/login", "/logout"})  # reachable without the token
@@ -34,19 +40,29 @@ class Refusal(Exception):
 
 
 class Auth:
-    """The shared token, browser sessions (``web.sessions``) and the one-time login codes."""
+    """Who a request is: the server's token, named tokens (``web.tokens``), browser sessions, one-time codes."""
 
-    def __init__(self, token: str, sessions=None):
+    def __init__(self, token: str, sessions=None, engine=None):
         self.token = token
+        self.server_digest = tokens.digest(token) if token else None
         self.sessions = sessions  # None: no database (unit tests); only the bearer token then
+        self.engine = engine
+        self.named = False  # named tokens exist (then a token is required even without --token)
         self._once: set[str] = set()
+        self._known: dict[str, tuple[Identity | None, float]] = {}  # digest -> (identity, checked at)
 
     @property
     def enabled(self) -> bool:
-        return bool(self.token)
+        return bool(self.token) or self.named
+
+    def start(self) -> None:
+        """Learn whether named tokens exist (they make a token required); called once the database is up."""
+        if self.engine is not None:
+            with self.engine.connect() as conn:
+                self.named = tokens.any_exist(conn)
 
     def new_once_code(self) -> str:
-        """A random code that /login?once= exchanges for a session exactly once."""
+        """A random code that /login?once= exchanges for a session (of the server token) exactly once."""
         code = secrets.token_urlsafe(24)
         self._once.add(code)
         return code
@@ -60,19 +76,65 @@ class Auth:
         return False
 
     def token_matches(self, candidate: str) -> bool:
-        return hmac.compare_digest(self.token.encode(), candidate.encode())
+        return bool(self.token) and hmac.compare_digest(self.token.encode(), candidate.encode())
+
+    async def of_secret(self, secret: str) -> Identity | None:
+        """The identity of a token's secret (the server's, or a live named one), or None."""
+        if not secret or len(secret) > 200:
+            return None
+        if self.token_matches(secret):
+            return Identity(tokens.SERVER_TOKEN, "admin", None, self.server_digest)
+        return await self.of_digest(tokens.digest(secret))
+
+    async def of_digest(self, key: str | None) -> Identity | None:
+        """The identity of a token digest (what a session stores); named ones cached CACHE_SECONDS."""
+        if not key:
+            return None
+        if self.server_digest and hmac.compare_digest(key, self.server_digest):
+            return Identity(tokens.SERVER_TOKEN, "admin", None, key)
+        if self.engine is None:
+            return None
+        now = time.monotonic()
+        known = self._known.get(key)
+        if known is None or now - known[1] > tokens.CACHE_SECONDS:
+            found = await pools.run("sessions", self._lookup, key)
+            if len(self._known) >= 10000:
+                self._known.clear()
+            self._known[key] = known = (found, now)
+        return known[0]
+
+    def _lookup(self, key: str) -> Identity | None:
+        with self.engine.begin() as conn:
+            found = tokens.lookup(conn, key)
+            if found is not None:
+                tokens.touch(conn, key)
+            return found
+
+    def forget(self, key: str | None = None) -> None:
+        """A token was revoked here: no cached answer for it (or any, with ``key`` None) survives."""
+        if key is None:
+            self._known.clear()
+        else:
+            self._known.pop(key, None)
+
+    async def identify(self, headers: dict) -> Identity | None:
+        """The identity of a bearer token or a live session cookie in the request's headers, or None."""
+        scheme, _, value = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            found = await self.of_secret(value.strip())
+            if found is not None:
+                return found
+        if self.sessions is None:
+            return None
+        for candidate in cookie_values(headers.get("cookie", ""), COOKIE)[:4]:
+            found = await self.of_digest(await self.sessions.token_of(candidate))
+            if found is not None:
+                return found
+        return None
 
     async def allows(self, headers: dict) -> bool:
-        """A right bearer token or a live session cookie in the request's headers."""
-        scheme, _, value = headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and self.token_matches(value.strip()):
-            return True
-        if self.sessions is None:
-            return False
-        for candidate in cookie_values(headers.get("cookie", ""), COOKIE)[:4]:
-            if await self.sessions.valid(candidate):
-                return True
-        return False
+        """A right token or a live session in the request's headers."""
+        return await self.identify(headers) is not None
 
 
 def cookie_values(header: str, name: str) -> list[str]:
@@ -145,10 +207,15 @@ def check_size(settings: Settings, headers: dict) -> None:
         raise Refusal(413, f"request body of {length} bytes is over max_frame_bytes ({settings.max_frame_bytes})")
 
 
-async def check_token(auth: Auth, scope, headers: dict) -> None:
-    """With a token set, everything but /healthz and /login needs it; pages go to the login form."""
-    if not auth.enabled or scope.get("path") in OPEN_PATHS or await auth.allows(headers):
-        return
+async def check_token(auth: Auth, scope, headers: dict) -> Identity:
+    """With a token set, everything but /healthz and /login needs one; pages go to the login form."""
+    if not auth.enabled:
+        return OPEN
+    found = await auth.identify(headers)
+    if found is not None:
+        return found
+    if scope.get("path") in OPEN_PATHS:
+        return NOBODY
     path = scope.get("path", "/")
     wants_page = (
         scope["type"] == "http"
@@ -180,8 +247,9 @@ class BodyTooLarge(HTTPException):
 class Guard:
     """The middleware: refuses what the checks refuse, counts what it lets through (in all and per client)."""
 
-    def __init__(self, app, settings: Settings, auth: Auth):
+    def __init__(self, app, settings: Settings, auth: Auth, audit=None):
         self.app, self.settings, self.auth = app, settings, auth
+        self.audit = audit  # audit(identity, scope, status): every write through the API is recorded
         self.active = 0
         self.per_client: dict[str, int] = {}
 
@@ -197,22 +265,35 @@ class Guard:
         client = client_address(scope)
         self.active += 1  # counted from here: a session check may wait on the database
         self.per_client[client] = self.per_client.get(client, 0) + 1
-        started = False
+        started, status, identity = False, None, None
 
         async def watched_send(message):
-            nonlocal started
+            nonlocal started, status
             started = started or message["type"] in ("http.response.start", "websocket.accept")
+            if message["type"] == "http.response.start":
+                status = message["status"]
             await send(message)
 
         try:
-            await check_token(self.auth, scope, headers)
+            identity = await check_token(self.auth, scope, headers)
+            if scope.get("path") not in OPEN_PATHS:
+                try:
+                    await authorize(identity, scope, self.auth.engine)
+                except Denied as exc:
+                    raise Refusal(403, str(exc)) from None
+            scope.setdefault("state", {})["identity"] = identity
             await self.app(scope, self.limited(scope, receive), watched_send)
         except Refusal as refusal:
+            status = refusal.status
             await refuse(scope, receive, send, refusal)
         except BodyTooLarge as exc:
+            status = 413
             if not started:
                 await refuse(scope, receive, send, Refusal(413, exc.detail, exc.headers))
         finally:
+            if self.audit and identity is not None and scope.get("method") in UNSAFE_METHODS:
+                if scope.get("path") not in OPEN_PATHS:
+                    self.audit(identity, scope, status)
             self.active -= 1
             self.per_client[client] -= 1
             if not self.per_client[client]:

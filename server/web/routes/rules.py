@@ -10,6 +10,7 @@ from fastapi import APIRouter, Body, HTTPException, Request
 from gradwatch import thresholds
 from gradwatch_server.health import registry
 from gradwatch_server.rules import backtest, policy
+from gradwatch_server.web.roles import identity_of
 
 router = APIRouter()
 
@@ -42,11 +43,11 @@ def get_rules(request: Request, project: str) -> dict:
 async def put_rules(request: Request, project: str, body: dict = Body(...)) -> dict:
     """Replace the project's rules (validated); running runs apply them from their next batch."""
     doc = _valid(body)
-    by = body.get("by") if isinstance(body.get("by"), str) else None
+    by = identity_of(request).name  # the token's name: never what the caller says (a "by" field is ignored)
     services = _services(request)
 
     def job(conn):
-        saved = policy.save(conn, project, doc, by[:200] if by else None)
+        saved = policy.save(conn, project, doc, by)
         for run_id in policy.project_runs(conn, project):
             services.pipeline.invalidate(run_id)  # its Monitor is rebuilt with these rules at its next batch
         return saved
