@@ -266,3 +266,48 @@ def test_what_get_rules_returns_is_accepted_back_by_put_and_backtest(server, api
     assert status == 200, body
     assert body["thresholds"]["loss_spike.factor"] == 9.0 and body["custom"] == got["custom"]
     assert api.request("POST", "/api/projects/p/rules/backtest", got)[0] == 200
+
+
+def test_a_replay_stops_at_its_budget_its_deadline_and_when_the_client_leaves(server, api, monkeypatch):
+    import threading
+
+    from gradwatch_server.rules import backtest
+
+    for name in ("a", "b", "c"):
+        run = gradwatch.init(project="big", name=name, server=server.url)
+        for step in range(300):
+            run.log({"loss": 1.0, "acc": 0.9}, step=step)
+        run.finish()
+    proposed = {"custom": [{"name": "acc", "key": "acc", "type": "relative", "op": "<", "factor": 0.5}]}
+    status, out = api.request("POST", "/api/projects/big/rules/backtest", proposed)
+    assert status == 200 and out["complete"] and out["stopped"] is None and len(out["runs"]) == 3
+    monkeypatch.setattr(backtest, "POINTS_BUDGET", 700)  # two runs' 300 acc points fit, not three
+    status, out = api.request("POST", "/api/projects/big/rules/backtest", proposed)
+    assert status == 200 and not out["complete"] and len(out["runs"]) == 2
+    assert "budget of 700 points x rules" in out["stopped"]
+    monkeypatch.undo()
+    engine = database.make_engine(server.settings.db_url)
+    try:
+        with engine.connect() as conn:
+            current = {k: v for k, v in policy.EMPTY.items()}
+            done = backtest.backtest(conn, "big", current, policy.validate(proposed), limits=backtest.Limits(0.0))
+            assert not done["complete"] and "deadline" in done["stopped"] and done["runs"] == []
+            gone = threading.Event()
+            gone.set()
+            left = backtest.backtest(conn, "big", current, policy.validate(proposed), limits=backtest.Limits(stop=gone))
+            assert "client left" in left["stopped"]
+    finally:
+        engine.dispose()
+
+
+def test_one_replay_at_a_time_per_project(server, api):
+    from gradwatch_server.web.routes import rules
+
+    rules.REPLAYING.add("busy")  # a replay of "busy" is running
+    try:
+        status, body = api.request("POST", "/api/projects/busy/rules/backtest", {})
+        assert status == 429 and "one at a time" in body["error"]
+        assert api.request("POST", "/api/projects/other/rules/backtest", {})[0] == 200
+    finally:
+        rules.REPLAYING.discard("busy")
+    assert api.request("POST", "/api/projects/busy/rules/backtest", {})[0] == 200
