@@ -69,6 +69,7 @@ def parts(settings):
     settings.smtp_url = f"smtp://127.0.0.1:{smtp.port}"
     settings.alert_email = "ops@example.com"
     settings.base_url = "http://gw.example"
+    settings.notify_allow_hosts = "127.0.0.1"  # the receivers here are on loopback, which channels refuse by default
     srv = BackgroundServer(settings).start()
     yield srv, Api(srv.url), receiver, box
     srv.stop()

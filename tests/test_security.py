@@ -503,6 +503,11 @@ def test_secure_cookie_only_through_a_trusted_proxy(settings):
         assert "Secure" not in _login(srv.url, https)[1]  # 127.0.0.1 is not the trusted proxy here
     finally:
         srv.stop()
+    srv = BackgroundServer(dataclasses.replace(settings, token=TOKEN)).start()
+    try:
+        assert "Secure" not in _login(srv.url, https)[1]  # no --trusted-proxy: not even 127.0.0.1 is believed
+    finally:
+        srv.stop()
     srv = BackgroundServer(dataclasses.replace(settings, token=TOKEN, trusted_proxy="127.0.0.1")).start()
     try:
         assert "Secure" in _login(srv.url, https)[1]
