@@ -9,6 +9,7 @@ many), so a client sees why at once. Request bodies are cut at max_frame_bytes a
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -244,6 +245,16 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, message, headers={"connection": "close"})  # the rest is never read
 
 
+MIN_BODY_RATE = 16 << 10  # bytes a second a request body must average (after header_timeout's grace)
+
+
+class BodyTooSlow(HTTPException):
+    """A request body that trickles (a slow POST holding a connection slot): answered 408, not read further."""
+
+    def __init__(self, message: str):
+        super().__init__(408, message, headers={"connection": "close"})
+
+
 class Guard:
     """The middleware: refuses what the checks refuse, counts what it lets through (in all and per client)."""
 
@@ -286,10 +297,10 @@ class Guard:
         except Refusal as refusal:
             status = refusal.status
             await refuse(scope, receive, send, refusal)
-        except BodyTooLarge as exc:
-            status = 413
+        except (BodyTooLarge, BodyTooSlow) as exc:
+            status = exc.status_code
             if not started:
-                await refuse(scope, receive, send, Refusal(413, exc.detail, exc.headers))
+                await refuse(scope, receive, send, Refusal(exc.status_code, exc.detail, exc.headers))
         finally:
             if self.audit and identity is not None and scope.get("method") in UNSAFE_METHODS:
                 if scope.get("path") not in OPEN_PATHS:
@@ -303,13 +314,22 @@ class Guard:
         """``receive`` that stops a request body at max_frame_bytes, however it is sent (chunked too)."""
         if scope["type"] != "http":
             return receive  # websocket messages: uvicorn's ws_max_size
-        limit, seen = self.settings.max_frame_bytes, 0
+        limit, seen, reading = self.settings.max_frame_bytes, 0, True
+        start, grace = time.monotonic(), self.settings.header_timeout
 
         async def receive_limited():
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, reading
+            if not reading:  # the body is in: what follows is the disconnect, waited for as long as it takes
+                return await receive()
+            # A body must keep coming: header_timeout, plus a second per MIN_BODY_RATE bytes so far (slow POST)
+            left = start + grace + seen / MIN_BODY_RATE - time.monotonic()
+            try:
+                message = await asyncio.wait_for(receive(), max(left, 0.001))
+            except asyncio.TimeoutError:
+                raise BodyTooSlow(f"request body slower than {MIN_BODY_RATE // 1024} KiB/s; not read further") from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                reading = bool(message.get("more_body"))
                 if seen > limit:
                     raise BodyTooLarge(f"request body is over max_frame_bytes ({limit} bytes); not read further")
             return message
