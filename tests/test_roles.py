@@ -220,3 +220,27 @@ def test_named_tokens_alone_make_a_token_required(settings):
         assert call(srv.url, "GET", "/api/runs")[0] == 401
     finally:
         srv.stop()
+
+
+def test_pages_show_a_viewer_no_delete_and_an_admin_everything(team, browser):
+    srv, s = team
+    stream(srv.url, "nlp", TOKEN)
+    for name, deletes, edits in (("vic", False, False), ("ed", False, True), ("ana", True, True)):
+        context = browser.new_context()
+        page = context.new_page()
+        try:
+            page.goto(srv.url + "/login?next=/")
+            page.fill("#token", s[name])
+            with page.expect_navigation():
+                page.click("#login")
+            page.wait_for_selector(
+                f"body[data-role='{'viewer' if name == 'vic' else 'editor' if name == 'ed' else 'admin'}']"
+            )
+            page.wait_for_selector("#runs button:text('Delete')", state="attached")
+            assert page.locator("#runs button:text('Delete')").first.is_visible() == deletes, name
+            assert page.locator("#runs button:text('Rename')").first.is_visible() == edits, name
+            page.goto(srv.url + "/rules?project=nlp")
+            page.wait_for_selector("body[data-can]")
+            assert page.locator("#save-channels").is_visible() == deletes, name  # channels: admins only
+        finally:
+            context.close()
