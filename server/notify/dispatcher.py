@@ -17,6 +17,7 @@ import queue
 import threading
 import time
 from collections import deque
+from typing import NamedTuple
 
 from sqlalchemy import select
 
@@ -28,6 +29,15 @@ from gradwatch_server.storage import db, store
 log = logging.getLogger("gradwatch.server")
 RANK = {s: i for i, s in enumerate(contract.SEVERITIES)}
 TEST_INTERVAL = 60.0  # seconds between two test notifications of one project
+TEST_TIMEOUT = 5.0  # seconds a test waits on each channel (one try: a test shows what happens now)
+
+
+class Context(NamedTuple):
+    """What a channel kind may read of the server's settings when it sends."""
+
+    smtp_url: str
+    allow_hosts: frozenset
+    timeout: float
 
 
 class TooSoon(Exception):
@@ -149,12 +159,15 @@ class Notifier:
         }
 
     def _send(self, note: dict, ch: dict) -> None:
-        kinds.of(ch).send(ch, note, self)  # the kind reads what it needs of the server's (smtp_url)
+        # the kind reads what it needs of the server's: smtp_url, allow_hosts, timeout
+        kinds.of(ch).send(
+            ch, note, Context(self.smtp_url, self.allow_hosts, TEST_TIMEOUT if note.get("test") else 10.0)
+        )
 
     def _deliver(self, note: dict, ch: dict) -> dict:
-        """Send with retries and backoff; record and return the outcome."""
-        error = None
-        for attempt in range(1, self.retries + 1):
+        """Send with retries and backoff (a test: one try); record and return the outcome."""
+        error, retries = None, 1 if note.get("test") else self.retries
+        for attempt in range(1, retries + 1):
             try:
                 self._send(note, ch)
                 return self._record(note, ch, "delivered", None, attempt)
@@ -163,9 +176,9 @@ class Notifier:
             except Exception as exc:
                 error = generic(exc)
                 log.warning("gradwatch: notification to %s failed: %r", channels.describe(ch), exc)
-                if attempt < self.retries:
+                if attempt < retries:
                     time.sleep(self.backoff * 2 ** (attempt - 1))
-        return self._record(note, ch, "failed", error, self.retries)
+        return self._record(note, ch, "failed", error, retries)
 
     def _record(self, note: dict, ch: dict, status: str, reason, attempts: int) -> dict:
         inc = note.get("incident") or {}

@@ -19,7 +19,7 @@ def check(where: str, ch: dict) -> dict:
 
 def send(ch: dict, body: dict, context) -> None:
     """POST ``body`` to the channel's URL: to allowed addresses only (egress.py), but the server's own webhook."""
-    egress.post(ch["url"], body, egress.ANY if ch.get("server") else context.allow_hosts)
+    egress.post(ch["url"], body, egress.ANY if ch.get("server") else context.allow_hosts, context.timeout)
 
 
 def describe(ch: dict) -> str:
