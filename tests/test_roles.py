@@ -7,6 +7,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -81,8 +82,9 @@ def test_an_ingest_token_streams_its_project_and_nothing_else(team):
     assert status == 200 and [r["project"] for r in runs] == ["nlp"] and runs[0]["last_step"] == 4
     engine = create_engine(srv.settings.db_url)
     with engine.connect() as conn:
-        assert conn.execute(select(db.runs.c.created_by)).scalar() == "box-12"  # the token a run was written with
+        assert conn.execute(select(db.runs.c.created_by)).scalar() == "box-12"
     engine.dispose()
+    assert call(srv.url, "GET", "/api/runs/1", TOKEN)[1]["created_by"] == "box-12"  # the token it was written with
     for method, path, body in (
         ("GET", "/api/runs", None),
         ("DELETE", "/api/runs/1", None),
@@ -244,3 +246,42 @@ def test_pages_show_a_viewer_no_delete_and_an_admin_everything(team, browser):
             assert page.locator("#save-channels").is_visible() == deletes, name  # channels: admins only
         finally:
             context.close()
+
+
+def test_revocation_reaches_another_server_process_of_the_database(team, monkeypatch):
+    """A second server on the same database stops taking a revoked token and its sessions within its cache
+    period (30 s; shortened here to show the mechanism, not to wait)."""
+    from gradwatch_server.web import sessions, tokens
+
+    monkeypatch.setattr(tokens, "CACHE_SECONDS", 0.5)
+    monkeypatch.setattr(sessions, "CACHE_SECONDS", 0.5)
+    srv, s = team
+    other = BackgroundServer(srv.settings).start()
+    try:
+        cookie = _login(other.url, s["vic"])[1]
+        assert call(other.url, "GET", "/api/runs", s["vic"])[0] == 200
+        assert call(other.url, "GET", "/api/runs", cookie=cookie)[0] == 200
+        assert call(srv.url, "DELETE", "/api/tokens/vic", TOKEN)[0] == 200  # revoked in the first process
+        deadline = time.monotonic() + 10
+        while call(other.url, "GET", "/api/runs", cookie=cookie)[0] != 401:
+            assert time.monotonic() < deadline, "the other process still takes the revoked token's session"
+            time.sleep(0.1)
+        assert call(other.url, "GET", "/api/runs", s["vic"])[0] == 401
+    finally:
+        other.stop()
+
+
+def test_an_ingest_token_writes_only_the_runs_it_created(team):
+    srv, s = team
+    assert (
+        call(srv.url, "POST", "/api/tokens", TOKEN, {"name": "box-13", "role": "ingest", "projects": ["nlp"]})[0] == 200
+    )
+    secret13 = call(srv.url, "POST", "/api/tokens", TOKEN, {"name": "box-14", "role": "ingest"})[1]["secret"]
+    stream(srv.url, "nlp", s["box-12"])
+    uid = call(srv.url, "GET", "/api/runs/1", TOKEN)[1]["uid"]
+    hello = {"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "run": {"uid": uid, "project": "nlp"}}
+    url = srv.url.replace("http://", "ws://") + "/ws/ingest"
+    with connect(url, additional_headers={"Authorization": f"Bearer {secret13}"}) as ws:
+        ws.send(json.dumps(hello))
+        answer = json.loads(ws.recv(timeout=10))
+    assert answer["type"] == "error" and "only the runs it created" in answer["message"]

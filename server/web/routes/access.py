@@ -32,6 +32,12 @@ def list_tokens(request: Request) -> list[dict]:
 async def create_token(request: Request, body: dict = Body(...)) -> dict:
     """A new token ``{"name", "role", "projects"?, "expires_at"?}``; the answer holds its ``secret``, once."""
     services, who = _services(request), identity_of(request)
+    if not request.app.state.auth.enabled:
+        raise HTTPException(
+            400,
+            "this server runs without a token (everyone is admin): start it with --token-file (or "
+            "GRADWATCH_TOKEN) first, or make tokens with `gradwatch token create` and restart it",
+        )
 
     def job(conn):
         return tokens.create(
