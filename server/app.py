@@ -16,7 +16,8 @@ from gradwatch_server.settings import Settings, from_env
 from gradwatch_server.storage import retention
 from gradwatch_server.storage.store import NotFound
 from gradwatch_server.web import audit, authorize, routes
-from gradwatch_server.web.security import Auth, Guard
+from gradwatch_server.web.identify import Auth
+from gradwatch_server.web.security import Guard
 from gradwatch_server.web.sessions import Sessions
 
 

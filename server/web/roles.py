@@ -30,7 +30,6 @@ ROUTES = (
     ("DELETE", r"/api/runs/\d+", "admin"),
     ("PATCH", r"/api/runs/\d+", "edit"),
     ("POST", r"/api/(runs/\d+/)?incidents(/\d+)?/status", "edit"),
-    ("POST", r"/logout", "read"),
 )
 READS = frozenset({"GET", "HEAD", "WS"})
 

@@ -3,7 +3,7 @@
 The cookie holds the random id; the database holds only its SHA-256, its expiry and the digest of the
 token that logged in (table ``sessions``), so a database leak does not log anyone in, and every server
 process of one database knows every session. A session is as good as its token: revoking the token, or
-changing the server's ``--token``, ends it (``security.Auth`` checks the token on every request). A check
+changing the server's ``--token``, ends it (``identify.Auth`` checks the token on every request). A check
 reads the database at most once per ``CACHE_SECONDS`` per session.
 """
 
@@ -57,10 +57,6 @@ class Sessions:
                 self._checked.clear()
             self._checked[key] = known = (row[0], row[1], now)
         return known[1] if known[0] > now else None
-
-    async def valid(self, value: str) -> bool:
-        """Whether ``value`` is a session that has not expired or been ended (and was made by a token)."""
-        return await self.token_of(value) is not None
 
     async def end(self, value: str) -> None:
         """Log out: the session is gone here at once, in other server processes within CACHE_SECONDS."""

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from gradwatch_server.web import audit
+from gradwatch_server.web.identify import COOKIE, Auth, cookie_values
 from gradwatch_server.web.routes.pages import frontend_dir
-from gradwatch_server.web.security import COOKIE, Auth, cookie_values
 
 router = APIRouter()
 
