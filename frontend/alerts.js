@@ -106,7 +106,12 @@ export function statusButtons(inc, after) {
   const act = (label, body, title) =>
     el(
       "button",
-      { class: "incident-" + body.status, title, onclick: () => setStatus(inc.id, body).then(after) },
+      {
+        class: "incident-" + body.status,
+        title,
+        "data-needs": "edit",
+        onclick: () => setStatus(inc.id, body).then(after),
+      },
       label,
     );
   if (inc.id === null || inc.id < 0) return [];
@@ -185,6 +190,7 @@ function runButtons(runId) {
       {
         class: "run-" + body.status,
         title,
+        "data-needs": "edit",
         onclick: async () => {
           await getJSON(`/api/runs/${runId}/incidents/status`, {
             method: "POST",

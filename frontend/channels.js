@@ -59,7 +59,7 @@ function row(ch = {}) {
         "min_severity",
       ),
     ),
-    el("td", {}, el("button", { onclick: () => tr.remove() }, "Remove")),
+    el("td", {}, el("button", { onclick: () => tr.remove(), "data-needs": "admin" }, "Remove")),
   );
   return tr;
 }

@@ -153,13 +153,13 @@ function row(r, extras) {
   const actions = el(
     "td",
     {},
-    el("button", { onclick: () => edit(r, "name"), title: "rename" }, "Rename"),
+    el("button", { onclick: () => edit(r, "name"), title: "rename", "data-needs": "edit" }, "Rename"),
     " ",
-    el("button", { onclick: () => edit(r, "tags"), title: "edit tags" }, "Tags"),
+    el("button", { onclick: () => edit(r, "tags"), title: "edit tags", "data-needs": "edit" }, "Tags"),
     " ",
-    el("button", { onclick: () => edit(r, "notes"), title: "edit note" }, "Note"),
+    el("button", { onclick: () => edit(r, "notes"), title: "edit note", "data-needs": "edit" }, "Note"),
     " ",
-    el("button", { class: "danger", onclick: () => remove(r) }, "Delete"),
+    el("button", { class: "danger", onclick: () => remove(r), "data-needs": "admin" }, "Delete"),
   );
   return el(
     "tr",

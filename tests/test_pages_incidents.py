@@ -81,8 +81,8 @@ def test_rules_editor_replays_before_saving(server, page, api):
     assert page.locator("#save").is_enabled()
     page.click("#save")
     page.wait_for_selector("#history li")
-    assert "ana" in page.locator("#history li").first.inner_text()
+    assert "anonymous" in page.locator("#history li").first.inner_text()  # the token's name, never the typed one
     stored = api.get("/api/projects/ed/rules")
     assert stored["disabled"] == ["loss_divergence"] and stored["custom"][0]["key"] == "acc"
-    assert stored["updated_by"] == "ana"
+    assert stored["updated_by"] == "anonymous"
     assert not page.js_errors

@@ -6,7 +6,7 @@ import sys
 import time
 
 from gradwatch_server.cli.admin import database_url, db_flag, first_line, reporting
-from gradwatch_server.cli.launch import redacted
+from gradwatch_server.cli.serve import redacted
 from gradwatch_server.storage.blocks import command
 
 EXIT_NEEDS_UPGRADE = 3  # `gradwatch db status`: reachable, but older than this release

@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from gradwatch_server.cli.launch import launch
+from gradwatch_server.cli.serve import launch
 from gradwatch_server.settings import add_arguments, default_db_url
 
 RUNS = (  # name, optimizer, lr, schedule

@@ -18,6 +18,7 @@ import numpy as np
 from sqlalchemy import bindparam, select, update
 
 from gradwatch import contract, protocol
+from gradwatch import thresholds as th_rules
 from gradwatch_server.health import monitor as health
 from gradwatch_server.health.alerts import AlertBook
 from gradwatch_server.health.diagnose import diagnose, with_incident
@@ -79,6 +80,9 @@ def _loads(text) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+REPLAY_DEPTH = 2 * th_rules.MAX_WINDOW  # most steps a rebuilt run state replays (docs/security.md, "Limits")
+
+
 def _replay_recent(conn, state: RunState) -> None:
     """Warm the health rules with the run's latest steps (after a restart), dropping their alerts.
 
@@ -86,7 +90,11 @@ def _replay_recent(conn, state: RunState) -> None:
     server neither misses an explosion for lack of history nor repeats an alert already raised.
     """
     th = state.monitor.th
-    depth = int(max(v for k, v in th.items() if k.endswith((".window", ".patience", ".min_history")))) + 1
+    # capped: a patience or min_history of 1e7 must not make every rules change replay a whole run on the writer
+    depth = (
+        min(REPLAY_DEPTH, int(max(v for k, v in th.items() if k.endswith((".window", ".patience", ".min_history")))))
+        + 1
+    )
     steps: dict = {}
     for key, key_id in state.key_ids.items():
         if key in state.layouts or not health.relevant(key):

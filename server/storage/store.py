@@ -142,6 +142,7 @@ def get_run(conn, run_id: int) -> dict:
         meta=_json_dict(row.meta),
         error=json.loads(row.error) if row.error else None,
         alert_config=json.loads(row.alert_config or "{}"),
+        created_by=row.created_by,  # the name of the token whose connection created the run (None: before tokens)
     )
     return out
 

@@ -1,6 +1,7 @@
 """One router per concern; ``ALL`` is what the app serves (and what the docs test checks)."""
 
 from gradwatch_server.web.routes import (
+    access,
     api,
     auth,
     channels,
@@ -23,5 +24,6 @@ JSON_API = (
     incidents,
     rules,
     channels,
+    access,
 )  # the JSON API (its OpenAPI schema is what the fuzzer reads)
 ALL = (*JSON_API, metrics, auth, ingest_ws, live_ws, pages)
