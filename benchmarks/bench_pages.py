@@ -30,7 +30,7 @@ import gradwatch  # noqa: E402
 # (window.__gwFlushMs), the heatmap's draws from wrapping the method on the module's instance.
 INSTRUMENT = """async () => {
   window.__gwFlushMs = []; window.__heatMs = []; window.__liveMs.length = 0;
-  const { heatmap } = await import("/static/run.js");
+  const { heatmap } = await import("/static/pages/run.js");
   const draw = heatmap.draw.bind(heatmap);
   heatmap.draw = (...a) => { const t = performance.now(); const r = draw(...a); window.__heatMs.push(performance.now() - t); return r; };
 }"""

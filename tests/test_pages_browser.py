@@ -233,7 +233,7 @@ def test_alerts_group_by_kind_and_updates_replace(server, page):
     page.goto(server.url + "/runs/1")
     page.wait_for_selector("#run-name:has-text('a')")
     out = page.evaluate("""async () => {
-        const A = await import('/static/alerts.js');
+        const A = await import('/static/lib/alerts.js');
         const alerts = [], div = document.createElement('div');
         A.upsert(alerts, { id: 1, kind: 'exploding_gradients', step: 10, message: 'first cause', severity: 'warning' });
         A.upsert(alerts, { id: 2, kind: 'nan_loss', step: 30, count: 3, last_step: 50, message: 'nan', severity: 'critical' });
@@ -267,7 +267,7 @@ def test_heatmap_says_when_its_request_failed(server, page):
 def test_out_of_order_points_are_held_back_the_same_way_everywhere(server, page):
     page.goto(server.url + "/")
     out = page.evaluate("""async () => {
-        const { appendPoints } = await import('/static/common.js');
+        const { appendPoints } = await import('/static/lib/series.js');
         const s = { steps: [1, 2], values: [1, 1], walls: [0, 0] };
         const a = appendPoints(s, { steps: [2, 3, 1, 4], values: [9, 3, 9, 'NaN'], wall_times: [0, 0, 0, 0] });
         return [a.from, a.late, s.steps, Number.isNaN(s.values[3])];

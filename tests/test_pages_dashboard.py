@@ -83,7 +83,7 @@ def test_compare_overlays_runs_diffs_configs_shares_and_appends_live(server, pag
             ".map(t => [t.name, t.line.color])"
         )
         colors = page.evaluate(
-            "async () => { const m = await import('/static/common.js'); return [m.colorFor(1), m.colorFor(2)]; }"
+            "async () => { const m = await import('/static/lib/plot.js'); return [m.colorFor(1), m.colorFor(2)]; }"
         )
         assert {tuple(x) for x in lines} == {("lr-1e-3 #1", colors[0]), ("lr-1e-2 #2", colors[1])}
         differs = page.locator("#diff tr.differs td:first-child").all_inner_texts()
@@ -233,7 +233,7 @@ def test_long_live_session_stays_bounded_and_keeps_the_spike(server, page, api):
     assert 17_000 in markers
     # The fold itself, on a known series: the spike, the dip, the NaN and both ends survive.
     kept = page.evaluate("""async () => {
-        const GW = await import('/static/common.js');
+        const GW = await import('/static/lib/series.js');
         const n = 50000, s = { steps: [], values: [], walls: [] };
         for (let i = 0; i < n; i++) { s.steps.push(i); s.values.push(i === 123 ? 1e9 : i === 40000 ? -5 : i === 777 ? NaN : 1); s.walls.push(i); }
         const c = GW.compact(s, 400);
@@ -318,7 +318,7 @@ def test_compare_grid_of_shared_metrics_summary_markers_and_missing_ids(server, 
         assert keys == ["loss", "acc"]  # every shared metric, loss first; val/only-here is not shared
         page.wait_for_function("() => (document.getElementById('chart-0').layout || {}).shapes?.length > 0")
         colors = page.evaluate(
-            "async () => { const m = await import('/static/common.js'); return [m.colorFor(1), m.colorFor(2)]; }"
+            "async () => { const m = await import('/static/lib/plot.js'); return [m.colorFor(1), m.colorFor(2)]; }"
         )
         shapes = page.evaluate("() => document.getElementById('chart-0').layout.shapes.map(s => [s.x0, s.line.color])")
         assert [30, colors[1]] in shapes  # the NaN alert, in the diverging run's colour
@@ -348,7 +348,7 @@ def test_runs_list_neutral_colours_disabled_compare_and_loss_sparklines(server, 
     assert cursor == "not-allowed" and background != "rgb(47, 111, 237)"  # not the enabled blue
     page.locator("tr[data-run='1'] input[type=checkbox]").check()
     assert button.is_enabled() and page.evaluate(style)[0] == "pointer"
-    hues = page.evaluate("""async () => (await import('/static/common.js')).PALETTE.map(c => {
+    hues = page.evaluate("""async () => (await import('/static/lib/plot.js')).PALETTE.map(c => {
         const [r, g, b] = [1, 3, 5].map(i => parseInt(c.slice(i, i + 2), 16) / 255), max = Math.max(r, g, b), min = Math.min(r, g, b);
         if (max - min < 0.15) return -1;  // a grey
         const h = max === r ? ((g - b) / (max - min)) % 6 : max === g ? (b - r) / (max - min) + 2 : (r - g) / (max - min) + 4;

@@ -2,8 +2,8 @@
 
 Charts of every metric (runs overlaid, min/max envelopes that keep every spike), each run's
 alerts and the config keys that differ; Plotly.js is inlined from the installed plotly package,
-and the pages' own modules (/contract.js and common.js: the float codec, escaping, run colours)
-are inlined too, so the file opens anywhere, offline, with nothing fetched, and reads values
+and the pages' own modules (/contract.js and frontend/lib/: the float codec, escaping, run colours,
+the envelope) are inlined too, so the file opens anywhere, offline, with nothing fetched, and reads values
 exactly as the dashboard does.
 """
 
@@ -21,8 +21,10 @@ from gradwatch_server.cli.export import add_source_arguments
 from gradwatch_server.cli.source import Progress, open_source, resolve
 
 MAX_POINTS = 2000
-# common.js's imports from /contract.js: in the report the contract module is inlined just above it instead.
-CONTRACT_IMPORT = re.compile(r'^(?:import|export) \{[^}]*\} from "/contract\.js";\n', re.M)
+# The lib modules the report's script uses, in dependency order; each one's imports (of /contract.js
+# and of each other) are dropped, since in the report everything they import is inlined above them.
+LIB_MODULES = ("contract.js", "format.js", "plot.js", "series.js")
+IMPORT = re.compile(r'^(?:import|export) \{[^}]*\} from "[^"]+";\n', re.M)
 
 
 def add_parser(sub) -> None:
@@ -78,14 +80,14 @@ def gather(source, run_ids: list[int]) -> dict:
 
 
 def page_modules() -> str:
-    """/contract.js and frontend/common.js as one inline module (no imports: the report fetches nothing)."""
+    """/contract.js and the pages' lib modules the report uses, as one inline module (the report fetches nothing)."""
     from gradwatch import contract
     from gradwatch_server.web.routes.pages import frontend_dir
 
-    common = (frontend_dir() / "common.js").read_text(encoding="utf-8")
-    bundle = CONTRACT_IMPORT.sub("", common)
+    lib = frontend_dir() / "lib"
+    bundle = "".join(IMPORT.sub("", (lib / name).read_text(encoding="utf-8")) for name in LIB_MODULES)
     if re.search(r"^(?:import|export) .* from ", bundle, re.M):  # an inline module that imports would fetch
-        raise RuntimeError("common.js imports something the report does not inline")
+        raise RuntimeError("a lib module imports something the report does not inline")
     return contract.es_module() + bundle
 
 

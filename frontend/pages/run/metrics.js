@@ -1,5 +1,6 @@
 // The run page's automatic metric charts: one per key the script logs, in a section per prefix.
-import { el, isLrKey, KEYS } from "./common.js";
+import { isLrKey, KEYS } from "../../lib/contract.js";
+import { el } from "../../lib/dom.js";
 
 const LAYER_SIGNALS = [KEYS.UPDATE_VECTOR, KEYS.ACT_VECTOR].map((v) => v + "/"); // per-layer signals: heatmaps
 

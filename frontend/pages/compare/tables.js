@@ -1,6 +1,8 @@
 // The compare page's tables: a summary per run (status, steps, duration, last and best loss,
 // alerts) beside the config diff.
-import { colorFor, el, fmtDuration, fmtNum } from "./common.js";
+import { el } from "../../lib/dom.js";
+import { fmtDuration, fmtNum } from "../../lib/format.js";
+import { colorFor } from "../../lib/plot.js";
 
 const swatch = (id) => el("span", { class: "swatch", style: "background:" + colorFor(id) });
 

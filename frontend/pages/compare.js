@@ -1,27 +1,17 @@
 // Overlay metrics across runs: by default a chart per metric they all logged (loss first), one
 // colour per run everywhere, alert lines in the run's colour; a summary table and the config diff.
 
-import { upsert } from "./alerts.js";
-import { LiveChart } from "./charts.js";
-import {
-  appendPoints,
-  colorFor,
-  compact,
-  el,
-  fetchSeries,
-  getJSON,
-  isLossKey,
-  isLrKey,
-  KEYS,
-  live,
-  num,
-  TIME_AXES,
-  throttle,
-} from "./common.js";
-import { sweepView } from "./compare_groups.js";
-import { renderDiff, renderSummary } from "./compare_tables.js";
+import { upsert } from "../lib/alerts.js";
+import { LiveChart } from "../lib/charts.js";
+import { isLossKey, isLrKey, KEYS, num, TIME_AXES } from "../lib/contract.js";
+import { $, el, throttle } from "../lib/dom.js";
+import { fetchSeries, getJSON } from "../lib/fetch.js";
+import { byType, LoadBuffer, live } from "../lib/live.js";
+import { colorFor } from "../lib/plot.js";
+import { appendPoints, foldIfLong, nearestIndex } from "../lib/series.js";
+import { sweepView } from "./compare/groups.js";
+import { renderDiff, renderSummary } from "./compare/tables.js";
 
-const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const IDS = (params.get("ids") || "")
   .split(",")
@@ -138,7 +128,7 @@ async function load() {
       loadLosses();
     }
   };
-  for (const r of C.runs) live("/ws/runs/" + r.id, (msg) => onLive(r, msg), resync);
+  for (const r of C.runs) live("/ws/runs/" + r.id, onLive(r), resync);
 }
 
 // Runs compared before they logged anything: once data arrives, the metrics they share get their charts.
@@ -201,7 +191,7 @@ function addPanel(key) {
     div,
   );
   $("panels").append(card);
-  const pn = { key, select, box, div, card, series: {}, fresh: {}, buffer: [], loading: true };
+  const pn = { key, select, box, div, card, series: {}, fresh: {}, buffer: new LoadBuffer() };
   if ($("log").checked) {
     box.checked = true;
     box.dataset.user = "1";
@@ -252,8 +242,7 @@ function alertLines(pn) {
       let x = a.step;
       if (xMode() !== "step") {
         if (!s?.steps.length) continue;
-        let i = s.steps.findIndex((st) => st >= a.step);
-        if (i < 0) i = s.steps.length - 1;
+        const i = nearestIndex(s.steps, a.step);
         x = xMode() === "wall" ? new Date(s.walls[i] * 1000) : s.walls[i] - t0Of(r);
       }
       out.push({ x, color: colorFor(r.id) });
@@ -268,8 +257,7 @@ function render(pn) {
 }
 
 async function draw(pn) {
-  pn.loading = true;
-  pn.buffer = [];
+  pn.buffer.start();
   const key = pn.key;
   const fetched = await Promise.all(
     C.runs.map(async (r) => {
@@ -282,40 +270,38 @@ async function draw(pn) {
   );
   if (key !== pn.key) return; // the picker changed while fetching; the newer draw wins
   pn.series = Object.fromEntries(fetched.filter(([, s]) => s));
-  pn.loading = false;
   render(pn);
   syncUrl();
-  for (const [r, msg] of pn.buffer) onPanelPoints(pn, r, msg);
-  pn.buffer = [];
+  pn.buffer.end((r, msg) => onPanelPoints(pn, r, msg));
 }
 
-function onLive(r, msg) {
-  if (msg.type === "resync") {
-    for (const pn of C.panels) draw(pn);
-    return;
-  } // the page fell behind
-  if (msg.type === "points") {
-    for (const pn of C.panels) onPanelPoints(pn, r, msg);
-    if (!C.panels.length) refreshKeys(); // a run that had logged nothing yet: its charts come with its data
-    refreshLosses();
-  } else if (msg.type === "alert") {
-    C.alerts[r.id] ??= [];
-    upsert(C.alerts[r.id], msg.alert);
-    for (const pn of C.panels) if (!pn.loading) pn.chart.setAlertLines(alertLines(pn));
-    renderTables();
-  } else if (msg.type === "run") {
-    Object.assign(r, msg.run);
-    renderTables();
-  }
-}
+// One compared run's live messages, by type.
+const onLive = (r) =>
+  byType({
+    resync: () => {
+      for (const pn of C.panels) draw(pn); // the page fell behind
+    },
+    points(msg) {
+      for (const pn of C.panels) onPanelPoints(pn, r, msg);
+      if (!C.panels.length) refreshKeys(); // a run that had logged nothing yet: its charts come with its data
+      refreshLosses();
+    },
+    alert(msg) {
+      C.alerts[r.id] ??= [];
+      upsert(C.alerts[r.id], msg.alert);
+      for (const pn of C.panels) if (!pn.buffer.loading) pn.chart.setAlertLines(alertLines(pn));
+      renderTables();
+    },
+    run(msg) {
+      Object.assign(r, msg.run);
+      renderTables();
+    },
+  });
 
 // Live: a compared run's new points of the panel's metric are appended, the same way as on the run
-// page (common.appendPoints); out-of-order points make the panel refetch.
+// page (lib/series.js appendPoints); out-of-order points make the panel refetch.
 function onPanelPoints(pn, r, msg) {
-  if (pn.loading) {
-    pn.buffer.push([r, msg]);
-    return;
-  }
+  if (pn.buffer.hold(r, msg)) return;
   const pts = msg.series[pn.key];
   if (!pts) return;
   pn.series[r.id] ??= { steps: [], values: [], walls: [] };
@@ -332,10 +318,11 @@ function onPanelPoints(pn, r, msg) {
 function flushPanel(pn) {
   const fresh = pn.fresh;
   pn.fresh = {};
-  let compacted = false; // same budget as the run page: fold long live series back with the envelope
+  let compacted = false; // the run page's budget: long live series fold back with the envelope
   for (const id of Object.keys(pn.series)) {
-    if (pn.series[id].steps.length > 8000) {
-      pn.series[id] = compact(pn.series[id], 4000);
+    const folded = foldIfLong(pn.series[id]);
+    if (folded !== pn.series[id]) {
+      pn.series[id] = folded;
       compacted = true;
     }
   }

@@ -1,5 +1,8 @@
 // Live line charts: traces per key, NaN/inf drawn as markers, alert lines, appends via extendTraces.
-import { esc, extent, fmtNum, onVisible, plotLayout } from "./common.js";
+import { onVisible } from "./dom.js";
+import { esc, fmtNum } from "./format.js";
+import { plotLayout } from "./plot.js";
+import { extent } from "./series.js";
 
 const CATCH_UP_MS = 5000; // an out-of-view chart is never more than this behind (screenshots, printing)
 

@@ -1,47 +1,36 @@
 // One run, live: charts that append as points are committed, alerts, heatmap, config, errors.
 
-import { notify, renderAlerts, upsert } from "./alerts.js";
-import { LiveChart } from "./charts.js";
-import {
-  appendPoints,
-  compact,
-  el,
-  fetchSeries,
-  fmtTime,
-  getJSON,
-  isLossKey,
-  isLrKey,
-  KEYS,
-  live,
-  PALETTE,
-  throttle,
-  xRange,
-} from "./common.js";
-import { configTree, kv } from "./config_view.js";
-import { LiveHeatmap } from "./heatmap.js";
-import { renderLrFind } from "./lr_find.js";
-import { MEMORY_KEYS, renderMemoryBreakdown } from "./memory_view.js";
-import { isMetric, metricCard, metricSection } from "./metrics.js";
-import { renderRanks } from "./ranks.js";
-import { offerKeys, seriesAgainst, xAt, xKeyOf } from "./run_xaxis.js";
-import { mountSignals } from "./signals.js";
+import { notify, renderAlerts, upsert } from "../lib/alerts.js";
+import { LiveChart } from "../lib/charts.js";
+import { configTree, kv } from "../lib/config.js";
+import { isLossKey, isLrKey, KEYS } from "../lib/contract.js";
+import { $, el, throttle } from "../lib/dom.js";
+import { fetchSeries, getJSON } from "../lib/fetch.js";
+import { fmtTime } from "../lib/format.js";
+import { LiveHeatmap } from "../lib/heatmap.js";
+import { byType, LoadBuffer, live } from "../lib/live.js";
+import { PALETTE, xRange } from "../lib/plot.js";
+import { appendPoints, foldIfLong, MAX_POINTS, nearestIndex } from "../lib/series.js";
+import { renderLrFind } from "./run/lr_find.js";
+import { MEMORY_KEYS, renderMemoryBreakdown } from "./run/memory.js";
+import { isMetric, metricCard, metricSection } from "./run/metrics.js";
+import { renderRanks } from "./run/ranks.js";
+import { mountSignals } from "./run/signals.js";
+import { offerKeys, seriesAgainst, xAt, xKeyOf } from "./run/xaxis.js";
 
 const RUN_ID = Number(location.pathname.split("/").pop());
-const $ = (id) => document.getElementById(id);
 const S = {
   run: null,
   keys: [],
   series: {},
   against: {}, // key -> its series against the chosen x key (run_xaxis.js), for that x key only
   alerts: [],
-  loading: true,
-  buffer: [],
+  buffer: new LoadBuffer(), // live messages that arrive while load() fetches
   dirty: {},
   late: new Set(),
   t0: 0,
   seenStep: -1,
 };
-const MAX_POINTS = 4000;
 const HEAT = new LiveHeatmap($("heatmap"), RUN_ID, KEYS.GRAD_VECTOR);
 mountSignals(HEAT, RUN_ID); // update ratio and output RMS heatmaps beside it (signals.js)
 
@@ -123,8 +112,7 @@ const entriesFor = (c) =>
     .map((k, i) => ({ label: k, series: held(k), color: PALETTE[i % PALETTE.length] }));
 
 async function load() {
-  S.loading = true;
-  S.buffer = [];
+  S.buffer.start();
   try {
     const [run, keys, alerts] = await Promise.all([
       getJSON(`/api/runs/${RUN_ID}`),
@@ -152,9 +140,8 @@ async function load() {
     $("notice").replaceChildren(
       el("div", { class: "alert critical", "data-kind": "load-failed" }, "Could not load run: " + e.message),
     );
+    S.buffer.end(() => {}); // the page shows the failure; the next (re)connect loads again
     return;
-  } finally {
-    S.loading = false;
   }
   $("notice").querySelector("[data-kind='load-failed']")?.remove();
   renderHeader();
@@ -171,8 +158,7 @@ async function load() {
     if (S.keys.some((k) => k.startsWith(KEYS.GRAD_PREFIX) && !GNORMS.includes(k))) HEAT.load();
     else if (!HEAT.loaded) HEAT.showEmpty();
   }
-  for (const msg of S.buffer) onLive(msg);
-  S.buffer = [];
+  S.buffer.end(onLive);
 }
 
 // Every charted key against the chosen x key, fetched again when it changes or points arrive.
@@ -235,8 +221,7 @@ function alertX(step) {
   if (xKeyOf(xMode())) return xAt(S.series[xKeyOf(xMode())], step);
   const s = S.series[KEYS.GLOBAL_NORM] || S.series.loss || Object.values(S.series)[0];
   if (!s?.steps.length) return null;
-  let i = s.steps.findIndex((x) => x >= step);
-  if (i < 0) i = s.steps.length - 1;
+  const i = nearestIndex(s.steps, step);
   return xMode() === "wall" ? new Date(s.walls[i] * 1000) : s.walls[i] - S.t0;
 }
 
@@ -303,37 +288,40 @@ function onPoints(msg) {
   scheduleFlush();
 }
 
-function onLive(msg) {
-  if (S.loading) {
-    S.buffer.push(msg);
-    return;
-  }
-  if (msg.type === "points") onPoints(msg);
-  else if (msg.type === "alert") {
-    // An id already held is an update (a repeat counted on the server); only new alerts notify.
-    if (upsert(S.alerts, msg.alert)) notify(msg.alert, S.run ? S.run.name : "run " + RUN_ID);
-    renderAlertList();
-    renderLrFind($("lr-find"), S);
-  } else if (msg.type === "run") {
-    S.run = Object.assign(S.run || {}, msg.run);
-    renderHeader();
-    if (msg.run.error) renderError();
-    if (msg.run.error === undefined)
-      getJSON(`/api/runs/${RUN_ID}`).then((r) => {
-        S.run = r;
-        renderError();
-      });
-  } else if (msg.type === "deleted") {
-    $("notice").prepend(
-      el(
-        "div",
-        { class: "alert critical", "data-kind": "deleted" },
-        "This run was deleted, with all its data. ",
-        el("a", { href: "/" }, "Back to the runs list"),
-      ),
-    );
-  } else if (msg.type === "resync") load();
-}
+// Live messages, by type; while load() fetches they are held (S.buffer) and replayed after it.
+const onLive = byType(
+  {
+    points: onPoints,
+    alert(msg) {
+      // An id already held is an update (a repeat counted on the server); only new alerts notify.
+      if (upsert(S.alerts, msg.alert)) notify(msg.alert, S.run ? S.run.name : "run " + RUN_ID);
+      renderAlertList();
+      renderLrFind($("lr-find"), S);
+    },
+    run(msg) {
+      S.run = Object.assign(S.run || {}, msg.run);
+      renderHeader();
+      if (msg.run.error) renderError();
+      if (msg.run.error === undefined)
+        getJSON(`/api/runs/${RUN_ID}`).then((r) => {
+          S.run = r;
+          renderError();
+        });
+    },
+    deleted() {
+      $("notice").prepend(
+        el(
+          "div",
+          { class: "alert critical", "data-kind": "deleted" },
+          "This run was deleted, with all its data. ",
+          el("a", { href: "/" }, "Back to the runs list"),
+        ),
+      );
+    },
+    resync: () => load(),
+  },
+  S.buffer,
+);
 
 // Redraws are throttled to one per 150 ms, or 3x the last redraw's cost (big runs, slow machines).
 const scheduleFlush = throttle(flush, 150, 3, "run-flush");
@@ -344,8 +332,9 @@ function flush() {
   // back to the budget with the same spike-keeping envelope the server uses, and redraw.
   const redraw = new Set();
   for (const k of Object.keys(fresh)) {
-    if (S.series[k] && S.series[k].steps.length > 2 * MAX_POINTS) {
-      S.series[k] = compact(S.series[k], MAX_POINTS);
+    const folded = S.series[k] && foldIfLong(S.series[k]);
+    if (folded && folded !== S.series[k]) {
+      S.series[k] = folded;
       redraw.add(k);
     }
   }

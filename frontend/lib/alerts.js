@@ -1,6 +1,7 @@
 // A run's alerts as incidents (one problem: its root cause, then the consequences in step order), each
 // grouped by kind inside: first step, last step, how many, the first message always in view.
-import { el, getJSON } from "./common.js";
+import { el } from "./dom.js";
+import { getJSON } from "./fetch.js";
 
 // A repeating problem is one alert with count/last_step (older servers: one alert per occurrence),
 // and a push with an id already held is an update of that alert, not a new one.

@@ -1,9 +1,10 @@
 // The rules editor of one project (/rules?project=p): built-in rules on/off, severities, thresholds, custom
 // rules on any metric; "Replay" shows where the edited rules would fire on recent runs next to where the
 // current ones did, and only then can the edit be saved (PUT), with who changed it.
-import { CUSTOM_RULE_OPS, el, getJSON, SEVERITIES, CUSTOM_RULE_TYPES as TYPES } from "./common.js";
+import { CUSTOM_RULE_OPS, SEVERITIES, CUSTOM_RULE_TYPES as TYPES } from "../lib/contract.js";
+import { $, el } from "../lib/dom.js";
+import { getJSON } from "../lib/fetch.js";
 
-const $ = (id) => document.getElementById(id);
 const PROJECT = new URLSearchParams(location.search).get("project") || "default";
 const API = `/api/projects/${encodeURIComponent(PROJECT)}/rules`;
 let loaded = null;
