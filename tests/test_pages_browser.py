@@ -54,6 +54,7 @@ def test_nan_alert_appears_live_with_marker(server, page):
     assert "nan-run" in page.locator("#attention .alert").first.inner_text()
     assert page.locator("tr[data-run='1'] .badge").inner_text() == "1"
     page.goto(server.url + "/runs/1")
+    page.click("#incident-bar:not([hidden]) > #incident-line", timeout=20000)  # the bar opens to its cards
     page.wait_for_selector(".alert[data-kind='nan_loss']", timeout=20000)
     t.join()
     text = page.locator(".alert[data-kind='nan_loss']").inner_text()
@@ -101,7 +102,7 @@ LAST_X = "(id) => { const x = document.getElementById(id).data[0].x; return x[x.
 
 
 def test_charts_out_of_view_skip_live_redraws_and_catch_up(server, page):
-    page.set_viewport_size({"width": 1400, "height": 700})  # keeps the metric charts below the fold
+    page.set_viewport_size({"width": 1400, "height": 460})  # keeps the metric charts below the fold
     stop = threading.Event()
     t = threading.Thread(target=_log_live, args=(server.url, 2000, stop))
     t.start()

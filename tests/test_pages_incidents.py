@@ -12,6 +12,7 @@ import gradwatch
 def test_run_page_shows_one_incident_card_with_its_story(server, page, api):
     spirals_run(gradwatch.init(project="inc", name="lr3", server=server.url), 3.0)
     page.goto(server.url + "/runs/1")
+    page.click("#incident-bar:not([hidden]) > #incident-line")  # one line at the top, opening to the cards
     page.wait_for_selector(".incident[data-incident] .incident-story")
     cards = page.locator("#alerts .incident")
     assert cards.count() == 1
@@ -21,7 +22,7 @@ def test_run_page_shows_one_incident_card_with_its_story(server, page, api):
     # Every alert is inside, by kind; the saturation after the blow-up says so.
     inside = cards.first.locator(".incident-alerts .alert[data-kind='zero_gradients']")
     assert "saturated after diverging" in inside.inner_text()
-    page.click(".incident summary")  # expandable: it collapses
+    page.click(".incident .incident-alerts > summary")  # expandable: it collapses
     assert not inside.is_visible()
     page.click(".incident button.incident-acknowledged")
     page.wait_for_selector(".incident[data-status='acknowledged']")

@@ -14,15 +14,20 @@ export {
   CUSTOM_RULE_TYPES,
   ENDED_STATUSES,
   FAMILIES,
+  family,
   isLayerKey,
   isLossKey,
   isLrKey,
+  isSystemKey,
   KEYS,
+  KIND_TITLES,
   parseColumn,
+  RULE_SPECS,
   SEVERITIES,
   STATUSES,
   splitColumns,
   TIME_AXES,
+  VECTORS,
 } from "/contract.js";
 
 // Non-finite numbers travel as strings; turn them back into numbers.

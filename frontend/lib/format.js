@@ -1,4 +1,6 @@
-// Formatting shared by every page: numbers, bytes, durations, times, and esc() for Plotly.
+// Formatting shared by every page: numbers, bytes, durations, times, alert kinds as words, esc() for Plotly.
+
+import { KIND_TITLES } from "./contract.js";
 
 // Plotly renders <b>, <br>, <a href> ... in trace names, hover text, tick labels and titles: escape
 // anything a user named (runs, metric keys, layers) before it gets there.
@@ -28,3 +30,19 @@ export function fmtDuration(s) {
   if (s < 3600) return Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
   return Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " min";
 }
+
+// An alert kind as words ("loss_spike" -> "Loss spike"), from the contract; a kind it does not know, spelled out.
+export const kindTitle = (kind) =>
+  KIND_TITLES[kind] ||
+  String(kind)
+    .replace(/_/g, " ")
+    .replace(/^./, (c) => c.toUpperCase());
+
+const lowerFirst = (t) => t.charAt(0).toLowerCase() + t.slice(1);
+
+// Kinds named in a server sentence ("throughput_drop at 740") as words; other words untouched.
+export const kindWords = (text) =>
+  String(text).replace(/\b[a-z]+(?:_[a-z]+)+\b/g, (w) => (w in KIND_TITLES ? lowerFirst(kindTitle(w)) : w));
+
+// "1 alert", "3 alerts".
+export const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;

@@ -1,13 +1,15 @@
 // Overlay metrics across runs: by default a chart per metric they all logged (loss first), one
 // colour per run everywhere, alert lines in the run's colour; a summary table and the config diff.
 
-import { upsert } from "../lib/alerts.js";
+import { keySteps, upsert } from "../lib/alerts.js";
 import { LiveChart } from "../lib/charts.js";
-import { isLossKey, isLrKey, KEYS, num, TIME_AXES } from "../lib/contract.js";
+import { isLossKey, KEYS, num, TIME_AXES } from "../lib/contract.js";
 import { $, el, throttle } from "../lib/dom.js";
 import { fetchSeries, getJSON } from "../lib/fetch.js";
+import { kindTitle } from "../lib/format.js";
 import { byType, LoadBuffer, live } from "../lib/live.js";
-import { colorFor } from "../lib/plot.js";
+import { assignColors, colorFor } from "../lib/plot.js";
+import { bySection, isPerLayer, sectionOf } from "../lib/sections.js";
 import { appendPoints, foldIfLong, nearestIndex } from "../lib/series.js";
 import { sweepView } from "./compare/groups.js";
 import { renderDiff, renderSummary } from "./compare/tables.js";
@@ -24,12 +26,15 @@ const label = (r) => r.name + " #" + r.id;
 const t0Of = (r) => r.meta?.start_time || r.created_at; // each run's own start, for relative time
 const xMode = () => $("x-mode").value;
 
-// Loss first, then the script's own metrics, then what run.watch() records.
-const HOOK_PREFIXES = [KEYS.GRAD_PREFIX, KEYS.MEMORY_PREFIX, KEYS.AMP_PREFIX];
-const SYSTEM = (k) => isLrKey(k) || HOOK_PREFIXES.some((p) => k.startsWith(p));
-const rank = (k) => (k === "loss" ? 0 : isLossKey(k) ? 1 : !SYSTEM(k) ? 2 : k === KEYS.GLOBAL_NORM ? 3 : 4);
-const byRank = (a, b) => rank(a) - rank(b) || (a < b ? -1 : a > b ? 1 : 0);
-const perLayer = (k) => k.startsWith(KEYS.GRAD_PREFIX) && k !== KEYS.GLOBAL_NORM && k !== KEYS.GLOBAL_NORM_CLIPPED;
+// Charts in the run page's order (lib/sections.js): training, the script's metrics, per layer, system.
+const byRank = bySection;
+const perLayer = isPerLayer;
+// Keys that can be an x axis: what the script counts (tokens, samples, epoch) and the hook's throughput.
+const X_SECTIONS = ["metrics", "system"];
+const isAxisKey = (k) =>
+  X_SECTIONS.includes(sectionOf(k)) &&
+  !isLossKey(k) &&
+  ![KEYS.MEMORY_PREFIX, KEYS.AMP_PREFIX].some((p) => k.startsWith(p));
 
 function syncUrl() {
   const p = new URLSearchParams({
@@ -79,6 +84,7 @@ async function load() {
     return;
   }
   const ids = C.runs.map((r) => r.id);
+  assignColors(ids); // up to 10 runs, 10 different colours
   try {
     const [diff, keyLists, alertLists] = await Promise.all([
       getJSON("/api/compare?ids=" + ids.join(",")),
@@ -94,7 +100,7 @@ async function load() {
   } catch (e) {
     return fail(e);
   }
-  const metricAxes = C.shared.filter((k) => !SYSTEM(k) && !isLossKey(k));
+  const metricAxes = C.shared.filter(isAxisKey);
   $("x-mode").append(...metricAxes.map((k) => el("option", { value: k }, k)));
   $("x-mode").value = params.get("x") || "step";
   $("log").checked = params.get("log") === "1";
@@ -164,9 +170,8 @@ async function loadLosses() {
 const refreshLosses = throttle(loadLosses, 2000, 1);
 
 function renderTables() {
-  const counts = Object.fromEntries(
-    C.runs.map((r) => [r.id, (C.alerts[r.id] || []).reduce((n, a) => n + Math.max(a.count, 1), 0)]),
-  );
+  // As the runs list counts them: one per alert, a repeat folded into it is not another.
+  const counts = Object.fromEntries(C.runs.map((r) => [r.id, (C.alerts[r.id] || []).length]));
   renderSummary($("summary"), C.runs, C.losses, counts);
   if (C.diff) renderDiff($("diff"), C.runs, C.diff, $("only-diff").checked);
 }
@@ -197,13 +202,18 @@ function addPanel(key) {
     box.dataset.user = "1";
   }
   pn.chart = new LiveChart(div, {
+    logEvery: true, // automatic log y only when every run's own values span the decades (a healthy one would flatten)
     smoothing: () => Number($("smoothing").value),
     empty: "None of these runs logged this metric.",
     log: () => (box.dataset.user ? box.checked : null),
     redraw: () => render(pn),
     onAxis: (y) => {
       box.checked = y.log;
-      note.textContent = y.auto ? `(auto: ${Math.floor(y.decades)} decades)` : "";
+      note.textContent = y.auto
+        ? `(auto: ${Math.floor(y.decades)} decades)`
+        : y.clipped
+          ? "(fitted to the runs in range)"
+          : "";
     },
   });
   pn.flush = throttle(() => flushPanel(pn), 200);
@@ -232,20 +242,20 @@ const entries = (pn) =>
     .filter((r) => pn.series[r.id])
     .map((r) => ({ label: label(r), color: colorFor(r.id), series: pn.series[r.id], t0: t0Of(r) }));
 
-// Alert lines in each run's colour; off the step axis, at the wall time of the nearest point.
+// Alert lines in each run's colour, one per incident's key step (named on hover); off the step axis,
+// at the wall time of the nearest point.
 function alertLines(pn) {
   const out = [];
   for (const r of C.runs) {
     const s = pn.series[r.id];
-    for (const a of C.alerts[r.id] || []) {
-      if (a.step === null || a.step === undefined) continue;
+    for (const a of keySteps(C.alerts[r.id] || [])) {
       let x = a.step;
       if (xMode() !== "step") {
         if (!s?.steps.length) continue;
         const i = nearestIndex(s.steps, a.step);
         x = xMode() === "wall" ? new Date(s.walls[i] * 1000) : s.walls[i] - t0Of(r);
       }
-      out.push({ x, color: colorFor(r.id) });
+      out.push({ x, color: colorFor(r.id), label: "▾", text: `${label(r)}: ${kindTitle(a.kind)} at step ${a.step}` });
     }
   }
   return out;

@@ -1,20 +1,23 @@
 // One run, live: charts that append as points are committed, alerts, heatmap, config, errors.
 
-import { notify, renderAlerts, upsert } from "../lib/alerts.js";
+import { keySteps, notify, renderAlerts, upsert } from "../lib/alerts.js";
 import { LiveChart } from "../lib/charts.js";
 import { configTree, kv } from "../lib/config.js";
 import { isLossKey, isLrKey, KEYS } from "../lib/contract.js";
 import { $, el, throttle } from "../lib/dom.js";
 import { fetchSeries, getJSON } from "../lib/fetch.js";
-import { fmtTime } from "../lib/format.js";
+import { fmtTime, kindTitle } from "../lib/format.js";
 import { LiveHeatmap } from "../lib/heatmap.js";
 import { byType, LoadBuffer, live } from "../lib/live.js";
+import { navProject } from "../lib/nav.js";
 import { PALETTE, xRange } from "../lib/plot.js";
 import { appendPoints, foldIfLong, MAX_POINTS, nearestIndex } from "../lib/series.js";
+import { renderIncidentLine } from "./run/incident_bar.js";
 import { renderLrFind } from "./run/lr_find.js";
 import { MEMORY_KEYS, renderMemoryBreakdown } from "./run/memory.js";
-import { isMetric, metricCard, metricSection } from "./run/metrics.js";
+import { isHookMetric, isMetric, metricCard, metricSection } from "./run/metrics.js";
 import { renderRanks } from "./run/ranks.js";
+import { mountSections } from "./run/sections.js";
 import { mountSignals } from "./run/signals.js";
 import { offerKeys, seriesAgainst, xAt, xKeyOf } from "./run/xaxis.js";
 
@@ -49,7 +52,7 @@ function logOption(box, note) {
     log: () => (box.dataset.user ? box.checked : null),
     onAxis: (y) => {
       box.checked = y.log;
-      note.textContent = y.auto ? `(auto: values span ${Math.floor(y.decades)} decades)` : "";
+      note.textContent = y.auto ? `(auto: ${Math.floor(y.decades)} decades)` : "";
     },
   };
 }
@@ -88,7 +91,7 @@ fixed("loss", {
 // Before clipping, and (Lightning, Hugging Face with clipping on) the clipped norm the optimizer got.
 const GNORMS = [KEYS.GLOBAL_NORM, KEYS.GLOBAL_NORM_CLIPPED];
 fixed("gnorm", { keys: (ks) => GNORMS.filter((k) => ks.includes(k)), empty: WATCH_HINT("gradient norm") });
-fixed("lr", { keys: (ks) => ks.filter(isLrKey), empty: WATCH_HINT("learning rate") });
+fixed("lr", { keys: (ks) => ks.filter(isLrKey), empty: WATCH_HINT("learning rate"), sameAsOne: true });
 fixed("memory", {
   keys: (ks) => ks.filter((k) => k.startsWith(KEYS.CUDA_PREFIX) || k === KEYS.RSS),
   bytes: true,
@@ -99,17 +102,36 @@ fixed("memory", {
 function ensureMetricChart(key) {
   if (!isMetric(key) || CHARTS["m:" + key]) return;
   const card = metricCard(key, RUN_ID);
-  metricSection($("metrics"), key).append(card.root);
+  metricSection($(isHookMetric(key) ? "system-metrics" : "metrics"), key).append(card.root);
   addChart("m:" + key, card.chart, card.box, card.note, { keys: () => [key], empty: "No points yet.", scalars: true });
 }
 
 // With a key as x axis, the charts draw the series aligned to it (S.against), else the raw ones.
 const held = (k) => (xKeyOf(xMode()) ? S.against[k] : S.series[k]);
-const entriesFor = (c) =>
-  c
+const entriesFor = (c) => {
+  const entries = c
     .keys(S.keys)
     .filter((k) => held(k))
     .map((k, i) => ({ label: k, series: held(k), color: PALETTE[i % PALETTE.length] }));
+  return c.sameAsOne ? mergeIdentical(entries) : entries;
+};
+
+// Series with the very same points (two parameter groups on one schedule) as one line, named for all.
+function mergeIdentical(entries) {
+  const out = [];
+  for (const e of entries) {
+    const twin = out.find((o) => sameSeries(o.series, e.series));
+    if (twin) {
+      twin.label += ", " + e.label;
+      twin.keys.push(e.label);
+    } else out.push({ ...e, keys: [e.label] });
+  }
+  return out;
+}
+const sameSeries = (a, b) =>
+  a.steps.length === b.steps.length &&
+  a.steps.every((s, i) => s === b.steps[i]) &&
+  a.values.every((v, i) => Object.is(v, b.values[i]));
 
 async function load() {
   S.buffer.start();
@@ -193,10 +215,13 @@ function renderHeader() {
   // The latest step the page holds a point of, when live points ran ahead of the run record.
   const step = Math.max(r.last_step ?? -1, S.seenStep);
   $("run-step").textContent = step < 0 ? "" : "step " + step;
+  navProject(r.project);
 }
 
 function renderAlertList() {
-  renderAlerts($("alerts"), S.alerts, zoomTo);
+  renderAlerts($("alerts"), S.alerts, zoomTo, () =>
+    renderIncidentLine($("incident-bar"), $("incident-line"), S.alerts),
+  );
   renderAlertLines();
 }
 
@@ -213,6 +238,7 @@ async function zoomTo(step) {
     HEAT.zoomed = [lo, hi];
     HEAT.load(HEAT.zoomed);
   }
+  document.querySelector("details[data-section='training']").open = true;
   $("chart-loss").scrollIntoView({ behavior: "smooth", block: "start" });
 }
 
@@ -225,12 +251,17 @@ function alertX(step) {
   return xMode() === "wall" ? new Date(s.walls[i] * 1000) : s.walls[i] - S.t0;
 }
 
+// One marker per incident's key step (the first alert of each of its kinds), named on hover.
 function renderAlertLines() {
-  const xs = S.alerts
-    .filter((a) => a.step !== null && a.step !== undefined)
-    .map((a) => alertX(a.step))
-    .filter((x) => x !== null);
-  for (const c of Object.values(CHARTS)) c.chart.setAlertLines(xs);
+  const marks = keySteps(S.alerts)
+    .map((a) => ({
+      x: alertX(a.step),
+      color: a.severity === "critical" ? "#d92d20" : "#b54708",
+      label: "▾",
+      text: `${kindTitle(a.kind)} at step ${a.step}: ${a.message}`,
+    }))
+    .filter((m) => m.x !== null);
+  for (const c of Object.values(CHARTS)) c.chart.setAlertLines(marks);
 }
 
 function renderError() {
@@ -241,11 +272,20 @@ function renderError() {
     return;
   }
   box.hidden = false;
+  // The error in one line, the diagnosis' title beside it; its advice and the traceback folded below
+  // (they are long, and the charts come first).
+  const d = err.diagnosis;
   box.replaceChildren(
-    el("h3", {}, "The training script failed: " + err.exc_type),
-    el("p", {}, err.message),
-    err.diagnosis ? el("p", {}, el("b", {}, err.diagnosis.title + ". "), err.diagnosis.advice) : null,
-    el("pre", {}, err.traceback || ""),
+    el("b", {}, "The training script failed: " + err.exc_type + " "),
+    el("span", {}, err.message),
+    d ? el("b", { class: "diagnosis" }, " — " + d.title + ".") : null,
+    el(
+      "details",
+      { class: "traceback" },
+      el("summary", { class: "muted" }, d ? "Diagnosis and traceback" : "Traceback"),
+      d ? el("p", {}, d.advice) : null,
+      err.traceback ? el("pre", {}, err.traceback) : null,
+    ),
   );
 }
 
@@ -342,13 +382,21 @@ function flush() {
     refetchAgainst(); // aligned on the server: fetched again, not extended here
   else
     for (const c of Object.values(CHARTS)) {
-      const entries = entriesFor(c);
-      if (entries.some((e) => redraw.has(e.label))) c.chart.render(entries, xMode());
-      else if (entries.some((e) => fresh[e.label] !== undefined)) c.chart.extend(entries, fresh, xMode());
+      const entries = entriesFor(c),
+        from = freshOf(entries, fresh);
+      if (entries.some((e) => (e.keys || [e.label]).some((k) => redraw.has(k)))) c.chart.render(entries, xMode());
+      else if (entries.some((e) => from[e.label] !== undefined)) c.chart.extend(entries, from, xMode());
     }
   renderMemoryBreakdown($("memory-breakdown"), S.series);
   renderLrFind($("lr-find"), S);
   refetchLate();
+}
+
+// Where each entry's new points start; a merged entry (identical series) from its first key's.
+function freshOf(entries, fresh) {
+  const out = { ...fresh };
+  for (const e of entries) if (e.keys) out[e.label] = fresh[e.keys[0]];
+  return out;
 }
 
 // Out-of-order points were not appended: fetch those keys again and redraw their charts.
@@ -399,6 +447,7 @@ $("smoothing").addEventListener("input", () => {
 $("notify").addEventListener("click", async () => {
   if ("Notification" in window) $("notify").textContent = "Notifications: " + (await Notification.requestPermission());
 });
+mountSections();
 export const state = S,
   heatmap = HEAT; // for benchmarks/bench_pages.py
 live("/ws/runs/" + RUN_ID, onLive, load);

@@ -18,7 +18,7 @@ function duration(r) {
 }
 
 // losses: run id -> {steps, values} (an envelope keeps each bucket's min, so "best" is exact);
-// alertCounts: run id -> number of alerts, repeats included.
+// alertCounts: run id -> number of alerts, as the runs list counts them (a repeat is not another).
 export function renderSummary(table, runs, losses, alertCounts) {
   const head = el(
     "tr",
