@@ -227,8 +227,8 @@ export class LiveChart {
     const s = entry.series,
       n = s.steps.length;
     this.div.replaceChildren(
-      el("p", "scalar-value", fmtNum(value)),
-      el("p", "muted", `${n} points, steps ${s.steps[0]}-${s.steps[n - 1]}, all the same`),
+      textEl("p", "scalar-value", fmtNum(value)),
+      textEl("p", "muted", `${n} points, steps ${s.steps[0]}-${s.steps[n - 1]}, all the same`),
     );
     this.div.classList.add("scalar");
     this.drawn = false;
@@ -357,4 +357,4 @@ export class LiveChart {
   }
 }
 
-const el = (tag, className, text) => Object.assign(document.createElement(tag), { className, textContent: text });
+const textEl = (tag, className, text) => Object.assign(document.createElement(tag), { className, textContent: text });
