@@ -31,11 +31,16 @@ def normalized(url: str) -> str:
 
 
 def test_package_data_holds_every_frontend_file():
-    """The wheel's package-data globs match every page file (one left out would break pip installs only)."""
-    # [tool.setuptools.package-data]'s list for the frontend (read as text: tomllib is Python 3.11+)
-    listed = re.search(r'^"gradwatch_server\.frontend" = (\[[^\]]*\])$', (ROOT / "pyproject.toml").read_text(), re.M)
+    """The wheel's packages and package-data globs match every page file (one left out would break pip installs only)."""
+    # [tool.setuptools.package-data]'s lists for the frontend and its folders (read as text: tomllib is 3.11+)
+    text = (ROOT / "pyproject.toml").read_text()
+    listed = re.findall(r'^"gradwatch_server\.frontend((?:\.\w+)*)" = (\[[^\]]*\])$', text, re.M)
     frontend = ROOT / "frontend"
-    packaged = {p for g in json.loads(listed.group(1)) for p in frontend.glob(g) if p.is_file()}
+    packaged = set()
+    for sub, globs in listed:
+        folder = frontend.joinpath(*sub.split(".")[1:])
+        assert f'"gradwatch_server.frontend{sub}"' in text.split("[tool.setuptools.dynamic]")[0]  # a package too
+        packaged |= {p for g in json.loads(globs) for p in folder.glob(g) if p.is_file()}
     files = {p for p in frontend.rglob("*") if p.is_file()}
     assert files - packaged == set()
     assert any(p.parent.name == "lib" for p in files) and any("pages" in p.parts for p in files)
