@@ -133,6 +133,13 @@ const sameSeries = (a, b) =>
   a.steps.every((s, i) => s === b.steps[i]) &&
   a.values.every((v, i) => Object.is(v, b.values[i]));
 
+// The charts of the first viewport: fetched and drawn before anything else on a big run.
+const FIRST = ["loss", "gnorm", "lr"];
+const fetchAll = async (keys) =>
+  Object.fromEntries(
+    await Promise.all(keys.map(async (k) => [k, await fetchSeries(RUN_ID, k, "max_points=" + MAX_POINTS)])),
+  );
+
 async function load() {
   S.buffer.start();
   try {
@@ -153,10 +160,11 @@ async function load() {
       ...Object.values(CHARTS).flatMap((c) => c.keys(keys)),
       ...MEMORY_KEYS.filter((k) => keys.includes(k)),
     ]);
-    const fetched = await Promise.all(
-      [...wanted].map(async (k) => [k, await fetchSeries(RUN_ID, k, "max_points=" + MAX_POINTS)]),
-    );
-    S.series = Object.fromEntries(fetched);
+    // First the loss, gradient norm and LR (the first viewport), drawn at once; then the rest.
+    const first = [...new Set(FIRST.flatMap((n) => CHARTS[n].keys(keys)))];
+    S.series = await fetchAll(first);
+    renderFirst();
+    Object.assign(S.series, await fetchAll([...wanted].filter((k) => !first.includes(k))));
     if (xKeyOf(xMode())) await fetchAgainst();
   } catch (e) {
     $("notice").replaceChildren(
@@ -165,22 +173,28 @@ async function load() {
     S.buffer.end(() => {}); // the page shows the failure; the next (re)connect loads again
     return;
   }
-  $("notice").querySelector("[data-kind='load-failed']")?.remove();
-  renderHeader();
-  renderAlertList();
-  renderError();
-  renderConfig();
   renderAll();
   if (!S.ranksShown) {
     S.ranksShown = true;
     renderRanks($("ranks"), S.run, S.keys);
   }
+  S.buffer.end(onLive);
+}
+
+// What the first viewport shows: the header, the incident line, the error, the side panel and the
+// loss, gradient norm and LR charts (on a step axis; a key axis waits for its aligned series).
+function renderFirst() {
+  $("notice").querySelector("[data-kind='load-failed']")?.remove();
+  renderHeader();
+  renderAlertList();
+  renderError();
+  renderConfig();
+  if (!xKeyOf(xMode())) for (const n of FIRST) CHARTS[n].chart.render(entriesFor(CHARTS[n]), xMode());
   // Per-layer norms are keys grad/<layer>: without any, say so rather than ask for a heatmap (a 404).
   if (!HEAT.zoomed) {
     if (S.keys.some((k) => k.startsWith(KEYS.GRAD_PREFIX) && !GNORMS.includes(k))) HEAT.load();
     else if (!HEAT.loaded) HEAT.showEmpty();
   }
-  S.buffer.end(onLive);
 }
 
 // Every charted key against the chosen x key, fetched again when it changes or points arrive.
