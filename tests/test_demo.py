@@ -83,7 +83,7 @@ def test_a_run_gone_non_finite_and_flagged_stops_with_a_message(server, api, cap
     model = demo.make_model()
     with torch.no_grad():
         model[0].weight[0, 0] = float("nan")  # non-finite from the first step
-    demo._quietly("poisoned", server.url, "poisoned", "SGD", 0.05, "constant", 5000, 0.0, model)
+    demo.train_quietly("poisoned", server.url, "poisoned", "SGD", 0.05, "constant", 5000, 0.0, model)
     out = capsys.readouterr()
     assert "'poisoned' went non-finite at step" in out.out and "stopped" in out.out
     assert "Traceback" not in out.out + out.err
@@ -92,7 +92,7 @@ def test_a_run_gone_non_finite_and_flagged_stops_with_a_message(server, api, cap
 
 
 def test_a_failing_demo_run_is_one_line_not_a_traceback(server, capsys):
-    demo._quietly("broken", server.url, "broken", "NoSuchOptimizer", 0.05, "constant", 10, 0.0, object())
+    demo.train_quietly("broken", server.url, "broken", "NoSuchOptimizer", 0.05, "constant", 10, 0.0, object())
     out = capsys.readouterr()
     assert "'broken' stopped:" in out.out and "Traceback" not in out.out + out.err
 

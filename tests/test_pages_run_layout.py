@@ -68,6 +68,8 @@ def test_sections_come_in_order_and_fold_remembered(diverged, page):
     )
     assert "perf" in hook and not set(hook) & {"train", "val"}
     assert page.locator("#metric-val\\/loss").count() == 0  # a loss is drawn once, on the Loss chart
+    title = page.locator(".card.metric[data-key='perf/step_time'] h3").inner_text()
+    assert title.startswith("Step time perf/step_time")  # the hook's keys as words, the key beside
     page.click("details[data-section='gradients'] > summary")
     assert page.evaluate("() => document.querySelector(\"details[data-section='gradients']\").open") is False
     page.reload()

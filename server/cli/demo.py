@@ -173,7 +173,7 @@ def _flagged(server: str, run_id: int, token: str, step: int) -> bool:
         return False  # the server is busy or gone: keep training, ask again later
 
 
-def _quietly(name: str, *args, **kwargs) -> None:
+def train_quietly(name: str, *args, **kwargs) -> None:
     """train(), with a failure as one line on the terminal instead of a thread's traceback."""
     try:
         train(*args, **kwargs)
@@ -206,7 +206,7 @@ def run_demo(settings, steps: int = 6000, delay: float = 0.05, keep_serving: boo
     # Daemon threads: Ctrl-C never waits on a training step or a slow flush to end the process.
     threads = [
         threading.Thread(
-            target=_quietly,
+            target=train_quietly,
             args=(name, server.url, name, opt, lr, sched, steps, delay, make_model(), stop),
             kwargs={"token": settings.token},
             daemon=True,

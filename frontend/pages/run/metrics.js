@@ -62,6 +62,14 @@ export function metricSection(container, key) {
   return grid;
 }
 
+// A chart's title: the script's own keys as it named them; the hook's own in words ("perf/step_time":
+// "Step time"), the key beside it, muted.
+function titleOf(key) {
+  if (!isHookMetric(key)) return [key];
+  const words = key.slice(key.lastIndexOf("/") + 1).replace(/_/g, " ");
+  return [words.charAt(0).toUpperCase() + words.slice(1), " ", el("span", { class: "muted key-name" }, key)];
+}
+
 // One card: title, CSV link, log-y box and the chart's div; cards keep key order within a section.
 export function metricCard(key, runId) {
   const box = el("input", { type: "checkbox" }),
@@ -73,7 +81,7 @@ export function metricCard(key, runId) {
     el(
       "h3",
       {},
-      key,
+      ...titleOf(key),
       " ",
       el("a", { class: "csv", href: `/api/runs/${runId}/series.csv?key=${encodeURIComponent(key)}` }, "CSV"),
       " ",
