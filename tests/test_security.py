@@ -165,7 +165,7 @@ def test_api_needs_the_token(token_server):
     status, _, data = raw(url, "GET", "/api/runs", {"Authorization": f"Bearer {TOKEN}"})
     assert status == 200 and json.loads(data) == []
     assert raw(url, "GET", "/openapi.json")[0] == 401
-    assert raw(url, "GET", "/static/common.js")[0] == 401
+    assert raw(url, "GET", "/static/lib/dom.js")[0] == 401
     # a forged cookie (the raw token) is not a session
     assert raw(url, "GET", "/api/runs", {"Cookie": f"gradwatch_session={TOKEN}"})[0] == 401
 

@@ -1,47 +1,39 @@
 // One run, live: charts that append as points are committed, alerts, heatmap, config, errors.
 
-import { notify, renderAlerts, upsert } from "./alerts.js";
-import { LiveChart } from "./charts.js";
-import {
-  appendPoints,
-  compact,
-  el,
-  fetchSeries,
-  fmtTime,
-  getJSON,
-  isLossKey,
-  isLrKey,
-  KEYS,
-  live,
-  PALETTE,
-  throttle,
-  xRange,
-} from "./common.js";
-import { configTree, kv } from "./config_view.js";
-import { LiveHeatmap } from "./heatmap.js";
-import { renderLrFind } from "./lr_find.js";
-import { MEMORY_KEYS, renderMemoryBreakdown } from "./memory_view.js";
-import { isMetric, metricCard, metricSection } from "./metrics.js";
-import { renderRanks } from "./ranks.js";
-import { offerKeys, seriesAgainst, xAt, xKeyOf } from "./run_xaxis.js";
-import { mountSignals } from "./signals.js";
+import { keySteps, notify, renderAlerts, upsert } from "../lib/alerts.js";
+import { LiveChart } from "../lib/charts.js";
+import { configTree, kv } from "../lib/config.js";
+import { isLossKey, isLrKey, KEYS } from "../lib/contract.js";
+import { $, el, throttle } from "../lib/dom.js";
+import { fetchSeries, getJSON } from "../lib/fetch.js";
+import { fmtTime, kindTitle } from "../lib/format.js";
+import { LiveHeatmap } from "../lib/heatmap.js";
+import { byType, LoadBuffer, live } from "../lib/live.js";
+import { navProject } from "../lib/nav.js";
+import { PALETTE, xRange } from "../lib/plot.js";
+import { appendPoints, foldIfLong, MAX_POINTS, nearestIndex } from "../lib/series.js";
+import { renderIncidentLine } from "./run/incident_bar.js";
+import { renderLrFind } from "./run/lr_find.js";
+import { MEMORY_KEYS, renderMemoryBreakdown } from "./run/memory.js";
+import { isHookMetric, isMetric, metricCard, metricSection } from "./run/metrics.js";
+import { renderRanks } from "./run/ranks.js";
+import { mountSections } from "./run/sections.js";
+import { mountSignals } from "./run/signals.js";
+import { offerKeys, seriesAgainst, xAt, xKeyOf } from "./run/xaxis.js";
 
 const RUN_ID = Number(location.pathname.split("/").pop());
-const $ = (id) => document.getElementById(id);
 const S = {
   run: null,
   keys: [],
   series: {},
   against: {}, // key -> its series against the chosen x key (run_xaxis.js), for that x key only
   alerts: [],
-  loading: true,
-  buffer: [],
+  buffer: new LoadBuffer(), // live messages that arrive while load() fetches
   dirty: {},
   late: new Set(),
   t0: 0,
   seenStep: -1,
 };
-const MAX_POINTS = 4000;
 const HEAT = new LiveHeatmap($("heatmap"), RUN_ID, KEYS.GRAD_VECTOR);
 mountSignals(HEAT, RUN_ID); // update ratio and output RMS heatmaps beside it (signals.js)
 
@@ -60,7 +52,7 @@ function logOption(box, note) {
     log: () => (box.dataset.user ? box.checked : null),
     onAxis: (y) => {
       box.checked = y.log;
-      note.textContent = y.auto ? `(auto: values span ${Math.floor(y.decades)} decades)` : "";
+      note.textContent = y.auto ? `(auto: ${Math.floor(y.decades)} decades)` : "";
     },
   };
 }
@@ -99,7 +91,7 @@ fixed("loss", {
 // Before clipping, and (Lightning, Hugging Face with clipping on) the clipped norm the optimizer got.
 const GNORMS = [KEYS.GLOBAL_NORM, KEYS.GLOBAL_NORM_CLIPPED];
 fixed("gnorm", { keys: (ks) => GNORMS.filter((k) => ks.includes(k)), empty: WATCH_HINT("gradient norm") });
-fixed("lr", { keys: (ks) => ks.filter(isLrKey), empty: WATCH_HINT("learning rate") });
+fixed("lr", { keys: (ks) => ks.filter(isLrKey), empty: WATCH_HINT("learning rate"), sameAsOne: true });
 fixed("memory", {
   keys: (ks) => ks.filter((k) => k.startsWith(KEYS.CUDA_PREFIX) || k === KEYS.RSS),
   bytes: true,
@@ -110,21 +102,46 @@ fixed("memory", {
 function ensureMetricChart(key) {
   if (!isMetric(key) || CHARTS["m:" + key]) return;
   const card = metricCard(key, RUN_ID);
-  metricSection($("metrics"), key).append(card.root);
+  metricSection($(isHookMetric(key) ? "system-metrics" : "metrics"), key).append(card.root);
   addChart("m:" + key, card.chart, card.box, card.note, { keys: () => [key], empty: "No points yet.", scalars: true });
 }
 
 // With a key as x axis, the charts draw the series aligned to it (S.against), else the raw ones.
 const held = (k) => (xKeyOf(xMode()) ? S.against[k] : S.series[k]);
-const entriesFor = (c) =>
-  c
+const entriesFor = (c) => {
+  const entries = c
     .keys(S.keys)
     .filter((k) => held(k))
     .map((k, i) => ({ label: k, series: held(k), color: PALETTE[i % PALETTE.length] }));
+  return c.sameAsOne ? mergeIdentical(entries) : entries;
+};
+
+// Series with the very same points (two parameter groups on one schedule) as one line, named for all.
+function mergeIdentical(entries) {
+  const out = [];
+  for (const e of entries) {
+    const twin = out.find((o) => sameSeries(o.series, e.series));
+    if (twin) {
+      twin.label += ", " + e.label;
+      twin.keys.push(e.label);
+    } else out.push({ ...e, keys: [e.label] });
+  }
+  return out;
+}
+const sameSeries = (a, b) =>
+  a.steps.length === b.steps.length &&
+  a.steps.every((s, i) => s === b.steps[i]) &&
+  a.values.every((v, i) => Object.is(v, b.values[i]));
+
+// The charts of the first viewport: fetched and drawn before anything else on a big run.
+const FIRST = ["loss", "gnorm", "lr"];
+const fetchAll = async (keys) =>
+  Object.fromEntries(
+    await Promise.all(keys.map(async (k) => [k, await fetchSeries(RUN_ID, k, "max_points=" + MAX_POINTS)])),
+  );
 
 async function load() {
-  S.loading = true;
-  S.buffer = [];
+  S.buffer.start();
   try {
     const [run, keys, alerts] = await Promise.all([
       getJSON(`/api/runs/${RUN_ID}`),
@@ -143,36 +160,41 @@ async function load() {
       ...Object.values(CHARTS).flatMap((c) => c.keys(keys)),
       ...MEMORY_KEYS.filter((k) => keys.includes(k)),
     ]);
-    const fetched = await Promise.all(
-      [...wanted].map(async (k) => [k, await fetchSeries(RUN_ID, k, "max_points=" + MAX_POINTS)]),
-    );
-    S.series = Object.fromEntries(fetched);
+    // First the loss, gradient norm and LR (the first viewport), drawn at once; then the rest.
+    const first = [...new Set(FIRST.flatMap((n) => CHARTS[n].keys(keys)))];
+    S.series = await fetchAll(first);
+    renderFirst();
+    Object.assign(S.series, await fetchAll([...wanted].filter((k) => !first.includes(k))));
     if (xKeyOf(xMode())) await fetchAgainst();
   } catch (e) {
     $("notice").replaceChildren(
       el("div", { class: "alert critical", "data-kind": "load-failed" }, "Could not load run: " + e.message),
     );
+    S.buffer.end(() => {}); // the page shows the failure; the next (re)connect loads again
     return;
-  } finally {
-    S.loading = false;
   }
-  $("notice").querySelector("[data-kind='load-failed']")?.remove();
-  renderHeader();
-  renderAlertList();
-  renderError();
-  renderConfig();
   renderAll();
   if (!S.ranksShown) {
     S.ranksShown = true;
     renderRanks($("ranks"), S.run, S.keys);
   }
+  S.buffer.end(onLive);
+}
+
+// What the first viewport shows: the header, the incident line, the error, the side panel and the
+// loss, gradient norm and LR charts (on a step axis; a key axis waits for its aligned series).
+function renderFirst() {
+  $("notice").querySelector("[data-kind='load-failed']")?.remove();
+  renderHeader();
+  renderAlertList();
+  renderError();
+  renderConfig();
+  if (!xKeyOf(xMode())) for (const n of FIRST) CHARTS[n].chart.render(entriesFor(CHARTS[n]), xMode());
   // Per-layer norms are keys grad/<layer>: without any, say so rather than ask for a heatmap (a 404).
   if (!HEAT.zoomed) {
     if (S.keys.some((k) => k.startsWith(KEYS.GRAD_PREFIX) && !GNORMS.includes(k))) HEAT.load();
     else if (!HEAT.loaded) HEAT.showEmpty();
   }
-  for (const msg of S.buffer) onLive(msg);
-  S.buffer = [];
 }
 
 // Every charted key against the chosen x key, fetched again when it changes or points arrive.
@@ -207,10 +229,13 @@ function renderHeader() {
   // The latest step the page holds a point of, when live points ran ahead of the run record.
   const step = Math.max(r.last_step ?? -1, S.seenStep);
   $("run-step").textContent = step < 0 ? "" : "step " + step;
+  navProject(r.project);
 }
 
 function renderAlertList() {
-  renderAlerts($("alerts"), S.alerts, zoomTo);
+  renderAlerts($("alerts"), S.alerts, zoomTo, () =>
+    renderIncidentLine($("incident-bar"), $("incident-line"), S.alerts),
+  );
   renderAlertLines();
 }
 
@@ -227,6 +252,7 @@ async function zoomTo(step) {
     HEAT.zoomed = [lo, hi];
     HEAT.load(HEAT.zoomed);
   }
+  document.querySelector("details[data-section='training']").open = true;
   $("chart-loss").scrollIntoView({ behavior: "smooth", block: "start" });
 }
 
@@ -235,17 +261,21 @@ function alertX(step) {
   if (xKeyOf(xMode())) return xAt(S.series[xKeyOf(xMode())], step);
   const s = S.series[KEYS.GLOBAL_NORM] || S.series.loss || Object.values(S.series)[0];
   if (!s?.steps.length) return null;
-  let i = s.steps.findIndex((x) => x >= step);
-  if (i < 0) i = s.steps.length - 1;
+  const i = nearestIndex(s.steps, step);
   return xMode() === "wall" ? new Date(s.walls[i] * 1000) : s.walls[i] - S.t0;
 }
 
+// One marker per incident's key step (the first alert of each of its kinds), named on hover.
 function renderAlertLines() {
-  const xs = S.alerts
-    .filter((a) => a.step !== null && a.step !== undefined)
-    .map((a) => alertX(a.step))
-    .filter((x) => x !== null);
-  for (const c of Object.values(CHARTS)) c.chart.setAlertLines(xs);
+  const marks = keySteps(S.alerts)
+    .map((a) => ({
+      x: alertX(a.step),
+      color: a.severity === "critical" ? "#d92d20" : "#b54708",
+      label: "▾",
+      text: `${kindTitle(a.kind)} at step ${a.step}: ${a.message}`,
+    }))
+    .filter((m) => m.x !== null);
+  for (const c of Object.values(CHARTS)) c.chart.setAlertLines(marks);
 }
 
 function renderError() {
@@ -256,11 +286,20 @@ function renderError() {
     return;
   }
   box.hidden = false;
+  // The error in one line, the diagnosis' title beside it; its advice and the traceback folded below
+  // (they are long, and the charts come first).
+  const d = err.diagnosis;
   box.replaceChildren(
-    el("h3", {}, "The training script failed: " + err.exc_type),
-    el("p", {}, err.message),
-    err.diagnosis ? el("p", {}, el("b", {}, err.diagnosis.title + ". "), err.diagnosis.advice) : null,
-    el("pre", {}, err.traceback || ""),
+    el("b", {}, "The training script failed: " + err.exc_type + " "),
+    el("span", {}, err.message),
+    d ? el("b", { class: "diagnosis" }, " — " + d.title + ".") : null,
+    el(
+      "details",
+      { class: "traceback" },
+      el("summary", { class: "muted" }, d ? "Diagnosis and traceback" : "Traceback"),
+      d ? el("p", {}, d.advice) : null,
+      err.traceback ? el("pre", {}, err.traceback) : null,
+    ),
   );
 }
 
@@ -303,37 +342,40 @@ function onPoints(msg) {
   scheduleFlush();
 }
 
-function onLive(msg) {
-  if (S.loading) {
-    S.buffer.push(msg);
-    return;
-  }
-  if (msg.type === "points") onPoints(msg);
-  else if (msg.type === "alert") {
-    // An id already held is an update (a repeat counted on the server); only new alerts notify.
-    if (upsert(S.alerts, msg.alert)) notify(msg.alert, S.run ? S.run.name : "run " + RUN_ID);
-    renderAlertList();
-    renderLrFind($("lr-find"), S);
-  } else if (msg.type === "run") {
-    S.run = Object.assign(S.run || {}, msg.run);
-    renderHeader();
-    if (msg.run.error) renderError();
-    if (msg.run.error === undefined)
-      getJSON(`/api/runs/${RUN_ID}`).then((r) => {
-        S.run = r;
-        renderError();
-      });
-  } else if (msg.type === "deleted") {
-    $("notice").prepend(
-      el(
-        "div",
-        { class: "alert critical", "data-kind": "deleted" },
-        "This run was deleted, with all its data. ",
-        el("a", { href: "/" }, "Back to the runs list"),
-      ),
-    );
-  } else if (msg.type === "resync") load();
-}
+// Live messages, by type; while load() fetches they are held (S.buffer) and replayed after it.
+const onLive = byType(
+  {
+    points: onPoints,
+    alert(msg) {
+      // An id already held is an update (a repeat counted on the server); only new alerts notify.
+      if (upsert(S.alerts, msg.alert)) notify(msg.alert, S.run ? S.run.name : "run " + RUN_ID);
+      renderAlertList();
+      renderLrFind($("lr-find"), S);
+    },
+    run(msg) {
+      S.run = Object.assign(S.run || {}, msg.run);
+      renderHeader();
+      if (msg.run.error) renderError();
+      if (msg.run.error === undefined)
+        getJSON(`/api/runs/${RUN_ID}`).then((r) => {
+          S.run = r;
+          renderError();
+        });
+    },
+    deleted() {
+      $("notice").prepend(
+        el(
+          "div",
+          { class: "alert critical", "data-kind": "deleted" },
+          "This run was deleted, with all its data. ",
+          el("a", { href: "/" }, "Back to the runs list"),
+        ),
+      );
+    },
+    resync: () => load(),
+  },
+  S.buffer,
+);
 
 // Redraws are throttled to one per 150 ms, or 3x the last redraw's cost (big runs, slow machines).
 const scheduleFlush = throttle(flush, 150, 3, "run-flush");
@@ -344,8 +386,9 @@ function flush() {
   // back to the budget with the same spike-keeping envelope the server uses, and redraw.
   const redraw = new Set();
   for (const k of Object.keys(fresh)) {
-    if (S.series[k] && S.series[k].steps.length > 2 * MAX_POINTS) {
-      S.series[k] = compact(S.series[k], MAX_POINTS);
+    const folded = S.series[k] && foldIfLong(S.series[k]);
+    if (folded && folded !== S.series[k]) {
+      S.series[k] = folded;
       redraw.add(k);
     }
   }
@@ -353,13 +396,21 @@ function flush() {
     refetchAgainst(); // aligned on the server: fetched again, not extended here
   else
     for (const c of Object.values(CHARTS)) {
-      const entries = entriesFor(c);
-      if (entries.some((e) => redraw.has(e.label))) c.chart.render(entries, xMode());
-      else if (entries.some((e) => fresh[e.label] !== undefined)) c.chart.extend(entries, fresh, xMode());
+      const entries = entriesFor(c),
+        from = freshOf(entries, fresh);
+      if (entries.some((e) => (e.keys || [e.label]).some((k) => redraw.has(k)))) c.chart.render(entries, xMode());
+      else if (entries.some((e) => from[e.label] !== undefined)) c.chart.extend(entries, from, xMode());
     }
   renderMemoryBreakdown($("memory-breakdown"), S.series);
   renderLrFind($("lr-find"), S);
   refetchLate();
+}
+
+// Where each entry's new points start; a merged entry (identical series) from its first key's.
+function freshOf(entries, fresh) {
+  const out = { ...fresh };
+  for (const e of entries) if (e.keys) out[e.label] = fresh[e.keys[0]];
+  return out;
 }
 
 // Out-of-order points were not appended: fetch those keys again and redraw their charts.
@@ -410,6 +461,7 @@ $("smoothing").addEventListener("input", () => {
 $("notify").addEventListener("click", async () => {
   if ("Notification" in window) $("notify").textContent = "Notifications: " + (await Notification.requestPermission());
 });
+mountSections();
 export const state = S,
   heatmap = HEAT; // for benchmarks/bench_pages.py
 live("/ws/runs/" + RUN_ID, onLive, load);

@@ -1,6 +1,8 @@
 // A run's alerts as incidents (one problem: its root cause, then the consequences in step order), each
 // grouped by kind inside: first step, last step, how many, the first message always in view.
-import { el, getJSON } from "./common.js";
+import { el } from "./dom.js";
+import { getJSON } from "./fetch.js";
+import { kindTitle, kindWords, plural } from "./format.js";
 
 // A repeating problem is one alert with count/last_step (older servers: one alert per occurrence),
 // and a push with an id already held is an update of that alert, not a new one.
@@ -50,7 +52,7 @@ function kindCards(alerts, zoomTo) {
     return el(
       "div",
       { class: "alert " + g.severity, "data-kind": g.kind, "data-count": g.count },
-      el("b", {}, g.kind),
+      el("b", { title: g.kind }, kindTitle(g.kind)),
       el("span", { class: "alert-count", title: "times raised" }, g.count + "×"),
       el("span", { class: "muted alert-steps" }, steps(g) + where(first) + " · "),
       el("span", { class: "alert-first" }, first.message),
@@ -139,8 +141,8 @@ export function incidents(alerts) {
 // One card per incident: its root (the cause, with what the server found: the LR, a layer), the story in
 // step order, its status with buttons, and the per-kind cards of its alerts (expandable). Alerts from
 // before incidents (no incident_id) keep the per-kind cards.
-export function renderAlerts(container, alerts, zoomTo) {
-  lastRender = [container, alerts, zoomTo];
+export function renderAlerts(container, alerts, zoomTo, after) {
+  lastRender = [container, alerts, zoomTo, after];
   const cards = [];
   for (const inc of incidents(alerts)) {
     if (inc.id === null) {
@@ -153,7 +155,7 @@ export function renderAlerts(container, alerts, zoomTo) {
     const root = known?.root ?? ordered[0];
     const status = known?.status ?? "open";
     const severity = ordered.some((a) => a.severity === "critical") ? "critical" : "warning";
-    const body = el("details", { class: "incident-alerts" }, el("summary", {}, ordered.length + " alerts"));
+    const body = el("details", { class: "incident-alerts" }, el("summary", {}, plural(ordered.length, "alert")));
     body.open = status === "open";
     body.append(...kindCards(ordered, zoomTo));
     cards.push(
@@ -163,7 +165,7 @@ export function renderAlerts(container, alerts, zoomTo) {
         el(
           "div",
           { class: "incident-head" },
-          el("b", {}, root.kind),
+          el("b", { title: root.kind }, kindTitle(root.kind)),
           el(
             "span",
             { class: "muted" },
@@ -172,7 +174,7 @@ export function renderAlerts(container, alerts, zoomTo) {
           el("span", { class: "status incident-status" }, status),
           ...(known ? statusButtons(known, () => {}) : []),
         ),
-        known?.story ? el("div", { class: "incident-story" }, known.story) : null,
+        known?.story ? el("div", { class: "incident-story" }, kindWords(known.story)) : null,
         known?.cause ? el("div", { class: "incident-cause" }, "Cause: " + known.cause) : null,
         body,
       ),
@@ -180,6 +182,58 @@ export function renderAlerts(container, alerts, zoomTo) {
   }
   const runId = alerts.find((a) => a.incident_id !== null && a.incident_id !== undefined)?.run_id;
   container.replaceChildren(...(runId !== undefined ? [runButtons(runId)] : []), ...cards);
+  if (after) after();
+}
+
+const RANK = { critical: 0, warning: 1, info: 2 };
+const hasStep = (a) => a.step !== null && a.step !== undefined;
+const byStep = (a, b) => (a.step ?? Infinity) - (b.step ?? Infinity) || a.id - b.id;
+
+// A run's problems in one line: the lead incident (open before handled, critical before warning, then
+// the earliest), what happened in it (its first critical alert, else its root), where and why.
+// Returns null without alerts; else {title, kind, step, severity, why, incidents, alerts}.
+export function headline(alerts) {
+  if (!alerts.length) return null;
+  const list = incidents(alerts).map((inc) => {
+    const known = inc.id === null ? null : INCIDENTS.get(inc.id);
+    const ordered = [...inc.alerts].sort(byStep);
+    const severity = ordered.some((a) => a.severity === "critical") ? "critical" : ordered[0].severity || "warning";
+    return { known, ordered, severity, open: (known?.status ?? "open") === "open" };
+  });
+  list.sort(
+    (a, b) =>
+      b.open - a.open ||
+      (RANK[a.severity] ?? 3) - (RANK[b.severity] ?? 3) ||
+      (a.ordered[0].step ?? Infinity) - (b.ordered[0].step ?? Infinity),
+  );
+  const lead = list[0];
+  const what = lead.ordered.find((a) => a.severity === "critical") || lead.known?.root || lead.ordered[0];
+  const why = lead.known?.cause || firstSentence(lead.known?.root?.message || lead.ordered[0].message);
+  return {
+    title: kindTitle(what.kind),
+    kind: what.kind,
+    step: hasStep(what) ? what.step : null,
+    severity: lead.severity,
+    why,
+    incidents: list.filter((i) => i.known || i.ordered.length).length,
+    alerts: alerts.length,
+  };
+}
+
+const firstSentence = (text) => String(text || "").split(/(?<=\.)\s/)[0];
+
+// The steps worth a marker on the charts: per incident (or per kind, for alerts without one), the
+// first alert of each kind, as {step, kind, message}; the repeats stay in the cards.
+export function keySteps(alerts) {
+  const seen = new Set(),
+    out = [];
+  for (const a of [...alerts].filter(hasStep).sort(byStep)) {
+    const id = `${a.incident_id ?? "-"}/${a.kind}`;
+    if (seen.has(id)) continue;
+    seen.add(id);
+    out.push({ step: a.step, kind: a.kind, message: a.message, severity: a.severity });
+  }
+  return out;
 }
 
 // Per run: every incident at once (acknowledge them all, or mute the run until someone reopens).

@@ -1,13 +1,18 @@
 // The rules editor of one project (/rules?project=p): built-in rules on/off, severities, thresholds, custom
 // rules on any metric; "Replay" shows where the edited rules would fire on recent runs next to where the
-// current ones did, and only then can the edit be saved (PUT), with who changed it.
-import { CUSTOM_RULE_OPS, el, getJSON, SEVERITIES, CUSTOM_RULE_TYPES as TYPES } from "./common.js";
+// current ones did, and only then can the edit be saved (PUT; who saved it comes from the token). The
+// replay runs by itself on load and shortly after each edit: a preview of what the rules would catch.
+// Each rule and threshold is explained by its spec in the contract (title, doc, unit, meaning).
+import { CUSTOM_RULE_OPS, RULE_SPECS, SEVERITIES, CUSTOM_RULE_TYPES as TYPES } from "../lib/contract.js";
+import { $, el } from "../lib/dom.js";
+import { getJSON } from "../lib/fetch.js";
+import { fmtNum, kindTitle } from "../lib/format.js";
 
-const $ = (id) => document.getElementById(id);
 const PROJECT = new URLSearchParams(location.search).get("project") || "default";
 const API = `/api/projects/${encodeURIComponent(PROJECT)}/rules`;
 let loaded = null;
 let replayedFor = null; // the JSON of the document the shown replay is for
+let savedDoc = null; // the JSON of the document as stored: nothing to save while the edit equals it
 
 const select = (options, value, attrs = {}) => {
   const s = el("select", attrs, ...options.map((o) => el("option", { value: o }, o || "default")));
@@ -23,7 +28,12 @@ function builtinRow(kind, doc, defaults) {
     "tr",
     { "data-kind": kind },
     el("td", {}, on),
-    el("td", {}, el("b", {}, kind)),
+    el(
+      "td",
+      { class: "rule-name" },
+      el("b", { title: kind }, kindTitle(kind)),
+      RULE_SPECS[kind]?.doc ? el("div", { class: "muted rule-doc" }, RULE_SPECS[kind].doc) : null,
+    ),
     el(
       "td",
       {},
@@ -32,11 +42,12 @@ function builtinRow(kind, doc, defaults) {
     el(
       "td",
       {},
-      ...names.map((n) =>
-        el(
+      ...names.map((n) => {
+        const spec = RULE_SPECS[kind]?.settings?.[n] || {};
+        return el(
           "label",
-          { class: "muted threshold" },
-          n.slice(kind.length + 1) + " ",
+          { class: "threshold", title: n + rangeOf(spec) },
+          el("span", { class: "threshold-name" }, n.slice(kind.length + 1)),
           el("input", {
             "data-name": n,
             class: "rule-threshold",
@@ -44,9 +55,10 @@ function builtinRow(kind, doc, defaults) {
             placeholder: String(defaults[n]),
             value: doc.thresholds[n] ?? "",
           }),
-          " ",
-        ),
-      ),
+          el("span", { class: "threshold-unit" }, spec.unit || ""),
+          el("span", { class: "muted threshold-doc" }, spec.doc || ""),
+        );
+      }),
     ),
   );
 }
@@ -82,6 +94,7 @@ function customRow(r = {}) {
           onclick: () => {
             tr.remove();
             changed();
+            schedulePreview();
           },
         },
         "Remove",
@@ -89,6 +102,13 @@ function customRow(r = {}) {
     ),
   );
   return tr;
+}
+
+// A threshold's allowed range, for its hover text (from the spec).
+function rangeOf(spec) {
+  if (spec.min === undefined) return "";
+  const low = (spec.inclusive ? "≥ " : "> ") + fmtNum(spec.min);
+  return ` (${low}${spec.max !== null && spec.max !== undefined ? ", ≤ " + fmtNum(spec.max) : ""}${spec.integer ? ", whole steps" : ""})`;
 }
 
 // The document as edited (numbers as numbers; blank means default).
@@ -113,12 +133,24 @@ function edited() {
 }
 
 function changed() {
-  $("save").disabled = replayedFor !== JSON.stringify(edited());
-  $("save").title = $("save").disabled ? "replay first" : "save these rules";
+  const now = JSON.stringify(edited());
+  $("save").disabled = replayedFor !== now || now === savedDoc;
+  $("save").title = now === savedDoc ? "nothing changed" : $("save").disabled ? "replay first" : "save these rules";
+}
+
+// After an edit, the preview replays by itself once the typing stops.
+let previewTimer = null;
+function schedulePreview() {
+  clearTimeout(previewTimer);
+  previewTimer = setTimeout(() => {
+    if (replayedFor !== JSON.stringify(edited())) replay();
+  }, 1500);
 }
 
 const brief = (list) =>
-  list.length ? list.map((a) => `${a.kind === "custom_rule" ? a.layer : a.kind} @ ${a.step}`).join(", ") : "nothing";
+  list.length
+    ? list.map((a) => `${a.kind === "custom_rule" ? a.layer : kindTitle(a.kind)} @ ${a.step}`).join(", ")
+    : "nothing";
 
 async function replay() {
   const doc = edited();
@@ -164,7 +196,7 @@ async function replay() {
 
 async function save() {
   try {
-    const body = { ...edited(), by: $("by").value.trim() || null };
+    const body = edited(); // who saved it is the server's to say (the token's identity), not a typed name
     render(
       await getJSON(API, {
         method: "PUT",
@@ -188,6 +220,7 @@ function render(doc) {
     ),
   );
   replayedFor = null;
+  savedDoc = JSON.stringify(edited());
   changed();
 }
 
@@ -198,9 +231,13 @@ $("add-custom").addEventListener("click", () => {
 });
 $("replay").addEventListener("click", replay);
 $("save").addEventListener("click", save);
-document.querySelector("main").addEventListener("input", changed);
-document.querySelector("main").addEventListener("change", changed);
+for (const type of ["input", "change"])
+  document.querySelector("main").addEventListener(type, (ev) => {
+    changed();
+    if (ev.target.closest("#builtin, #custom")) schedulePreview();
+  });
 getJSON(API).then((doc) => {
   loaded = doc;
   render(doc);
+  replay(); // what the rules as they are caught on the recent runs
 });

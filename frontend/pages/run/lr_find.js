@@ -1,7 +1,9 @@
 // The LR range test view (gradwatch.lr_find runs): loss against learning rate on a log x axis, the
 // suggested LR marked, and the reason written beside the chart. Pairs each loss point with the
 // LR logged at the same step; redrawn as the sweep streams in.
-import { el, esc, fmtNum, plotLayout } from "./common.js";
+import { el } from "../../lib/dom.js";
+import { esc, fmtNum } from "../../lib/format.js";
+import { plotLayout } from "../../lib/plot.js";
 
 export const isLrFind = (keys) => keys.includes("lr_find/smoothed_loss");
 

@@ -1,5 +1,11 @@
 // Per-layer gradient norm heatmap (layer x step, log10 colour) that appends live pushes locally.
-import { el, esc, fmtNum, getJSON, num, onVisible, plotLayout, vec, xRange } from "./common.js";
+import { num } from "./contract.js";
+import { el, onVisible } from "./dom.js";
+import { getJSON } from "./fetch.js";
+import { esc, fmtNum } from "./format.js";
+import { LoadBuffer } from "./live.js";
+import { plotLayout, xRange } from "./plot.js";
+import { vec } from "./series.js";
 
 // NaN beats +inf beats -inf beats any finite value: a bad value in a bucket must stay visible.
 const heatRank = (v) => (v === null ? 0 : Number.isNaN(v) ? 4 : v === Infinity ? 3 : v === -Infinity ? 2 : 1);
@@ -32,6 +38,7 @@ export class LiveHeatmap {
       timer: null,
       visible: true,
       stale: false,
+      buffer: new LoadBuffer(), // live pushes that arrive while load() fetches
     });
     // Like the line charts: no live redraws while scrolled out of view, one when it comes back.
     onVisible(div, (visible) => {
@@ -47,8 +54,7 @@ export class LiveHeatmap {
   async load(range) {
     const q = range ? `&start=${Math.floor(range[0])}&end=${Math.ceil(range[1])}` : "";
     let h;
-    this.loading = true;
-    this.pending = [];
+    this.buffer.start();
     try {
       h = await getJSON(
         `/api/runs/${this.runId}/heatmap?key=${encodeURIComponent(this.key)}&max_steps=${this.maxCols}${q}`,
@@ -56,6 +62,7 @@ export class LiveHeatmap {
     } catch (e) {
       // 404: no per-layer norms (yet), say what records them. Anything else is a failure: say so,
       // and the next live push tries again (it calls load() while nothing is loaded).
+      this.buffer.end(() => {}); // dropped: the next load fetches them
       this.failed = e.status !== 404;
       if (!this.loaded)
         this.showEmpty(
@@ -64,8 +71,6 @@ export class LiveHeatmap {
             : null,
         );
       return;
-    } finally {
-      this.loading = false;
     }
     this.failed = false;
     if (!this.loaded) this.div.replaceChildren();
@@ -78,7 +83,7 @@ export class LiveHeatmap {
     });
     this.draw(range);
     // Pushes that arrived during the fetch: re-merging a step already counted changes nothing (max).
-    for (const push of this.pending) this.append(push);
+    this.buffer.end((push) => this.append(push));
   }
 
   // Nothing to draw: why (a failure, or no norms recorded yet and what records them).
@@ -89,10 +94,7 @@ export class LiveHeatmap {
 
   // Live push {steps, values: [[per layer]]}: merge into the last bucket or open a new one.
   append(push) {
-    if (this.loading) {
-      this.pending.push(push);
-      return;
-    }
+    if (this.buffer.hold(push)) return;
     if (this.zoomed) return;
     const cols = push.values.map(vec);
     if (!this.loaded || (cols[0] && cols[0].length !== this.layers.length)) {

@@ -1,6 +1,8 @@
 // The compare page's tables: a summary per run (status, steps, duration, last and best loss,
 // alerts) beside the config diff.
-import { colorFor, el, fmtDuration, fmtNum } from "./common.js";
+import { el } from "../../lib/dom.js";
+import { fmtDuration, fmtNum } from "../../lib/format.js";
+import { colorFor } from "../../lib/plot.js";
 
 const swatch = (id) => el("span", { class: "swatch", style: "background:" + colorFor(id) });
 
@@ -16,7 +18,7 @@ function duration(r) {
 }
 
 // losses: run id -> {steps, values} (an envelope keeps each bucket's min, so "best" is exact);
-// alertCounts: run id -> number of alerts, repeats included.
+// alertCounts: run id -> number of alerts, as the runs list counts them (a repeat is not another).
 export function renderSummary(table, runs, losses, alertCounts) {
   const head = el(
     "tr",

@@ -2,7 +2,11 @@
 // grouped by meta.group): a rank selector, and one chart overlaying a metric across every rank so
 // a straggler (fewer steps) or a rank that diverges stands out. The server names the straggler (a rank
 // whose recent median step time is >= 30 % above the ranks' median, storage/ranks.py); the selector says so.
-import { el, esc, fetchSeries, getJSON, KEYS, PALETTE, plotLayout } from "./common.js";
+import { KEYS } from "../../lib/contract.js";
+import { el } from "../../lib/dom.js";
+import { fetchSeries, getJSON } from "../../lib/fetch.js";
+import { esc } from "../../lib/format.js";
+import { PALETTE, plotLayout } from "../../lib/plot.js";
 
 const REFRESH_MS = 5000;
 

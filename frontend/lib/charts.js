@@ -1,17 +1,24 @@
 // Live line charts: traces per key, NaN/inf drawn as markers, alert lines, appends via extendTraces.
-import { esc, extent, fmtNum, onVisible, plotLayout } from "./common.js";
+import { onVisible } from "./dom.js";
+import { esc, fmtNum } from "./format.js";
+import { plotLayout } from "./plot.js";
+import { extent } from "./series.js";
 
 const CATCH_UP_MS = 5000; // an out-of-view chart is never more than this behind (screenshots, printing)
 
 // The y axis for some series: log when asked, or (asked nothing) when the values span more than
 // 3 decades, so a diverging loss does not flatten everything else; a readable log axis (a label
 // per decade or 1-2-5, never the crammed "2 3 ... 9" minor labels); and a flat series (a constant
-// learning rate) centred on its value, not drawn on a made-up 0 line.
-export function yAxis(seriesList, logChoice, bytes) {
+// learning rate) centred on its value, not drawn on a made-up 0 line. With `every` (several runs on
+// one chart) the automatic log is taken only when each series on its own spans the 3 decades: a log
+// axis for one diverging run would squeeze the healthy ones into one line.
+const decadesOf = (ext) => (ext && ext[0] > 0 ? Math.log10(ext[1] / ext[0]) : 0);
+export function yAxis(seriesList, logChoice, bytes, every = false) {
   const ext = extent(seriesList);
-  const decades = ext && ext[0] > 0 ? Math.log10(ext[1] / ext[0]) : 0;
+  const decades = decadesOf(ext);
   const auto = logChoice === null || logChoice === undefined;
-  const log = auto ? decades > 3 : Boolean(logChoice);
+  const helps = every ? seriesList.every((s) => decadesOf(extent([s])) > 3) : decades > 3;
+  const log = auto ? helps : Boolean(logChoice);
   const axis = {
     type: log ? "log" : "linear",
     autorange: true,
@@ -20,10 +27,20 @@ export function yAxis(seriesList, logChoice, bytes) {
   };
   if (log) {
     Object.assign(axis, {
-      dtick: decades > 1.5 ? Math.max(1, Math.ceil(decades / 6)) : "D2",
+      // Under about half a decade, 1-2-5 labels can leave a single tick: label every digit there.
+      dtick: decades > 1.5 ? Math.max(1, Math.ceil(decades / 6)) : decades > 0.6 ? "D2" : "D1",
       exponentformat: "power",
       minor: { ticks: "" },
     });
+  } else if (auto && every && !helps && decades > 3) {
+    // Some runs span the decades (one diverged), others do not: linear, fitted to the runs in range,
+    // so the healthy ones stay apart and the diverging one leaves the chart where it diverged.
+    const calm = extent(seriesList.filter((s) => decadesOf(extent([s])) <= 3));
+    if (calm) {
+      const pad = (calm[1] - calm[0]) * 0.15 || Math.abs(calm[1]) * 0.5 || 1;
+      Object.assign(axis, { autorange: false, range: [calm[0] - pad, calm[1] + pad] });
+      return { axis, log, auto: false, decades, clipped: true };
+    }
   } else if (ext && ext[1] - ext[0] <= 1e-9 * Math.max(Math.abs(ext[0]), Math.abs(ext[1]))) {
     const v = ext[0],
       pad = v === 0 ? 1 : Math.abs(v) * 0.5;
@@ -82,6 +99,7 @@ export class LiveChart {
     this.traceOf = {};
     this.drawn = false;
     this.shapes = [];
+    this.annotations = [];
     this.visible = true;
     this.stale = false;
     this.catchUp = null;
@@ -182,6 +200,7 @@ export class LiveChart {
       entries.map((e) => e.series),
       this.opts.log ? this.opts.log() : false,
       this.opts.bytes,
+      this.opts.logEvery,
     );
     const base = plotLayout();
     const layout = plotLayout({
@@ -191,6 +210,8 @@ export class LiveChart {
         title: { text: this.opts.xTitle ? esc(this.opts.xTitle(mode)) : mode === "relative" ? "seconds" : "" },
       }),
       shapes: this.shapes,
+      annotations: this.annotations,
+      margin: Object.assign({}, base.margin, { t: this.annotations.length ? 22 : base.margin.t }),
     });
     Plotly.react(this.div, traces, layout, { responsive: true, displaylogo: false });
     this.drawn = true;
@@ -206,8 +227,8 @@ export class LiveChart {
     const s = entry.series,
       n = s.steps.length;
     this.div.replaceChildren(
-      el("p", "scalar-value", fmtNum(value)),
-      el("p", "muted", `${n} points, steps ${s.steps[0]}-${s.steps[n - 1]}, all the same`),
+      textEl("p", "scalar-value", fmtNum(value)),
+      textEl("p", "muted", `${n} points, steps ${s.steps[0]}-${s.steps[n - 1]}, all the same`),
     );
     this.div.classList.add("scalar");
     this.drawn = false;
@@ -249,6 +270,7 @@ export class LiveChart {
       entries.map((e) => e.series),
       this.opts.log ? this.opts.log() : false,
       this.opts.bytes,
+      this.opts.logEvery,
     );
     if (
       y.log !== this.y.log ||
@@ -298,24 +320,41 @@ export class LiveChart {
     }
   }
 
-  // Vertical dotted lines at alerts: xs is a list of x values or of {x, color} (one colour per run).
+  // Vertical dotted lines at alerts: xs is a list of x values or of {x, color, label, text}. A label
+  // is a small mark at the top of its line, and hovering it shows the text (what the alert said).
   setAlertLines(xs, redraw = true) {
-    this.shapes = xs.map((a) => {
-      const x = a !== null && typeof a === "object" && "x" in a ? a.x : a,
-        color = a?.color || "#d92d20";
-      return {
-        type: "line",
+    const items = xs.map((a) => (a !== null && typeof a === "object" && "x" in a ? a : { x: a }));
+    this.shapes = items.map((a) => ({
+      type: "line",
+      xref: "x",
+      yref: "paper",
+      x0: a.x,
+      x1: a.x,
+      y0: 0,
+      y1: 1,
+      line: { color: a.color || "#d92d20", width: 1, dash: "dot" },
+    }));
+    this.annotations = items
+      .filter((a) => a.label)
+      .map((a) => ({
+        x: a.x,
         xref: "x",
+        y: 1,
         yref: "paper",
-        x0: x,
-        x1: x,
-        y0: 0,
-        y1: 1,
-        line: { color, width: 1, dash: "dot" },
-      };
-    });
-    if (redraw && this.drawn && !this.empty) Plotly.relayout(this.div, { shapes: this.shapes });
+        yanchor: "bottom",
+        text: esc(a.label),
+        hovertext: esc(a.text || a.label),
+        showarrow: false,
+        font: { size: 10, color: a.color || "#d92d20" },
+        captureevents: true,
+      }));
+    if (redraw && this.drawn && !this.empty)
+      Plotly.relayout(this.div, {
+        shapes: this.shapes,
+        annotations: this.annotations,
+        "margin.t": this.annotations.length ? 22 : plotLayout().margin.t,
+      });
   }
 }
 
-const el = (tag, className, text) => Object.assign(document.createElement(tag), { className, textContent: text });
+const textEl = (tag, className, text) => Object.assign(document.createElement(tag), { className, textContent: text });

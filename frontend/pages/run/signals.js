@@ -1,7 +1,8 @@
 // The per-layer signals beside the gradient heatmap: update/weight ratio and module output RMS
 // (recorded by run.watch(model, optimizer): gradwatch/layer_signals.py), and the host's system metrics.
-import { el, KEYS } from "./common.js";
-import { LiveHeatmap } from "./heatmap.js";
+import { KEYS } from "../../lib/contract.js";
+import { el } from "../../lib/dom.js";
+import { LiveHeatmap } from "../../lib/heatmap.js";
 
 const PANELS = [
   {
@@ -61,7 +62,7 @@ export function mountSignals(heat, runId) {
     if (timer || heat.zoomed) return;
     timer = setTimeout(() => {
       timer = null;
-      for (const panel of panels) if (!panel.zoomed && !panel.loading) panel.load();
+      for (const panel of panels) if (!panel.zoomed && !panel.buffer.loading) panel.load();
     }, REFRESH_MS);
   };
   return panels;

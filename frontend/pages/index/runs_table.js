@@ -1,6 +1,10 @@
 // The runs table's columns (config keys and metric summaries), their sort, the URL that holds the
 // table's state, and a windowed renderer so 10,000 rows scroll smoothly (only the rows in view exist).
-import { el, fmtNum, getJSON, num, parseColumn, splitColumns } from "./common.js";
+import { flatten } from "../../lib/config.js";
+import { num, parseColumn, splitColumns } from "../../lib/contract.js";
+import { el } from "../../lib/dom.js";
+import { getJSON } from "../../lib/fetch.js";
+import { fmtNum } from "../../lib/format.js";
 
 // The column grammar is the contract's (gradwatch.contract.options): a column name as [kind, path...]:
 // ["config", "a.b"], ["summary", key, field] (field may be "at_min(k)"); a list split on its commas.
@@ -40,25 +44,18 @@ export function compareValues(x, y, desc) {
   return desc ? -c : c;
 }
 
-function flatten(value, prefix, out) {
-  if (value && typeof value === "object" && !Array.isArray(value)) {
-    for (const [k, v] of Object.entries(value)) flatten(v, prefix ? `${prefix}.${k}` : k, out);
-  } else if (prefix) out.set(prefix, JSON.stringify(value));
-  return out;
-}
-
 // Config keys whose values differ across the runs (the default columns), at most `limit`.
 export function differingConfig(runs, limit = 8) {
   const seen = new Map();
   for (const r of runs) {
-    for (const [k, v] of flatten(r.config || {}, "", new Map())) {
+    for (const [k, v] of Object.entries(flatten(r.config || {}))) {
       if (!seen.has(k)) seen.set(k, new Set());
-      seen.get(k).add(v);
+      seen.get(k).add(JSON.stringify(v));
     }
   }
   const out = [];
   for (const [k, values] of seen) {
-    const everyRunHasIt = runs.every((r) => flatten(r.config || {}, "", new Map()).has(k));
+    const everyRunHasIt = runs.every((r) => Object.hasOwn(flatten(r.config || {}), k));
     if (values.size > 1 || (!everyRunHasIt && runs.length > 1)) out.push("config." + k);
   }
   return out.sort().slice(0, limit);

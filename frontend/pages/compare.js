@@ -1,27 +1,19 @@
 // Overlay metrics across runs: by default a chart per metric they all logged (loss first), one
 // colour per run everywhere, alert lines in the run's colour; a summary table and the config diff.
 
-import { upsert } from "./alerts.js";
-import { LiveChart } from "./charts.js";
-import {
-  appendPoints,
-  colorFor,
-  compact,
-  el,
-  fetchSeries,
-  getJSON,
-  isLossKey,
-  isLrKey,
-  KEYS,
-  live,
-  num,
-  TIME_AXES,
-  throttle,
-} from "./common.js";
-import { sweepView } from "./compare_groups.js";
-import { renderDiff, renderSummary } from "./compare_tables.js";
+import { keySteps, upsert } from "../lib/alerts.js";
+import { LiveChart } from "../lib/charts.js";
+import { isLossKey, KEYS, num, TIME_AXES } from "../lib/contract.js";
+import { $, el, throttle } from "../lib/dom.js";
+import { fetchSeries, getJSON } from "../lib/fetch.js";
+import { kindTitle } from "../lib/format.js";
+import { byType, LoadBuffer, live } from "../lib/live.js";
+import { assignColors, colorFor } from "../lib/plot.js";
+import { bySection, isPerLayer, sectionOf } from "../lib/sections.js";
+import { appendPoints, foldIfLong, nearestIndex } from "../lib/series.js";
+import { sweepView } from "./compare/groups.js";
+import { renderDiff, renderSummary } from "./compare/tables.js";
 
-const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const IDS = (params.get("ids") || "")
   .split(",")
@@ -34,12 +26,15 @@ const label = (r) => r.name + " #" + r.id;
 const t0Of = (r) => r.meta?.start_time || r.created_at; // each run's own start, for relative time
 const xMode = () => $("x-mode").value;
 
-// Loss first, then the script's own metrics, then what run.watch() records.
-const HOOK_PREFIXES = [KEYS.GRAD_PREFIX, KEYS.MEMORY_PREFIX, KEYS.AMP_PREFIX];
-const SYSTEM = (k) => isLrKey(k) || HOOK_PREFIXES.some((p) => k.startsWith(p));
-const rank = (k) => (k === "loss" ? 0 : isLossKey(k) ? 1 : !SYSTEM(k) ? 2 : k === KEYS.GLOBAL_NORM ? 3 : 4);
-const byRank = (a, b) => rank(a) - rank(b) || (a < b ? -1 : a > b ? 1 : 0);
-const perLayer = (k) => k.startsWith(KEYS.GRAD_PREFIX) && k !== KEYS.GLOBAL_NORM && k !== KEYS.GLOBAL_NORM_CLIPPED;
+// Charts in the run page's order (lib/sections.js): training, the script's metrics, per layer, system.
+const byRank = bySection;
+const perLayer = isPerLayer;
+// Keys that can be an x axis: what the script counts (tokens, samples, epoch) and the hook's throughput.
+const X_SECTIONS = ["metrics", "system"];
+const isAxisKey = (k) =>
+  X_SECTIONS.includes(sectionOf(k)) &&
+  !isLossKey(k) &&
+  ![KEYS.MEMORY_PREFIX, KEYS.AMP_PREFIX].some((p) => k.startsWith(p));
 
 function syncUrl() {
   const p = new URLSearchParams({
@@ -89,6 +84,7 @@ async function load() {
     return;
   }
   const ids = C.runs.map((r) => r.id);
+  assignColors(ids); // up to 10 runs, 10 different colours
   try {
     const [diff, keyLists, alertLists] = await Promise.all([
       getJSON("/api/compare?ids=" + ids.join(",")),
@@ -104,7 +100,7 @@ async function load() {
   } catch (e) {
     return fail(e);
   }
-  const metricAxes = C.shared.filter((k) => !SYSTEM(k) && !isLossKey(k));
+  const metricAxes = C.shared.filter(isAxisKey);
   $("x-mode").append(...metricAxes.map((k) => el("option", { value: k }, k)));
   $("x-mode").value = params.get("x") || "step";
   $("log").checked = params.get("log") === "1";
@@ -138,7 +134,7 @@ async function load() {
       loadLosses();
     }
   };
-  for (const r of C.runs) live("/ws/runs/" + r.id, (msg) => onLive(r, msg), resync);
+  for (const r of C.runs) live("/ws/runs/" + r.id, onLive(r), resync);
 }
 
 // Runs compared before they logged anything: once data arrives, the metrics they share get their charts.
@@ -174,9 +170,8 @@ async function loadLosses() {
 const refreshLosses = throttle(loadLosses, 2000, 1);
 
 function renderTables() {
-  const counts = Object.fromEntries(
-    C.runs.map((r) => [r.id, (C.alerts[r.id] || []).reduce((n, a) => n + Math.max(a.count, 1), 0)]),
-  );
+  // As the runs list counts them: one per alert, a repeat folded into it is not another.
+  const counts = Object.fromEntries(C.runs.map((r) => [r.id, (C.alerts[r.id] || []).length]));
   renderSummary($("summary"), C.runs, C.losses, counts);
   if (C.diff) renderDiff($("diff"), C.runs, C.diff, $("only-diff").checked);
 }
@@ -201,19 +196,24 @@ function addPanel(key) {
     div,
   );
   $("panels").append(card);
-  const pn = { key, select, box, div, card, series: {}, fresh: {}, buffer: [], loading: true };
+  const pn = { key, select, box, div, card, series: {}, fresh: {}, buffer: new LoadBuffer() };
   if ($("log").checked) {
     box.checked = true;
     box.dataset.user = "1";
   }
   pn.chart = new LiveChart(div, {
+    logEvery: true, // automatic log y only when every run's own values span the decades (a healthy one would flatten)
     smoothing: () => Number($("smoothing").value),
     empty: "None of these runs logged this metric.",
     log: () => (box.dataset.user ? box.checked : null),
     redraw: () => render(pn),
     onAxis: (y) => {
       box.checked = y.log;
-      note.textContent = y.auto ? `(auto: ${Math.floor(y.decades)} decades)` : "";
+      note.textContent = y.auto
+        ? `(auto: ${Math.floor(y.decades)} decades)`
+        : y.clipped
+          ? "(fitted to the runs in range)"
+          : "";
     },
   });
   pn.flush = throttle(() => flushPanel(pn), 200);
@@ -242,21 +242,20 @@ const entries = (pn) =>
     .filter((r) => pn.series[r.id])
     .map((r) => ({ label: label(r), color: colorFor(r.id), series: pn.series[r.id], t0: t0Of(r) }));
 
-// Alert lines in each run's colour; off the step axis, at the wall time of the nearest point.
+// Alert lines in each run's colour, one per incident's key step (named on hover); off the step axis,
+// at the wall time of the nearest point.
 function alertLines(pn) {
   const out = [];
   for (const r of C.runs) {
     const s = pn.series[r.id];
-    for (const a of C.alerts[r.id] || []) {
-      if (a.step === null || a.step === undefined) continue;
+    for (const a of keySteps(C.alerts[r.id] || [])) {
       let x = a.step;
       if (xMode() !== "step") {
         if (!s?.steps.length) continue;
-        let i = s.steps.findIndex((st) => st >= a.step);
-        if (i < 0) i = s.steps.length - 1;
+        const i = nearestIndex(s.steps, a.step);
         x = xMode() === "wall" ? new Date(s.walls[i] * 1000) : s.walls[i] - t0Of(r);
       }
-      out.push({ x, color: colorFor(r.id) });
+      out.push({ x, color: colorFor(r.id), label: "▾", text: `${label(r)}: ${kindTitle(a.kind)} at step ${a.step}` });
     }
   }
   return out;
@@ -268,8 +267,7 @@ function render(pn) {
 }
 
 async function draw(pn) {
-  pn.loading = true;
-  pn.buffer = [];
+  pn.buffer.start();
   const key = pn.key;
   const fetched = await Promise.all(
     C.runs.map(async (r) => {
@@ -282,40 +280,38 @@ async function draw(pn) {
   );
   if (key !== pn.key) return; // the picker changed while fetching; the newer draw wins
   pn.series = Object.fromEntries(fetched.filter(([, s]) => s));
-  pn.loading = false;
   render(pn);
   syncUrl();
-  for (const [r, msg] of pn.buffer) onPanelPoints(pn, r, msg);
-  pn.buffer = [];
+  pn.buffer.end((r, msg) => onPanelPoints(pn, r, msg));
 }
 
-function onLive(r, msg) {
-  if (msg.type === "resync") {
-    for (const pn of C.panels) draw(pn);
-    return;
-  } // the page fell behind
-  if (msg.type === "points") {
-    for (const pn of C.panels) onPanelPoints(pn, r, msg);
-    if (!C.panels.length) refreshKeys(); // a run that had logged nothing yet: its charts come with its data
-    refreshLosses();
-  } else if (msg.type === "alert") {
-    C.alerts[r.id] ??= [];
-    upsert(C.alerts[r.id], msg.alert);
-    for (const pn of C.panels) if (!pn.loading) pn.chart.setAlertLines(alertLines(pn));
-    renderTables();
-  } else if (msg.type === "run") {
-    Object.assign(r, msg.run);
-    renderTables();
-  }
-}
+// One compared run's live messages, by type.
+const onLive = (r) =>
+  byType({
+    resync: () => {
+      for (const pn of C.panels) draw(pn); // the page fell behind
+    },
+    points(msg) {
+      for (const pn of C.panels) onPanelPoints(pn, r, msg);
+      if (!C.panels.length) refreshKeys(); // a run that had logged nothing yet: its charts come with its data
+      refreshLosses();
+    },
+    alert(msg) {
+      C.alerts[r.id] ??= [];
+      upsert(C.alerts[r.id], msg.alert);
+      for (const pn of C.panels) if (!pn.buffer.loading) pn.chart.setAlertLines(alertLines(pn));
+      renderTables();
+    },
+    run(msg) {
+      Object.assign(r, msg.run);
+      renderTables();
+    },
+  });
 
 // Live: a compared run's new points of the panel's metric are appended, the same way as on the run
-// page (common.appendPoints); out-of-order points make the panel refetch.
+// page (lib/series.js appendPoints); out-of-order points make the panel refetch.
 function onPanelPoints(pn, r, msg) {
-  if (pn.loading) {
-    pn.buffer.push([r, msg]);
-    return;
-  }
+  if (pn.buffer.hold(r, msg)) return;
   const pts = msg.series[pn.key];
   if (!pts) return;
   pn.series[r.id] ??= { steps: [], values: [], walls: [] };
@@ -332,10 +328,11 @@ function onPanelPoints(pn, r, msg) {
 function flushPanel(pn) {
   const fresh = pn.fresh;
   pn.fresh = {};
-  let compacted = false; // same budget as the run page: fold long live series back with the envelope
+  let compacted = false; // the run page's budget: long live series fold back with the envelope
   for (const id of Object.keys(pn.series)) {
-    if (pn.series[id].steps.length > 8000) {
-      pn.series[id] = compact(pn.series[id], 4000);
+    const folded = foldIfLong(pn.series[id]);
+    if (folded !== pn.series[id]) {
+      pn.series[id] = folded;
       compacted = true;
     }
   }

@@ -1,5 +1,5 @@
-// The run page's config and run facts as text: key/value rows, nested config as a collapsible tree.
-import { el } from "./common.js";
+// Configs as pages show them: key/value rows, a nested config as a collapsible tree, flat dotted keys.
+import { el } from "./dom.js";
 
 // Key/value rows; empty values (no git repository, no notes) are left out rather than shown as "null".
 export function kv(dl, obj) {
@@ -32,4 +32,12 @@ export function configTree(obj) {
     } else dl.append(el("dt", {}, k), el("dd", {}, Array.isArray(v) ? v.join(", ") : v === null ? "-" : String(v)));
   }
   return dl;
+}
+
+// A nested config as flat dotted keys ({optim: {lr: 1}} -> {"optim.lr": 1}); lists are values.
+export function flatten(value, prefix = "", out = {}) {
+  if (value && typeof value === "object" && !Array.isArray(value))
+    for (const [k, v] of Object.entries(value)) flatten(v, prefix ? `${prefix}.${k}` : k, out);
+  else if (prefix) out[prefix] = value;
+  return out;
 }

@@ -1,9 +1,10 @@
 // The notification channels of one project (on the rules page), each with its minimum severity; a test button;
 // the deliveries with their status and reason. The form is built from the channel kinds the server serves
 // (GET .../channels: `kinds`, each with its stored fields and options), so a new kind needs nothing here.
-import { el, getJSON, SEVERITIES } from "./common.js";
+import { SEVERITIES } from "../../lib/contract.js";
+import { $, el } from "../../lib/dom.js";
+import { getJSON } from "../../lib/fetch.js";
 
-const $ = (id) => document.getElementById(id);
 const PROJECT = new URLSearchParams(location.search).get("project") || "default";
 const API = `/api/projects/${encodeURIComponent(PROJECT)}`;
 let KINDS = [];

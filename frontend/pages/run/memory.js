@@ -1,6 +1,8 @@
 // The run page's memory breakdown: parameters, gradients, optimizer state and the rest, from the
 // latest point of each memory key the page holds.
-import { el, fmtBytes, KEYS } from "./common.js";
+import { KEYS } from "../../lib/contract.js";
+import { el } from "../../lib/dom.js";
+import { fmtBytes } from "../../lib/format.js";
 
 const MEMORY_PARTS = [
   ["parameters", KEYS.PARAMS_BYTES],

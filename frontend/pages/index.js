@@ -1,6 +1,12 @@
 // The runs list: filters (the runs language too), config and summary columns, sorting, live status, alert
 // badges, loss sparklines, selection for comparison, edits. The table's state lives in the URL.
-import { colorFor, el, fmtNum, fmtTime, getJSON, live, STATUSES, throttle } from "./common.js";
+import { STATUSES } from "../lib/contract.js";
+import { $, el, throttle } from "../lib/dom.js";
+import { getJSON } from "../lib/fetch.js";
+import { fmtNum, fmtTime } from "../lib/format.js";
+import { live } from "../lib/live.js";
+import { colorFor } from "../lib/plot.js";
+import { sparkline } from "../lib/sparkline.js";
 import {
   cell,
   columnValue,
@@ -15,8 +21,7 @@ import {
   splitColumns,
   Window,
   writeUrl,
-} from "./runs_table.js";
-import { sparkline } from "./sparkline.js";
+} from "./index/runs_table.js";
 
 const url = readUrl();
 const state = {
@@ -29,7 +34,6 @@ const state = {
   cols: url.cols !== undefined ? splitColumns(url.cols) : null, // null: the config keys that differ
   group: url.group || "", // a config key: one row per value (runs_table.groupRuns)
 };
-const $ = (id) => document.getElementById(id);
 let table = null;
 
 // One request: the runs (filtered by the where box on the server) with the summaries the columns show.

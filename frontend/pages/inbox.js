@@ -1,9 +1,8 @@
 // The alerts inbox: every incident across runs (open first), its root cause and story, its run, and the
 // buttons to acknowledge, snooze, mute or resolve it. Refreshed every few seconds while open.
-import { statusButtons } from "./alerts.js";
-import { el, getJSON } from "./common.js";
-
-const $ = (id) => document.getElementById(id);
+import { statusButtons } from "../lib/alerts.js";
+import { $, el } from "../lib/dom.js";
+import { getJSON } from "../lib/fetch.js";
 
 function card(inc) {
   const root = inc.root || { kind: inc.kind, message: "" };

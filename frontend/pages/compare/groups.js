@@ -3,7 +3,12 @@
 // (mean or median) with a band (std, standard error or min-max) and the run count in the legend. Colours by
 // group (at most 10 distinct hues), or a sequential scale over a numeric config value. Parallel coordinates
 // of the config keys against a summary; brushing an axis filters the runs table under it.
-import { AGGREGATIONS, BANDS, el, esc, fmtNum, getJSON, num, plotLayout, TIME_AXES } from "./common.js";
+import { flatten } from "../../lib/config.js";
+import { AGGREGATIONS, BANDS, num, TIME_AXES } from "../../lib/contract.js";
+import { el } from "../../lib/dom.js";
+import { getJSON } from "../../lib/fetch.js";
+import { esc, fmtNum } from "../../lib/format.js";
+import { plotLayout } from "../../lib/plot.js";
 
 const CATEGORICAL = [
   "#4e79a7",
@@ -79,16 +84,9 @@ export function traces(data, colors) {
   return out;
 }
 
-function flatten(value, prefix, out) {
-  if (value && typeof value === "object" && !Array.isArray(value))
-    for (const [k, v] of Object.entries(value)) flatten(v, prefix ? `${prefix}.${k}` : k, out);
-  else if (prefix) out[prefix] = value;
-  return out;
-}
-
 // Parallel-coordinates dimensions: config keys whose values differ (strings as ticks), then the summary.
 export function dimensions(runs, metric) {
-  const flat = runs.map((r) => flatten(r.config || {}, "", {}));
+  const flat = runs.map((r) => flatten(r.config || {}));
   const keys = [...new Set(flat.flatMap((f) => Object.keys(f)))].sort();
   const dims = [];
   for (const k of keys) {
@@ -208,7 +206,7 @@ export async function sweepView(params, $) {
             "tr",
             { "data-run": r.id },
             el("td", {}, el("a", { href: "/runs/" + r.id }, r.name)),
-            el("td", {}, S.group ? JSON.stringify(flatten(r.config || {}, "", {})[S.group] ?? null) : ""),
+            el("td", {}, S.group ? JSON.stringify(flatten(r.config || {})[S.group] ?? null) : ""),
             el("td", { class: "num" }, fmtNum(num(r.summary?.[S.key]?.min ?? NaN))),
           ),
         ),

@@ -1,7 +1,9 @@
 // The run page's x axis beyond step, wall and relative time: any scalar key the run logs (tokens,
 // samples, epoch). Aligned by step on the server by the compare page's aligner (/api/compare/series
 // for this one run), not a second aligner here.
-import { getJSON, KEYS, num, TIME_AXES as TIME } from "./common.js"; // as on the compare page: a key is its own name
+import { KEYS, num, TIME_AXES as TIME } from "../../lib/contract.js";
+import { getJSON } from "../../lib/fetch.js";
+import { nearestIndex } from "../../lib/series.js";
 
 const POINTS = 2000;
 
@@ -38,8 +40,6 @@ export async function seriesAgainst(runId, key, xKey) {
 
 // The x key's value at a step (alert lines), from the series the page holds; null when it has none.
 export function xAt(series, step) {
-  if (!series?.steps.length) return null;
-  let i = series.steps.findIndex((s) => s >= step);
-  if (i < 0) i = series.steps.length - 1;
-  return series.values[i];
+  const i = nearestIndex(series?.steps, step);
+  return i < 0 ? null : series.values[i];
 }

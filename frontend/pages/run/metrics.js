@@ -1,12 +1,13 @@
 // The run page's automatic metric charts: one per key the script logs, in a section per prefix.
-import { el, isLrKey, KEYS } from "./common.js";
+import { isLossKey, isLrKey, isSystemKey, KEYS } from "../../lib/contract.js";
+import { el } from "../../lib/dom.js";
 
 const LAYER_SIGNALS = [KEYS.UPDATE_VECTOR, KEYS.ACT_VECTOR].map((v) => v + "/"); // per-layer signals: heatmaps
 
-// Keys with a chart of their own elsewhere on the page: the loss chart's main key, the hook's
+// Keys with a chart of their own elsewhere on the page: the losses (all on the Loss chart), the hook's
 // gradient norms (global and per layer), learning rates and memory.
 export const isMetric = (k) =>
-  k !== "loss" &&
+  !isLossKey(k) &&
   !k.startsWith(KEYS.GRAD_PREFIX) &&
   !isLrKey(k) &&
   !k.startsWith(KEYS.MEMORY_PREFIX) &&
@@ -22,10 +23,15 @@ const BOOK = "\u0000bookkeeping"; // no real prefix (the part of a key before "/
 
 const prefixOf = (k) => (isBookkeeping(k) ? BOOK : k.includes("/") ? k.slice(0, k.indexOf("/")) : "");
 
+// The hook's own keys (perf/, signals/, system/, amp/) go to the performance and system section, below
+// the gradient diagnostics; the script's own keys come right after the training charts.
+export const isHookMetric = (k) => isSystemKey(k);
+
 // The grid of a key's prefix section ("val", "train"; unprefixed keys first, as "metrics"),
 // created in alphabetical place when the first key of that prefix shows up (live, too).
 export function metricSection(container, key) {
   const prefix = prefixOf(key);
+  container.querySelector(":scope > .empty-section")?.remove(); // "no metrics yet"
   for (const sec of container.children) if (sec.dataset.prefix === prefix) return sec.querySelector(".grid");
   const grid = el("div", { class: "grid" });
   const sec =
@@ -56,6 +62,14 @@ export function metricSection(container, key) {
   return grid;
 }
 
+// A chart's title: the script's own keys as it named them; the hook's own in words ("perf/step_time":
+// "Step time"), the key beside it, muted.
+function titleOf(key) {
+  if (!isHookMetric(key)) return [key];
+  const words = key.slice(key.lastIndexOf("/") + 1).replace(/_/g, " ");
+  return [words.charAt(0).toUpperCase() + words.slice(1), " ", el("span", { class: "muted key-name" }, key)];
+}
+
 // One card: title, CSV link, log-y box and the chart's div; cards keep key order within a section.
 export function metricCard(key, runId) {
   const box = el("input", { type: "checkbox" }),
@@ -67,7 +81,7 @@ export function metricCard(key, runId) {
     el(
       "h3",
       {},
-      key,
+      ...titleOf(key),
       " ",
       el("a", { class: "csv", href: `/api/runs/${runId}/series.csv?key=${encodeURIComponent(key)}` }, "CSV"),
       " ",
