@@ -24,16 +24,16 @@ def test_a_loss_that_rises_several_fold_in_its_first_steps_is_flagged_at_once_wi
     m, out = Monitor(), []
     for step, (loss, lr) in enumerate(zip([4.22, 9.12, 20.0, 24.8, 12.0], [0.083, 0.167, 0.25, 0.333, 0.417])):
         out += m.observe(step, {"loss": loss, "lr": lr}, {})
-    assert kinds(out) == [("loss_divergence", 2)]  # 20.0 is 4.7x the first 4.22: before any window has history
+    assert kinds(out) == [("loss_divergence", 3)]  # 20.0, 24.8 are 3x and 3.7x the first two: before any window
     text = out[0].message
-    assert "rose 4.7x in 2 steps from the start" in text and "LR 0.25 and rising (warmup" in text, text
+    assert "rose 5.9x in 3 steps from the start" in text and "LR 0.333 and rising (warmup" in text, text
     # a constant LR, and a warmup that ended before the blow-up, are told as such
     m, out = Monitor(), []
-    for step, loss in enumerate([2.3, 2.2, 2.4, 2.5, 2.6, 2.5, 9.0]):
+    for step, loss in enumerate([2.3, 2.2, 2.4, 2.5, 2.6, 2.5, 9.0, 9.5]):
         out += m.observe(step, {"loss": loss, "lr": min(0.5, 0.1 * (step + 1))}, {})
     assert "LR 0.5 after a 5-step warmup" in out[0].message, out[0].message
     m, out = Monitor(), []
-    for step, loss in enumerate([2.3, 7.5]):
+    for step, loss in enumerate([2.3, 2.4, 7.5, 8.0]):
         out += m.observe(step, {"loss": loss, "lr": 0.5}, {})
     assert "LR 0.5 from the start (constant)" in out[0].message
 

@@ -122,7 +122,7 @@ BUILT_IN: tuple[RuleSpec, ...] = (
             _t(
                 "early_factor",
                 3.0,
-                "x above the first loss within the first early_window values: a blow-up at the start",
+                "x the median of the first two values, two values in a row at 2x, within early_window values",
             ),
             _t("early_window", 10, "values of a loss in which a rise of early_factor is flagged at once"),
         ),

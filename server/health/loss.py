@@ -157,6 +157,7 @@ def check_loss_divergence(state: dict, obs: Observation, th: dict) -> list[Alert
             # The reference is the first non-zero loss: a loss that starts at exactly 0 has no scale yet.
             if value != 0.0:
                 ks["first"], ks["start"] = abs(value), value
+            ks["head"], ks["prev"] = [value], value
             recent.append(value)
             continue
         early = _early(ks, value, th)
@@ -181,12 +182,21 @@ def check_loss_divergence(state: dict, obs: Observation, th: dict) -> list[Alert
 
 
 def _early(ks: dict, value: float, th: dict) -> bool:
-    """Within the first early_window values, a positive loss at early_factor x its first value: a blow-up at start."""
-    start = ks.get("start", 0.0)
+    """Within the first early_window values, two values in a row at 2x the median of the loss's first two and one
+    of them at early_factor x: a blow-up at the start, not one noisy batch after a lucky first one."""
+    head = ks.setdefault("head", [])
+    if len(head) < 2:
+        head.append(value)
+        ks["prev"] = value
+        return False
+    ref = 0.5 * (head[0] + head[1])
+    prev, ks["prev"] = ks["prev"], value
+    ks["peak"] = max(prev, value)
     return (
-        start > 0
+        ref > 0
         and ks["n"] <= th["loss_divergence.early_window"]
-        and value >= th["loss_divergence.early_factor"] * start
+        and min(value, prev) >= 2.0 * ref
+        and max(value, prev) >= th["loss_divergence.early_factor"] * ref
     )
 
 
@@ -202,8 +212,11 @@ def _story(key: str, value: float, first: float, recent, step: int) -> str:
 
 def _early_story(state: dict, ks: dict, key: str, value: float, step: int) -> str:
     """'loss rose 6x in 3 steps from the start (4.22 -> 24.8); LR 0.5 after a 5-step warmup'."""
-    n = ks["n"] - 1
-    text = f"{key} rose {value / ks['start']:.1f}x in {n} step{'s' if n != 1 else ''} from the start ({fmt(ks['start'])} → {fmt(value)}, step {step})"
+    n, peak = ks["n"] - 1, ks.get("peak", value)
+    text = (
+        f"{key} rose {peak / ks['start']:.1f}x in {n} step{'s' if n != 1 else ''} from the start "
+        f"({fmt(ks['start'])} → {fmt(peak)}, step {step})"
+    )
     lr = lr_story(state.get(LRS, {}), step)
     return (
         text + (f"; {lr}" if lr else "") + ". A loss that climbs from the first steps means the learning rate is "
@@ -453,8 +466,9 @@ def _divergences(fin: np.ndarray, th: dict) -> list[int]:
     if not len(nonzero):
         return []
     f0 = int(nonzero[0])
-    early = fin[f0 + 1 : int(th["loss_divergence.early_window"])]
-    if fin[f0] > 0 and (early >= th["loss_divergence.early_factor"] * fin[f0]).any():
+    early = fin[2 : int(th["loss_divergence.early_window"])]
+    low = float(np.min(fin[:2])) if len(fin) >= 2 else 0.0
+    if low > 0 and (early >= th["loss_divergence.early_factor"] * low).any():
         return _divergences_one_by_one(fin, th)  # a blow-up at the start: its episode is the rule's to shape
     above = f0 + 1 + np.flatnonzero(fin[f0 + 1 :] > factor * abs(float(fin[f0])))  # the only checks that can be bad
     out, i = [], 0
