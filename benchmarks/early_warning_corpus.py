@@ -56,7 +56,8 @@ def alerts_of(records) -> list:
             rec.items.append(tuple(r))
             continue
         vectors = {
-            k: ([x for x in v if x is not None], [i for i, x in enumerate(v) if x is None], len(v)) for k, v in r[3].items()
+            k: ([x for x in v if x is not None], [i for i, x in enumerate(v) if x is None], len(v))
+            for k, v in r[3].items()
         }
         rec.items.append(("rec", r[1], r[2], vectors))
     return rec.alerts()
