@@ -171,7 +171,7 @@ def _plateau_then_nan(server_url: str) -> int:
 def test_incidents_and_runs_ls_in_the_terminal(server, api):
     import json
 
-    from gradwatch_server.cli.incidents import FIELDS
+    from gradwatch_server.cli.health.incidents import FIELDS
 
     run_id = _plateau_then_nan(server.url)
     incs = json.loads(_gradwatch("incidents", str(run_id), "--server", server.url, "--json"))

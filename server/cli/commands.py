@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from gradwatch_server.cli import db, demo, export, gc, import_tb, incidents, report, runs, serve, sync, tail
+from gradwatch_server.cli import db, demo, export, gc, import_tb, report, runs, serve, sync
+from gradwatch_server.cli.health import incidents, tail
 
 
 class Command(NamedTuple):

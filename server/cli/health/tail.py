@@ -12,7 +12,7 @@ import sys
 import time
 
 from gradwatch.contract import keys as vocab
-from gradwatch_server.cli.incidents import brief, line
+from gradwatch_server.cli.health.incidents import brief, line
 from gradwatch_server.cli.source import decode, open_source, printable, resolve
 
 BARS = "▁▂▃▄▅▆▇█"
