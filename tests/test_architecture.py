@@ -129,6 +129,8 @@ ALLOWED = {
     "gradwatch.integrations.distributed": {"._get_default_store"},
     # Lightning keeps the values of self.log() for the current step only in its result collection.
     "gradwatch.integrations.lightning": {"._forward_cache", "._computed", "._forked_name", "._get_cache"},
+    # Every DataLoader iterator (single- and multi-process) derives from it: the one place a fetch can be timed.
+    "gradwatch.capture.loader_wait": {"._BaseDataLoaderIter"},
 }
 
 

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from gradwatch import thresholds as gw_thresholds
-from gradwatch_server.health import registry
+from gradwatch_server.health import loss, registry
 from gradwatch_server.health.common import Alert, Observation, episode
 from gradwatch_server.health.monitor import Monitor
+from gradwatch_server.health.pace import cause
 from gradwatch_server.health.rule import Columns, Rule
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "alerts.md"
@@ -130,7 +131,9 @@ VALUES = {"grad/global_norm": 1.0, "memory/cuda_reserved": 1.0, "memory/cuda_tot
 VALUES.update(  # the early-warning rule's (layer signals: the largest update ratio and output RMS, and where)
     {f"signals/{k}": 0.0 for k in ("update_ratio_max", "update_ratio_argmax", "act_rms_max", "act_rms_argmax")}
 )
-VALUES.update({"perf/step_time": 0.1, "perf/data_wait": 0.01})  # the throughput rule's
+VALUES.update({"perf/step_time": 0.1})  # the throughput rule's, and the counters that say what slowed it
+VALUES.update({k: 0.0 for k in cause.READS})
+VALUES.update({k: 0.01 for k in loss.LR_KEYS})  # the divergence rule's story of a blow-up at the start
 VALUES["grad/global_norm_clipped"] = 1.0  # the zero-gradients rule reads what reached the weights
 
 
@@ -148,7 +151,12 @@ def test_observe_batch_calls_every_rules_bulk_check(monkeypatch):
     calls = _spied(monkeypatch, verdict=True)
     # Without the two keys whose rules always go record by record (a capacity update, an AMP scale).
     batch = _full_batch(keys=("grad/global_norm", "memory/cuda_reserved"))
-    assert Monitor(meta={"cuda_total_memory": 8.0}).observe_batch(*batch) == []
+    m = Monitor(meta={"cuda_total_memory": 8.0})
+    early = _full_batch(n=12, keys=("grad/global_norm",))  # a loss's first values go record by record (an early
+    assert m.observe_batch(*early) == []  # blow-up is judged on them with the LR): past them, in bulk
+    for c in calls.values():
+        c["bulk"] = c["check"] = 0
+    assert m.observe_batch(batch[0] + 12, *batch[1:]) == []
     assert {name: c["bulk"] for name, c in calls.items()} == {r.name: 1 for r in registry.RULES}
     assert not any(c["check"] for c in calls.values())
 
@@ -198,7 +206,7 @@ def test_a_rule_registered_at_run_time_brings_its_spec_everywhere():
 
 def test_the_keys_the_rules_read_are_the_relevant_ones():
     assert all(registry.relevant(k) for k in ("loss", "val/loss", *registry.reads()))
-    assert not any(registry.relevant(k) for k in ("lr", "accuracy", "memory/rss"))
+    assert not any(registry.relevant(k) for k in ("accuracy", "memory/rss"))
 
 
 def test_the_storage_keeps_nonfinite_values_of_the_rules_that_declare_them():

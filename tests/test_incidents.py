@@ -154,3 +154,124 @@ def test_an_lr_ramp_that_went_too_far_is_named_as_the_cause(server, api):
     assert inc["cause"], [(i["kind"], i["first_step"], i["story"]) for i in incidents_of(api)]
     ratio = float(inc["cause"].split("×")[0].rsplit(", ", 1)[1])
     assert ratio >= 3 and "where the loss was still falling" in inc["cause"], inc["cause"]
+
+
+# -- in the terminal: gradwatch incidents, runs ls, tail (real CLI processes against the real server) ---------
+def _gradwatch(*args: str) -> str:
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "gradwatch_server.cli", *args], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def _plateau_then_nan(server_url: str) -> int:
+    """A run whose first incident is a warning (a loss that never fell) and whose worst is critical (NaN)."""
+    with gradwatch.init(project="term", name="flat then nan", server=server_url, flush_interval=0.05) as run:
+        for step in range(230):
+            run.log({"loss": float("nan") if step == 215 else 1.0 + 0.001 * (step % 3)})
+    return run.id
+
+
+def test_incidents_and_runs_ls_in_the_terminal(server, api):
+    import json
+
+    from gradwatch_server.cli.health.incidents import FIELDS
+
+    run_id = _plateau_then_nan(server.url)
+    incs = json.loads(_gradwatch("incidents", str(run_id), "--server", server.url, "--json"))
+    assert [i["kind"] for i in incs] == ["loss_plateau", "nan_loss"]
+    assert all(list(i) == list(FIELDS) for i in incs)  # the documented fields, in order
+    nan = incs[1]
+    assert (nan["severity"], nan["status"], nan["first_step"], nan["run_name"]) == (
+        "critical",
+        "open",
+        215,
+        "flat then nan",
+    )
+    assert "loss NaN at 215" in nan["story"] and "is NaN at step 215" in nan["message"]
+    text = _gradwatch("incidents", "flat then nan", "--server", server.url, "--open").splitlines()
+    assert len(text) == 2 and "critical" in text[1] and "loss NaN at 215" in text[1]
+    inbox = json.loads(_gradwatch("incidents", "--project", "term", "--server", server.url, "--json"))
+    assert {i["id"] for i in inbox} == {i["id"] for i in incs} and inbox[0]["project"] == "term"
+    assert json.loads(_gradwatch("incidents", "--project", "nobody", "--server", server.url, "--json")) == []
+    # runs ls: the worst open incident, not the first alert
+    (listed,) = json.loads(_gradwatch("runs", "ls", "--project", "term", "--server", server.url, "--json"))
+    assert listed["worst_incident"]["kind"] == "nan_loss" and listed["worst_incident"]["severity"] == "critical"
+    assert listed["open_incidents"] == 2
+    table = _gradwatch("runs", "ls", "--project", "term", "--server", server.url).splitlines()
+    assert "WORST OPEN" in table[0] and "critical nan_loss @215 (+1 open)" in table[1]
+
+
+def _controlling_terminal():
+    import fcntl
+    import os
+    import termios
+
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def test_tail_follows_a_live_run_in_a_pty_and_leaves_on_ctrl_c(server, api):
+    import os
+    import pty
+    import select
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from training import train_slowly
+
+    stop = threading.Event()
+    trainer = threading.Thread(
+        target=train_slowly,
+        args=(server.url, 10_000, stop),
+        kwargs={"name": "tailed", "nan_at": 120, "project": "tail"},
+    )
+    trainer.start()
+    proc = None
+    try:
+        wait_runs(api)
+        run_id = api.get("/api/runs?project=tail")[0]["id"]
+        main, child = pty.openpty()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gradwatch_server.cli",
+                "tail",
+                str(run_id),
+                "--server",
+                server.url,
+                "--interval",
+                "0.2",
+            ],
+            stdin=child,
+            stdout=child,
+            stderr=child,
+            close_fds=True,
+            preexec_fn=_controlling_terminal,  # so Ctrl-C on the pty is SIGINT to it, as in a real terminal
+        )
+        os.close(child)
+        seen, deadline = b"", time.monotonic() + 120
+        while b"new incident" not in seen and time.monotonic() < deadline and proc.poll() is None:
+            ready, _, _ = select.select([main], [], [], 1.0)
+            if ready:
+                seen += os.read(main, 65536)
+        text = seen.decode("utf-8", "replace")
+        assert "run " in text and "'tailed'" in text and "grad norm" in text, text[-2000:]
+        assert any(ch in text for ch in "▁▂▃▄▅▆▇█"), text[-2000:]  # the sparklines
+        assert "new incident" in text and "loss NaN at 120" in text, text[-2000:]
+        os.write(main, b"\x03")  # Ctrl-C
+        assert proc.wait(timeout=30) == 0
+        os.close(main)
+    finally:
+        stop.set()
+        trainer.join(timeout=60)
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

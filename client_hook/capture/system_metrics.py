@@ -13,10 +13,12 @@ import os
 import threading
 import time
 
+from gradwatch.capture import loader_wait
 from gradwatch.contract import keys
 from gradwatch.step_clock import clock_of
 
 INTERVAL = 5.0  # seconds between samples
+FIRST = 0.5  # seconds to the first sample: a short run still has counters when its pace is judged
 
 
 def _psutil():
@@ -77,13 +79,17 @@ class SystemMetrics:
         self.psutil = _psutil()
         self.nvml, self.handles = (None, []) if os.environ.get("GRADWATCH_NO_NVML") else _nvml()
         self.process = self.psutil.Process() if self.psutil else None
+        self.cores = os.cpu_count() or 1
         self.last: tuple | None = None  # (time, disk counters, net counters) for rates
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="gradwatch-system", daemon=True)
         if self.psutil or self.handles:
             if self.psutil:
                 self.psutil.cpu_percent(None)  # the first call only starts the measurement
+                self.psutil.cpu_times_percent(None)
+                _quiet(self.process.cpu_percent)
             self.thread.start()
+        loader_wait.attach(recorder)  # DataLoader fetch time per step (capture/loader_wait.py)
 
     def sample(self) -> dict:
         """One sample of every counter available here."""
@@ -104,6 +110,7 @@ class SystemMetrics:
             out[keys.PROCESS_RSS] = float(self.process.memory_info().rss)
         except Exception:
             pass
+        out.update(self._contention())
         now = time.monotonic()
         disk, net = _io(ps.disk_io_counters), _io(ps.net_io_counters)
         if self.last is not None:
@@ -118,17 +125,42 @@ class SystemMetrics:
         self.last = (now, disk, net)
         return out
 
+    def _contention(self) -> dict:
+        """What tells other processes taking the CPU from the run's own slowdown: load per core, steal, our share."""
+        out: dict = {}
+        load = _quiet(os.getloadavg)
+        if load:
+            out[keys.LOAD_PER_CORE] = float(load[0]) / self.cores
+        times = _quiet(self.psutil.cpu_times_percent, None)
+        if times is not None and hasattr(times, "steal"):
+            out[keys.CPU_STEAL] = float(times.steal)
+        share = _quiet(self.process.cpu_percent)  # percent of one core since the last sample
+        if share is not None:
+            out[keys.PROCESS_CPU] = float(share) / self.cores  # ... as a share of the machine, like cpu_percent
+        return out
+
     def _loop(self) -> None:
-        while not self.stop_event.wait(self.interval):
+        wait = min(FIRST, self.interval)
+        while not self.stop_event.wait(wait):
+            wait = self.interval
             values = self.sample()
             if values and not getattr(self.recorder, "finished", False):
                 self.recorder.guarded(lambda v=values: self.recorder.put_record(self.clock.recent(), v, {}))
 
     def stop(self) -> None:
         """End the thread (it exits at its next wake-up at the latest)."""
+        loader_wait.detach(self.recorder)
         self.stop_event.set()
         if self.thread.is_alive():
             self.thread.join(timeout=1.0)
+
+
+def _quiet(read, *args):
+    """``read(*args)``, or None when the counter is not there (containers, other platforms)."""
+    try:
+        return read(*args)
+    except Exception:
+        return None
 
 
 def _io(read):

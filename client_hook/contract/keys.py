@@ -39,6 +39,7 @@ PERF_PREFIX = "perf/"
 STEP_TIME = "perf/step_time"  # seconds between the ends of consecutive optimizer steps
 DATA_WAIT = "perf/data_wait"  # seconds from the end of a step to the next forward
 SAMPLES_PER_SEC = "perf/samples_per_sec"
+LOADER_WAIT = "perf/loader_wait"  # seconds inside a torch DataLoader's next() (capture/loader_wait.py)
 
 # -- per-layer signals (gradwatch/capture/layer_signals.py) --------------------------------------
 SIGNALS_PREFIX = "signals/"
@@ -58,6 +59,11 @@ DISK_READ_BPS = "system/disk_read_bps"
 DISK_WRITE_BPS = "system/disk_write_bps"
 NET_SENT_BPS = "system/net_sent_bps"
 NET_RECV_BPS = "system/net_recv_bps"
+# what tells other processes taking the CPU from the run's own slowdown (health/pace/)
+LOAD_PER_CORE = "system/load_per_core"  # 1-minute load average / CPU count: > 1, more runnable tasks than cores
+CPU_STEAL = "system/cpu_steal"  # percent of CPU time the hypervisor gave to other guests
+PROCESS_CPU = "system/process_cpu"  # this process's CPU use, percent of the whole machine (as cpu_percent)
+THROTTLE_SUFFIX = "throttle_reasons"  # gpu_key(i, ...): NVML clock throttle reasons, a bit mask
 
 
 def gpu_key(index: int, name: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -33,8 +34,9 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "ratio": (0.0, 1.0, False),
     "fraction": (0.0, 1.0, False),
     "level": (0.0, math.inf, False),
+    "early_window": (1, MAX_WINDOW, True),
 }
-INTEGERS = ("window", "min_history", "patience", "cooldown", "skips")  # settings that count steps
+INTEGERS = ("window", "min_history", "patience", "cooldown", "skips", "early_window")  # settings that count steps
 # What a setting is measured in, by name (a threshold may say otherwise: throughput_drop.min_delta is seconds).
 UNITS = {
     "window": "steps",
@@ -162,6 +164,12 @@ BUILT_IN: tuple[RuleSpec, ...] = (
             _t("factor", 10.0, "x above the run's first loss and its recent median"),
             _t("window", 10, "recent values whose median is the short-term reference"),
             _t("cooldown", 20, "steps back under factor x the first loss to end it"),
+            _t(
+                "early_factor",
+                3.0,
+                "x the median of the first two values, two values in a row at 2x, within early_window values",
+            ),
+            _t("early_window", 10, "values of a loss in which a rise of early_factor is flagged at once"),
         ),
         title="Loss diverged",
     ),
@@ -336,6 +344,40 @@ def alert_kinds() -> tuple[str, ...]:
     return tuple(dict.fromkeys(kinds() + SERVER_KINDS + CLIENT_KINDS))
 
 
+# -- losses that are not meant to fall ----------------------------------------------------------
+# ``init(alerts={"goal.loss_D": "none"})`` (or a project's thresholds) says what a loss key is for: "fall" (the
+# plateau and divergence rules watch it) or "none" (an adversarial loss, an entropy bonus, a KL term: only
+# NaN/inf and spikes). Without one, the run's declared loss_key falls, and a key whose name carries one of
+# these words (split on non-letters; "lossD" counts as "d") does not.
+GOAL_PREFIX = "goal."
+GOALS = ("fall", "none")
+NOT_MEANT_TO_FALL = frozenset(
+    "d g disc discriminator gen generator adv adversarial gan critic entropy ent kl kld aux bonus reg penalty "
+    "commit commitment".split()
+)
+
+
+def loss_goal(key: str, th: Mapping, main: str | None = None) -> str:
+    """What a loss key is for: its declared goal, else "fall" for the run's loss, else by its name."""
+    declared = th.get(GOAL_PREFIX + key)
+    if declared in GOALS:
+        return declared
+    if key == main:
+        return "fall"
+    last = key.rsplit("/", 1)[-1].lower()
+    tokens = {t for t in re.split(r"[^a-z0-9]+", last) if t}
+    tokens |= {t.replace("loss", "") for t in tokens if "loss" in t}
+    return "none" if tokens & NOT_MEANT_TO_FALL else "fall"
+
+
+def _goal(name: str, value: Any) -> str:
+    if value not in GOALS:
+        raise ValueError(f"alert setting {name!r} must be one of {', '.join(map(repr, GOALS))}, got {value!r}")
+    if len(name) == len(GOAL_PREFIX):
+        raise ValueError(f"alert setting {name!r} names no metric key (write {GOAL_PREFIX}<key>)")
+    return value
+
+
 # -- checking thresholds ------------------------------------------------------------------------
 def _number(name: str, value: Any) -> float:
     if isinstance(value, (bool, str, bytes)) or value is None:
@@ -349,8 +391,10 @@ def _number(name: str, value: Any) -> float:
     return number
 
 
-def check(name: str, value: Any) -> float:
-    """One threshold as a float, or ValueError saying what is wrong with it."""
+def check(name: str, value: Any) -> float | str:
+    """One threshold as a float (a ``goal.<key>`` as its goal), or ValueError saying what is wrong with it."""
+    if isinstance(name, str) and name.startswith(GOAL_PREFIX):
+        return _goal(name, value)
     if not isinstance(name, str) or name not in DEFAULTS:
         close = difflib.get_close_matches(str(name), DEFAULTS, n=3, cutoff=0.6)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gradwatch import protocol, thresholds
+from gradwatch.contract.rules import GOAL_PREFIX
 
 
 def jsonable(value: Any) -> Any:
@@ -54,6 +55,9 @@ def check_alerts(alerts: Mapping | None) -> dict:
     out = {}
     for key, value in alerts.items():
         value = plain(value)
+        if isinstance(key, str) and key.startswith(GOAL_PREFIX):  # a loss's goal: "fall" / "none"
+            out[key] = value
+            continue
         if (
             not isinstance(key, str)
             or isinstance(value, bool)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from gradwatch_server.cli import audit, db, demo, export, gc, import_tb, report, runs, serve, sync, token
+from gradwatch_server.cli.health import incidents, tail
 
 
 class Command(NamedTuple):
@@ -32,4 +33,6 @@ COMMANDS = (
     Command(report.add_parser, report.run_report),
     Command(token.add_parser, token.run),
     Command(audit.add_parser, audit.run),
+    Command(incidents.add_parser, incidents.run),
+    Command(tail.add_parser, tail.run),
 )

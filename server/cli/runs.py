@@ -47,7 +47,7 @@ def _ls(source, args) -> int:
     if args.json:
         print(json.dumps(runs, indent=1))
         return 0
-    rows = [("ID", "PROJECT", "NAME", "STATUS", "STEP", "ALERTS", *[name.upper() for name in extra])]
+    rows = [("ID", "PROJECT", "NAME", "STATUS", "STEP", "ALERTS", "WORST OPEN", *[name.upper() for name in extra])]
     rows += [
         (
             str(r["id"]),
@@ -56,6 +56,7 @@ def _ls(source, args) -> int:
             r["status"],
             "" if r["last_step"] is None else str(r["last_step"]),
             str(r["alert_count"]),
+            worst(r),
             *[cell(r, name) for name in extra],
         )
         for r in runs
@@ -65,6 +66,16 @@ def _ls(source, args) -> int:
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())  # cells made printable above
     return 0
+
+
+def worst(run: dict) -> str:
+    """The run's worst open incident in a cell: 'critical loss_divergence @1 (+2 open)', '' when none."""
+    inc = run.get("worst_incident")
+    if not inc:
+        return ""
+    more = (run.get("open_incidents") or 1) - 1
+    at = f" @{inc['first_step']}" if inc["first_step"] is not None else ""
+    return f"{inc['severity']} {inc['kind']}{at}" + (f" (+{more} open)" if more > 0 else "")
 
 
 column_names = options.column_names  # the ``--columns`` names as given (commas inside ``at_min(...)`` do not split)

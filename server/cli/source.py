@@ -51,6 +51,9 @@ class HttpSource:
     def incidents(self, run_id: int):
         return self._call("GET", f"/api/runs/{run_id}/incidents")
 
+    def inbox(self, project=None, status=None):
+        return self._call("GET", "/api/incidents", project=project, status=status)
+
     def delete(self, run_id: int):
         return self._call("DELETE", f"/api/runs/{run_id}")
 
@@ -108,6 +111,11 @@ class DbSource:
         from gradwatch_server.health import incidents
 
         return self._read(incidents.list_incidents, run_id)
+
+    def inbox(self, project=None, status=None):
+        from gradwatch_server.health import incidents
+
+        return self._read(incidents.inbox, project, status)
 
     def delete(self, run_id: int):
         from gradwatch_server.storage import edits, store

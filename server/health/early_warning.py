@@ -18,6 +18,7 @@ from collections import deque
 import numpy as np
 
 from gradwatch.contract import keys
+from gradwatch.contract.keys import is_loss_key
 from gradwatch_server.health.common import GLOBAL, Alert, Observation, episode, fmt
 from gradwatch_server.health.rule import Columns, Rule
 
@@ -37,6 +38,9 @@ def check_instability_warning(state: dict, obs: Observation, th: dict) -> list[A
     # Windows count steps, not samples: the client samples the ratios every ``signals_every`` steps (default 10).
     if obs.layers:
         state["layers"] = obs.layers  # the signals come in a record of their own: name layers from the last layout
+    for key, value in obs.scalars.items():
+        if is_loss_key(key):
+            _blown(state, obs.step, key, value, th)
     u = obs.scalars.get(RATIO)
     for key, name in ((ACT, "act"), (GLOBAL, "grad")):
         v = obs.scalars.get(key)
@@ -59,6 +63,21 @@ def check_instability_warning(state: dict, obs: Observation, th: dict) -> list[A
     if not episode(state, bad, max(1, th["instability_warning.cooldown"] / max(1, gap))):
         return []
     return [_alert(state, obs, level, base, th)]
+
+
+def _blown(state: dict, step: int, key: str, value: float, th: dict) -> None:
+    """Remember the first step a loss went non-finite or past divergence's factors over its start: a warning
+    after it cannot say it comes "before divergence"."""
+    if state.get("blown") is not None:
+        return
+    starts = state.setdefault("starts", {})
+    if not math.isfinite(value):
+        state["blown"] = step
+        return
+    start = starts.setdefault(key, value)
+    factor = min(th["loss_divergence.factor"], th["loss_divergence.early_factor"])
+    if start > 0 and value >= factor * start:
+        state["blown"] = step
 
 
 def _keep(hist: deque, step: int, value: float, th: dict) -> None:
@@ -122,8 +141,15 @@ def _alert(state: dict, obs: Observation, level: float, base: float, th: dict) -
         "warning",
         layer=where,
         key=RATIO,
-        message="; ".join(parts) + ". This growth comes before divergence. " + advice + ".",
+        message="; ".join(parts) + ". " + _when(state) + advice + ".",
     )
+
+
+def _when(state: dict) -> str:
+    blown = state.get("blown")
+    if blown is None:
+        return "This growth comes before divergence. "
+    return f"The loss already blew up at step {blown}; this growth can make it diverge again. "
 
 
 def _module(param: str) -> str:
@@ -140,6 +166,20 @@ def bulk_instability_warning(state: dict, cols: Columns) -> bool:
     ratio = cols.scalars.get(RATIO)
     if ratio is not None and len(ratio[0]):
         return False
+    if state.get("blown") is None:
+        found = []
+        for key, rows, vals in cols.losses:
+            order = np.argsort(rows, kind="stable")
+            rows, vals = rows[order], vals[order]
+            start = state.setdefault("starts", {}).get(key)
+            if start is None and len(vals) and np.isfinite(vals[0]):
+                state["starts"][key] = start = float(vals[0])
+            factor = min(cols.th["loss_divergence.factor"], cols.th["loss_divergence.early_factor"])
+            bad = ~np.isfinite(vals) | ((start or 0) > 0) & (vals >= factor * (start or 0))
+            if bad.any():  # the first such value, as ``_blown`` on each record would find it
+                found.append(int(cols.steps[rows[int(np.argmax(bad))]]))
+        if found:
+            state["blown"] = min(found)
     if cols.grad is not None and cols.grad[0]:
         state["layers"] = cols.grad[0]
     for key, name in ((ACT, "act"), (GLOBAL, "grad")):  # the side signals' history, as check() keeps it
@@ -162,5 +202,6 @@ RULES = (
         check_instability_warning,
         bulk_instability_warning,
         reads=frozenset({RATIO, RATIO_AT, ACT, ACT_AT, GLOBAL}),
+        losses=True,  # whether the run already blew up: a later warning says "again"
     ),
 )

@@ -11,6 +11,7 @@ from collections import deque
 
 import numpy as np
 
+from gradwatch.contract import keys
 from gradwatch.contract import rules as specs
 from gradwatch.contract.keys import is_loss_key
 from gradwatch_server.health.common import Alert, Observation, episode, fmt, going_on, healthy_run
@@ -110,55 +111,135 @@ def check_loss_spike(state: dict, obs: Observation, th: dict) -> list[Alert]:
     return out
 
 
+MAIN = "\x00main"  # the state key of the run's declared loss key (no metric key starts with NUL)
+LRS = "\x00lr"  # ... and of the learning rates seen over the first steps, for an early blow-up's story
+LR_KEYS = (keys.LR, *(keys.lr_key(g, 2) for g in range(8)))  # lr, lr/0 .. lr/7: what the story reads
+
+
+def divergence_start(meta) -> dict:
+    """The run's declared loss (``init(loss_key=...)``): always a loss meant to fall."""
+    return {MAIN: meta.get("loss_key")}
+
+
+def watched(state: dict, key: str, th: dict) -> bool:
+    """Whether the divergence and plateau rules watch this key: a loss meant to fall (contract.rules.loss_goal)."""
+    return is_loss_key(key) and specs.loss_goal(key, th, state.get(MAIN)) == "fall"
+
+
 def divergence_state(state: dict, key: str, th: dict) -> dict:
     ks = state.get(key)
     if ks is None:
-        ks = state[key] = {"first": None, "recent": deque(maxlen=int(th["loss_divergence.window"]))}
+        ks = state[key] = {"first": None, "n": 0, "recent": deque(maxlen=int(th["loss_divergence.window"]))}
     return ks
+
+
+def _keep_lr(state: dict, obs: Observation, th: dict) -> None:
+    """The first steps' learning rate (the largest group's), for the story of a blow-up at the start."""
+    lrs = [obs.scalars[k] for k in LR_KEYS if k in obs.scalars and math.isfinite(obs.scalars[k])]
+    if lrs:
+        seen = state.setdefault(LRS, {})
+        if len(seen) < 2 * int(th["loss_divergence.early_window"]) or obs.step in seen:
+            seen[obs.step] = max(lrs)
 
 
 def check_loss_divergence(state: dict, obs: Observation, th: dict) -> list[Alert]:
     """A finite loss that jumps to many times both the run's first loss and its recent median."""
     out = []
     factor = th["loss_divergence.factor"]
+    _keep_lr(state, obs, th)
     for key, value in obs.scalars.items():
-        if not is_loss_key(key) or not math.isfinite(value):
+        if not math.isfinite(value) or not watched(state, key, th):
             continue
         ks = divergence_state(state, key, th)
         first, recent = ks["first"], ks["recent"]
+        ks["n"] = ks.get("n", 0) + 1
         if first is None:
             # The reference is the first non-zero loss: a loss that starts at exactly 0 has no scale yet.
             if value != 0.0:
-                ks["first"] = abs(value)
+                ks["first"], ks["start"] = abs(value), value
+            ks["head"], ks["prev"] = [value], value
             recent.append(value)
             continue
+        early = _early(ks, value, th)
         above = value > factor * first
         if ks.get("open"):
-            bad = above  # the episode lasts while the loss stays far above where it started
+            bad = above or (early and ks.get("early"))  # the episode lasts while the loss stays far above its start
         else:  # ... and starts with a jump: a loss that creeps up (a KL term, a regulariser) is not one
-            bad = above and value > factor * statistics.median(recent)
+            bad = (above and value > factor * statistics.median(recent)) or early
         opened = episode(ks, bad, th["loss_divergence.cooldown"])
         if going_on(ks, bad, opened):
             out.append(Alert("loss_divergence", obs.step, value, SEVERITY["loss_divergence"], "", key=key, update=1))
         if opened:
-            med = statistics.median(recent)
-            out.append(
-                Alert(
-                    "loss_divergence",
-                    obs.step,
-                    value,
-                    SEVERITY["loss_divergence"],
-                    key=key,
-                    message=(
-                        f"{key} diverged at step {obs.step}: {fmt(value)} is {value / first:,.0f}x its first value "
-                        f"{fmt(first)} (recent median {fmt(med)}), without going NaN. Unless it comes straight back down (one bad "
-                        "batch does), the learning rate is too high for this model: lower it (try 10x), add warmup, clip "
-                        "gradients (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))."
-                    ),
-                )
+            ks["early"] = early and not above
+            text = (
+                _early_story(state, ks, key, value, obs.step)
+                if ks["early"]
+                else _story(key, value, first, recent, obs.step)
             )
+            out.append(Alert("loss_divergence", obs.step, value, SEVERITY["loss_divergence"], key=key, message=text))
         recent.append(value)
     return out
+
+
+def _early(ks: dict, value: float, th: dict) -> bool:
+    """Within the first early_window values, two values in a row at 2x the median of the loss's first two and one
+    of them at early_factor x: a blow-up at the start, not one noisy batch after a lucky first one."""
+    head = ks.setdefault("head", [])
+    if len(head) < 2:
+        head.append(value)
+        ks["prev"] = value
+        return False
+    ref = 0.5 * (head[0] + head[1])
+    prev, ks["prev"] = ks["prev"], value
+    ks["peak"] = max(prev, value)
+    return (
+        ref > 0
+        and ks["n"] <= th["loss_divergence.early_window"]
+        and min(value, prev) >= 2.0 * ref
+        and max(value, prev) >= th["loss_divergence.early_factor"] * ref
+    )
+
+
+def _story(key: str, value: float, first: float, recent, step: int) -> str:
+    med = statistics.median(recent)
+    return (
+        f"{key} diverged at step {step}: {fmt(value)} is {value / first:,.0f}x its first value "
+        f"{fmt(first)} (recent median {fmt(med)}), without going NaN. Unless it comes straight back down (one bad "
+        "batch does), the learning rate is too high for this model: lower it (try 10x), add warmup, clip "
+        "gradients (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))."
+    )
+
+
+def _early_story(state: dict, ks: dict, key: str, value: float, step: int) -> str:
+    """'loss rose 6x in 3 steps from the start (4.22 -> 24.8); LR 0.5 after a 5-step warmup'."""
+    n, peak = ks["n"] - 1, ks.get("peak", value)
+    text = (
+        f"{key} rose {peak / ks['start']:.1f}x in {n} step{'s' if n != 1 else ''} from the start "
+        f"({fmt(ks['start'])} → {fmt(peak)}, step {step})"
+    )
+    lr = lr_story(state.get(LRS, {}), step)
+    return (
+        text + (f"; {lr}" if lr else "") + ". A loss that climbs from the first steps means the learning rate is "
+        "too high for this model from the start: lower the peak (try 10x), warm up longer, clip gradients "
+        "(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))."
+    )
+
+
+def lr_story(lrs: dict, step: int) -> str | None:
+    """'LR 0.5 after a 5-step warmup', 'LR 0.33, rising (warmup)' or 'LR 0.5 from the start', from the steps seen."""
+    seen = sorted((s, v) for s, v in lrs.items() if s <= step)
+    if not seen:
+        return None
+    now = seen[-1][1]
+    values = [v for _, v in seen]
+    if max(values) == min(values):
+        return f"LR {fmt(now)} from the start (constant)"
+    peak_at = next(s for s, v in seen if v == max(values))
+    if now == max(values) and peak_at < seen[-1][0]:
+        return f"LR {fmt(now)} after a {peak_at - seen[0][0] + 1}-step warmup"
+    if now == max(values) and len(values) >= 2 and values[-2] < now:
+        return f"LR {fmt(now)} and rising (warmup from {fmt(values[0])})"
+    return f"LR {fmt(now)} (peak so far {fmt(max(values))})"
 
 
 # -- the same rules over a whole batch (numpy) -------------------------------------------------------------
@@ -278,32 +359,29 @@ def _spike_plan(ks: dict | None, fin: np.ndarray, th):
 
 
 def bulk_loss_divergence(state: dict, cols: Columns) -> bool:
-    """No finite loss of the batch is above factor x the run's first loss (nor is an episode open)."""
+    """No finite loss of the batch is above factor x the run's first loss (nor is an episode open), and no
+    watched loss is still in its first early_window values (those go record by record, with the LRs)."""
     th = cols.th
-    factor = th["loss_divergence.factor"]
+    factor, early = th["loss_divergence.factor"], th["loss_divergence.early_window"]
+    if len(state.get(LRS, ())) < 2 * early and any(k in cols.scalars for k in LR_KEYS):
+        return False
     plans = []
     for key, _, vals in cols.losses:
         fin = vals[np.isfinite(vals)]
-        if not len(fin):
+        if not len(fin) or not watched(state, key, th):
             continue
         ks = state.get(key)
-        first = ks["first"] if ks else None
-        checked = fin
-        if first is None:
-            nonzero = np.flatnonzero(fin != 0.0)
-            if len(nonzero):
-                first, checked = abs(float(fin[nonzero[0]])), fin[nonzero[0] + 1 :]
-            else:
-                checked = fin[:0]
-        if len(checked) and (checked > factor * first).any():
+        if ks is None or ks["first"] is None or ks["n"] < early:
+            return False
+        if (fin > factor * ks["first"]).any():
             return False  # possibly a divergence (or an open one going on): record by record
-        plans.append((key, fin, first, len(checked)))
+        plans.append((key, fin))
     W = int(th["loss_divergence.window"])
-    for key, fin, first, n_checked in plans:
-        ks = divergence_state(state, key, th)
-        ks["first"] = first
+    for key, fin in plans:
+        ks = state[key]
+        ks["n"] += len(fin)
         ks["recent"].extend(fin[-W:].tolist())
-        healthy_run(ks, n_checked, th["loss_divergence.cooldown"])
+        healthy_run(ks, len(fin), th["loss_divergence.cooldown"])
     return True
 
 
@@ -388,6 +466,10 @@ def _divergences(fin: np.ndarray, th: dict) -> list[int]:
     if not len(nonzero):
         return []
     f0 = int(nonzero[0])
+    early = fin[2 : int(th["loss_divergence.early_window"])]
+    low = float(np.min(fin[:2])) if len(fin) >= 2 else 0.0
+    if low > 0 and (early >= th["loss_divergence.early_factor"] * low).any():
+        return _divergences_one_by_one(fin, th)  # a blow-up at the start: its episode is the rule's to shape
     above = f0 + 1 + np.flatnonzero(fin[f0 + 1 :] > factor * abs(float(fin[f0])))  # the only checks that can be bad
     out, i = [], 0
     while i < len(above):
@@ -408,8 +490,26 @@ def _divergences(fin: np.ndarray, th: dict) -> list[int]:
     return out
 
 
+def _divergences_one_by_one(fin: np.ndarray, th: dict) -> list[int]:
+    """``_divergences`` by running the rule itself on each value (a series with an early blow-up)."""
+    state: dict = {}
+    return [
+        i
+        for i, v in enumerate(fin.tolist())
+        if any(not a.update for a in check_loss_divergence(state, Observation(i, {"loss": v}), th))
+    ]
+
+
 RULES = (
     Rule("nan", "nan_loss", check_nan_loss, bulk_nan_loss, losses=True),
     Rule("spike", "loss_spike", check_loss_spike, bulk_loss_spike, losses=True),
-    Rule("divergence", "loss_divergence", check_loss_divergence, bulk_loss_divergence, losses=True),
+    Rule(
+        "divergence",
+        "loss_divergence",
+        check_loss_divergence,
+        bulk_loss_divergence,
+        reads=frozenset(LR_KEYS),
+        losses=True,
+        start=divergence_start,
+    ),
 )

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from gradwatch.contract import rules as specs
 from gradwatch.contract.keys import is_loss_key
-from gradwatch_server.health import early_warning, grads, layers, loss, stuck, system, throughput
+from gradwatch_server.health import early_warning, grads, layers, loss, stuck, system
+from gradwatch_server.health.pace import throughput
 from gradwatch_server.health.rule import Rule
 
 # Their rules run in this order, which is the order of the alerts several rules raise on one record.

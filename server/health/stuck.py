@@ -4,7 +4,8 @@ A run at chance accuracy for its whole life (a learning rate far too small or to
 a frozen model, clipping that zeroes every update) raises no other alert: nothing is NaN, nothing
 spikes. After ``loss_plateau.patience`` finite values of a loss key, the median of its latest
 values is compared with the median of its first ones; once, per key. A gentle warning, not a
-verdict: some losses (a GAN's, an RL objective) are not meant to fall.
+verdict, and only on losses meant to fall: a GAN's D and G, an entropy bonus or a KL term are not
+(``contract.rules.loss_goal``: the run's declared goals, else by name).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from collections import deque
 
 import numpy as np
 
-from gradwatch.protocol import is_loss_key
 from gradwatch_server.health.common import Alert, Observation, fmt
+from gradwatch_server.health.loss import divergence_start, watched
 from gradwatch_server.health.rule import Columns, Rule
 
 EDGE = 20  # values at each end whose medians are compared (fewer when patience is small)
@@ -48,8 +49,8 @@ def check_loss_plateau(state: dict, obs: Observation, th: dict) -> list[Alert]:
     out = []
     patience = int(th["loss_plateau.patience"])
     for key, value in obs.scalars.items():
-        if not is_loss_key(key) or not math.isfinite(value):
-            continue
+        if not math.isfinite(value) or not watched(state, key, th):
+            continue  # a GAN's D/G, an entropy bonus, a KL term are not meant to fall (contract.rules.loss_goal)
         ks = _key_state(state, key, th)
         if ks["done"]:
             continue
@@ -87,7 +88,7 @@ def bulk_loss_plateau(state: dict, cols: Columns) -> bool:
     for key, _, vals in cols.losses:
         fin = vals[np.isfinite(vals)]
         ks = state.get(key)
-        if not len(fin) or (ks is not None and ks["done"]):
+        if not len(fin) or (ks is not None and ks["done"]) or not watched(state, key, cols.th):
             continue
         if (ks["n"] if ks else 0) + len(fin) >= patience:
             return False  # the verdict falls in this batch: record by record
@@ -102,4 +103,6 @@ def bulk_loss_plateau(state: dict, cols: Columns) -> bool:
     return True
 
 
-RULES = (Rule("loss_plateau", "loss_plateau", check_loss_plateau, bulk_loss_plateau, losses=True),)
+RULES = (
+    Rule("loss_plateau", "loss_plateau", check_loss_plateau, bulk_loss_plateau, losses=True, start=divergence_start),
+)

@@ -112,10 +112,36 @@ def list_runs(
     alerted = [r["id"] for r in out if r["alert_count"]]
     last = _last_alerts(conn, alerted) if alerted else {}
     needing = open_incidents(conn, alerted) if alerted else {}
+    worst = worst_open_incidents(conn, alerted) if alerted else {}
     for r in out:
         r["last_alert"] = last.get(r["id"])
         r["open_incidents"] = needing.get(r["id"], 0)
+        r["worst_incident"] = worst.get(r["id"])
     return out
+
+
+SEVERITY_RANK = {s: i for i, s in enumerate(contract.SEVERITIES)}  # info < warning < critical
+
+
+def worst_open_incidents(conn, run_ids: list[int]) -> dict:
+    """run id -> its worst incident that needs a look (open, or a snooze run out): the most severe, then the
+    earliest; in brief: id, kind, severity, first_step, last_step, cause, message (its root's)."""
+    now = time.time()
+    inc = db.incidents.c
+    needing = (inc.status == "open") | ((inc.status == "snoozed") & (inc.snoozed_until <= now))
+    rows = conn.execute(
+        select(db.incidents, db.alerts.c.message)
+        .outerjoin(db.alerts, db.alerts.c.id == inc.root_alert_id)
+        .where(inc.run_id.in_(run_ids), needing)
+    )
+    out: dict = {}
+    for r in rows:
+        key = (-SEVERITY_RANK.get(r.severity, 0), r.first_step if r.first_step is not None else 1 << 62, r.id)
+        if r.run_id not in out or key < out[r.run_id][0]:
+            brief = {"id": r.id, "kind": r.kind, "severity": r.severity, "first_step": r.first_step}
+            brief.update({"last_step": r.last_step, "cause": r.cause, "message": r.message})
+            out[r.run_id] = (key, brief)
+    return {run_id: brief for run_id, (_, brief) in out.items()}
 
 
 def open_incidents(conn, run_ids: list[int]) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Body, HTTPException, Request
 
 from gradwatch_server.health import incidents
+from gradwatch_server.health.pace import contention
 from gradwatch_server.storage import store
 from gradwatch_server.web.roles import identity_of
 
@@ -21,6 +22,14 @@ def run_incidents(request: Request, run_id: int) -> list[dict]:
     services = _services(request)
     services.read(store.get_run, run_id)  # 404 for an unknown run
     return services.read(incidents.list_incidents, run_id)
+
+
+@router.get("/api/runs/{run_id}/contention")
+def run_contention(request: Request, run_id: int) -> list[dict]:
+    """Slowdowns that are not the run's own (other processes on the machine): information, not incidents."""
+    services = _services(request)
+    services.read(store.get_run, run_id)
+    return services.read(contention.notes, run_id)
 
 
 @router.get("/api/incidents")
