@@ -14,6 +14,8 @@ export {
   CUSTOM_RULE_TYPES,
   ENDED_STATUSES,
   FAMILIES,
+  family,
+  formatNumber,
   isLayerKey,
   isLossKey,
   isLrKey,

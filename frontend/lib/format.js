@@ -1,4 +1,5 @@
 // Formatting shared by every page: numbers, bytes, durations, times, and esc() for Plotly.
+import { formatNumber } from "./contract.js";
 
 // Plotly renders <b>, <br>, <a href> ... in trace names, hover text, tick labels and titles: escape
 // anything a user named (runs, metric keys, layers) before it gets there.
@@ -27,4 +28,20 @@ export function fmtDuration(s) {
   if (s < 60) return Math.round(s) + " s";
   if (s < 3600) return Math.floor(s / 60) + " min " + Math.round(s % 60) + " s";
   return Math.floor(s / 3600) + " h " + Math.round((s % 3600) / 60) + " min";
+}
+
+// The one number format of every page, the CLI and the report (gradwatch.contract.format): 1e-4, 0.01, 1,
+// 32, +inf (also for the contract's "Infinity" strings). Sweep values, summaries and group labels use it.
+export const fmtNumber = formatNumber;
+
+// A start time short enough for a table column: the time today, the day and time this year, else the date
+// (the full time goes in the cell's title).
+export function fmtShortTime(t, now = new Date()) {
+  if (!t) return "";
+  const d = new Date(t * 1000);
+  const hm = d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
+  if (d.toDateString() === now.toDateString()) return hm;
+  if (d.getFullYear() === now.getFullYear())
+    return d.toLocaleDateString([], { month: "short", day: "numeric" }) + " " + hm;
+  return d.toLocaleDateString();
 }
