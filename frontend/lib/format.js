@@ -35,13 +35,14 @@ export function fmtDuration(s) {
 export const fmtNumber = formatNumber;
 
 // A start time short enough for a table column: the time today, the day and time this year, else the date
-// (the full time goes in the cell's title).
+// (the full time goes in the cell's title). The formatters are made once: making one per call costs more
+// than a windowed table's whole row.
+const HM = new Intl.DateTimeFormat([], { hour: "2-digit", minute: "2-digit" });
+const DAY_HM = new Intl.DateTimeFormat([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+const DATE = new Intl.DateTimeFormat([]);
 export function fmtShortTime(t, now = new Date()) {
   if (!t) return "";
   const d = new Date(t * 1000);
-  const hm = d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" });
-  if (d.toDateString() === now.toDateString()) return hm;
-  if (d.getFullYear() === now.getFullYear())
-    return d.toLocaleDateString([], { month: "short", day: "numeric" }) + " " + hm;
-  return d.toLocaleDateString();
+  if (d.toDateString() === now.toDateString()) return HM.format(d);
+  return (d.getFullYear() === now.getFullYear() ? DAY_HM : DATE).format(d);
 }
