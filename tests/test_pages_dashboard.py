@@ -33,10 +33,13 @@ def test_runs_list_rename_tag_note_filter_and_delete(server, page, api):
     page.on("dialog", lambda d: d.accept(next(answers, "")) if d.type == "prompt" else d.accept())
     page.goto(server.url + "/")
     row = page.locator("tr[data-run='1']")
+    row.locator(".row-menu summary").click()  # the edits are in the row's menu
     row.get_by_role("button", name="Rename").click()
     page.wait_for_function("() => document.querySelector(\"tr[data-run='1'] a\").textContent === 'renamed run'")
+    row.locator(".row-menu summary").click()  # the edits are in the row's menu
     row.get_by_role("button", name="Tags").click()
     page.wait_for_selector("tr[data-run='1'] .chip")
+    row.locator(".row-menu summary").click()  # the edits are in the row's menu
     row.get_by_role("button", name="Note").click()
     page.wait_for_function("() => document.querySelector(\"tr[data-run='1']\").textContent.includes('lr was too high')")
     run = api.get("/api/runs/1")
@@ -48,6 +51,7 @@ def test_runs_list_rename_tag_note_filter_and_delete(server, page, api):
     other = page.context.new_page()
     other.goto(server.url + "/runs/2")
     other.wait_for_selector("#run-name:has-text('second')")
+    page.locator("tr[data-run='2'] .row-menu summary").click()
     page.locator("tr[data-run='2']").get_by_role("button", name="Delete").click()
     other.wait_for_selector(".alert[data-kind='deleted']", timeout=10000)
     other.close()

@@ -58,6 +58,55 @@ def test_inbox_lists_open_incidents_first_and_the_runs_list_counts_them(server, 
     assert not page.js_errors
 
 
+def _plateau_run(run, steps: int = 300):
+    """A loss that stops moving: a warning (loss_plateau) and nothing critical."""
+    for step in range(steps):
+        run.log({"loss": 1.0 + 0.01 * ((step * 7) % 5)}, step=step)
+    run.finish(timeout=30)
+
+
+def test_critical_comes_first_in_the_banner_and_the_inbox_in_its_colour(server, page, api):
+    for i in range(3):
+        spirals_run(gradwatch.init(project="sev", name=f"critical-{i}", server=server.url), 3.0)
+    _plateau_run(gradwatch.init(project="sev", name="newer-warning", server=server.url))  # the newest: a warning
+    wait_runs(api, 4)
+    found = api.get("/api/incidents?status=open")
+    assert {i["severity"] for i in found} == {"critical", "warning"}
+    assert [i["severity"] for i in found] == sorted((i["severity"] for i in found), key=lambda s: s != "critical")
+    page.goto(server.url + "/?project=sev")
+    page.wait_for_selector("#attention .banner-line[data-severity='critical']")
+    lines = page.locator("#attention .banner-line")
+    assert lines.count() == 3  # at most three lines, the rest behind "+k more"; newest first would show the warning
+    assert [lines.nth(i).get_attribute("data-severity") for i in range(3)] == ["critical"] * 3
+    more = page.locator("#attention .banner-more")
+    assert more.inner_text() == "+1 more run needs a look" and more.get_attribute("href") == "/inbox?project=sev"
+    for i in range(3):  # one line each, cut at a word (never mid-word), the full text on hover
+        box = lines.nth(i).bounding_box()
+        assert box["height"] < 40, box
+        text = lines.nth(i).locator(".muted").inner_text()
+        full = lines.nth(i).get_attribute("title")
+        assert text.rstrip("…").strip(" ·") in full
+        if text.endswith("…"):
+            cut = text[3:-1]
+            assert full[full.index(cut) + len(cut)] == " ", (cut, full)
+    red = page.evaluate("() => getComputedStyle(document.documentElement).getPropertyValue('--bad').trim()")
+    colour = lines.first.evaluate("e => getComputedStyle(e).borderLeftColor")
+    same = (
+        "(c) => { const d = document.createElement('div'); d.style.color = c; document.body.append(d);"
+        " return getComputedStyle(d).color; }"
+    )
+    assert colour == page.evaluate(same, red)  # critical in the theme's red
+    page.goto(server.url + "/inbox?project=sev")
+    page.wait_for_selector("#inbox .incident")
+    severities = page.locator("#inbox .incident").evaluate_all("cs => cs.map(c => c.classList.contains('critical'))")
+    # every critical incident before any other, though the warning is the newest
+    assert severities == sorted(severities, reverse=True) and severities.count(True) >= 3 and not severities[-1]
+    runs = page.locator("#inbox .incident").evaluate_all("cs => cs.map(c => c.dataset.run)")
+    assert "4" in runs and "4" not in runs[: severities.count(True)]
+    assert page.locator("#f-project").input_value() == "sev"
+    assert not page.js_errors
+
+
 def test_rules_editor_replays_before_saving(server, page, api):
     run = gradwatch.init(project="ed", name="diverges", server=server.url)
     for step in range(200):

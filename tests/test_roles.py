@@ -239,6 +239,7 @@ def test_pages_show_a_viewer_no_delete_and_an_admin_everything(team, browser):
                 f"body[data-role='{'viewer' if name == 'vic' else 'editor' if name == 'ed' else 'admin'}']"
             )
             page.wait_for_selector("#runs button:text('Delete')", state="attached")
+            page.locator("#runs .row-menu summary").first.click()  # the edits sit in each row's menu
             assert page.locator("#runs button:text('Delete')").first.is_visible() == deletes, name
             assert page.locator("#runs button:text('Rename')").first.is_visible() == edits, name
             page.goto(srv.url + "/rules?project=nlp")

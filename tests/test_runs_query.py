@@ -164,7 +164,10 @@ def test_old_filters_and_columns_listing(sweep):
     assert cols == {
         "config": ["amp", "lr", "model.depth", "optimizer", "seed"],
         "summary": ["loss", "val/acc", "val/loss"],
+        "runs": len(runs(api, project="sweep")),  # the project's count: the runs list's "6 of N runs"
+        "projects": ["sweep"],
     }
+    assert api.get("/api/columns?project=other") == {"config": [], "summary": [], "runs": 0, "projects": ["sweep"]}
 
 
 def test_cli_runs_ls_where_order_by(sweep):

@@ -1,5 +1,7 @@
 """The runs table on a sweep in real Chromium: config columns by default, the filter language, summary columns,
-sorting, state in the URL, and 10,000 runs windowed."""
+sorting (with its arrow), state in the URL, group rows under their headers (expandable, in numeric order), the
+project scoping the counts, banner and pickers, the table within a 1440 px window, 10,000 runs windowed, and
+the grouped compare's parallel coordinates (metric summary, log axes, seeds)."""
 
 from __future__ import annotations
 
@@ -32,13 +34,33 @@ def names(page) -> list[str]:
     return page.eval_on_selector_all("#runs tbody tr[data-run] td:nth-child(2) a", "els => els.map(e => e.textContent)")
 
 
+def arrow(page, th: str) -> str:
+    """The sort arrow a header shows (its ::after content), "" for none."""
+    return page.evaluate(
+        f"() => getComputedStyle(document.querySelector(\"#runs {th}\"), '::after').content.replace(/[\"\\s\\u00a0]/g, '')"
+        ".replace('none', '')"
+    )
+
+
+# The columns of a row, by header: which header each of the row's cells sits under (colspans counted).
+UNDER_HEADERS = """(tr) => {
+  const heads = [...document.querySelectorAll('#runs thead th')].filter(th => getComputedStyle(th).display !== 'none');
+  const cells = [...tr.children].filter(td => getComputedStyle(td).display !== 'none');
+  const out = {}; let i = 0;
+  for (const td of cells) { const th = heads[i]; out[td.dataset.col || i] = th ? (th.dataset.col || th.dataset.sort || '') : null;
+    i += td.colSpan || 1; }
+  return { cells: i, heads: heads.length, under: out,
+    lefts: cells.map((td, k) => Math.abs(td.getBoundingClientRect().left - heads[k].getBoundingClientRect().left) < 1) };
+}"""
+
+
 def test_table_columns_filter_sort_and_url(server, page):
     _small_sweep(server.url)
     page.goto(server.url + "/")
     page.wait_for_selector("tr[data-run='6']")
     heads = page.eval_on_selector_all("#runs th.extra", "els => els.map(e => e.dataset.col)")
     assert heads == ["config.lr", "config.optimizer"]  # the keys that differ; epochs does not
-    assert page.locator("tr[data-run='1'] td[data-col='config.lr']").inner_text() == "1.000e-4"
+    assert page.locator("tr[data-run='1'] td[data-col='config.lr']").inner_text() == "1e-4"  # the one format
 
     page.fill("#f-where", 'config.optimizer == "adam" and config.lr <= 1e-3')
     page.press("#f-where", "Enter")
@@ -59,8 +81,10 @@ def test_table_columns_filter_sort_and_url(server, page):
     cell = "tr[data-run='1'] td[data-col='summary.val/loss.min']"
     page.wait_for_function(f"() => document.querySelector(\"{cell}\")?.textContent !== ''")
     page.click("#runs th[data-col='summary.val/loss.min']")  # descending first
+    assert arrow(page, "th[data-col='summary.val/loss.min']") == "▼"
     page.click("#runs th[data-col='summary.val/loss.min']")  # then ascending: the best run on top
     assert names(page)[0] == "adam-0.0001" and names(page)[-1] == "sgd-0.01"
+    assert arrow(page, "th[data-col='summary.val/loss.min']") == "▲" and arrow(page, "th[data-sort='name']") == ""
     shared = page.url
     assert "sort=summary.val" in urllib.parse.unquote(shared) and "cols=" in shared
 
@@ -74,28 +98,112 @@ def test_table_columns_filter_sort_and_url(server, page):
     assert not page.js_errors
 
 
-def test_table_groups_with_aggregated_summaries_then_compares_the_groups(server, page):
+def test_table_groups_line_up_expand_order_numerically_then_compare(server, page):
     _small_sweep(server.url)
-    page.goto(server.url + "/?cols=config.lr,summary.val/loss.min")
+    page.goto(server.url + "/?cols=config.lr,config.optimizer,summary.val/loss.min")
     page.wait_for_selector("tr[data-run='6']")
     page.select_option("#group-by", "optimizer")
     page.wait_for_selector("#runs tr.group-row")
     groups = page.eval_on_selector_all("#runs tr.group-row", "els => els.map(e => e.dataset.group)")
-    assert sorted(groups) == ["adam", "sgd"] and page.locator("#runs tr[data-run]").count() == 0
+    assert groups == ["adam", "sgd"] and page.locator("#runs tr[data-run]").count() == 0
     adam = page.locator("#runs tr.group-row[data-group='adam']")
-    assert "3 runs" in adam.inner_text() and adam.locator("td[data-col='config.lr']").inner_text() == "mixed"
+    assert "3 runs" in adam.inner_text()
+    assert adam.locator("td[data-col='config.lr']").inner_text() == "1e-4 – 0.01"  # the range, in the one format
+    assert adam.locator("td[data-col='config.optimizer']").inner_text() == "adam"
     cell = adam.locator("td[data-col='summary.val/loss.min']").inner_text()
     mins = [1 / 30 + lr for lr in (1e-4, 1e-3, 1e-2)]
     mean = sum(mins) / 3
     assert cell.startswith(f"{mean:.5g}"[:6]) and " ± " in cell, cell
+    # Every cell of a group row sits under its own header: as many cells as headers, left edges aligned.
+    layout = adam.evaluate(UNDER_HEADERS)
+    assert layout["cells"] == layout["heads"] and all(layout["lefts"]), layout
+    for col in ("config.lr", "config.optimizer", "summary.val/loss.min"):
+        assert layout["under"][col] == col
     page.click("#runs th[data-col='summary.val/loss.min']")  # descending: sgd (worse) first
     assert page.eval_on_selector_all("#runs tr.group-row", "els => els.map(e => e.dataset.group)") == ["sgd", "adam"]
     assert "group=optimizer" in page.url
+
+    # A group row expands to its runs (right under it, same columns) and collapses again.
+    adam.click()
+    page.wait_for_selector("#runs tr.in-group[data-run]")
+    rows = page.eval_on_selector_all(
+        "#runs tbody tr", "els => els.map(e => e.dataset.group || (e.dataset.run && 'run:' + e.dataset.run))"
+    )
+    assert rows[:2] == ["sgd", "adam"] and sorted(rows[2:]) == ["run:1", "run:3", "run:5"], rows
+    run_row = page.locator("#runs tr[data-run='1']").evaluate(UNDER_HEADERS)
+    assert run_row["cells"] == run_row["heads"] and all(run_row["lefts"])
+    assert page.locator("#runs tr.group-row[data-group='adam'] .group-toggle").get_attribute("aria-expanded") == "true"
+    page.locator("#runs tr.group-row[data-group='adam']").click()
+    page.wait_for_function("() => !document.querySelector('#runs tr[data-run]')")
+
+    # Numeric group values in numeric order (as strings 0.001 < 0.01 < 1e-4 would come first).
+    page.select_option("#group-by", "lr")
+    page.wait_for_selector("#runs tr.group-row[data-group='1e-4']")
+    page.click("#runs th[data-sort='created_at']")  # a run field the groups do not aggregate: by value, ascending
+    lrs = page.eval_on_selector_all("#runs tr.group-row", "els => els.map(e => e.dataset.group)")
+    assert lrs == ["1e-4", "0.001", "0.01"], lrs
+    assert page.locator("#runs tr.group-row[data-group='1e-4'] b").inner_text() == "lr = 1e-4"
+
+    page.select_option("#group-by", "optimizer")
+    page.wait_for_selector("#runs tr.group-row[data-group='adam']")
     page.click("#compare-groups")
     page.wait_for_function("() => document.getElementById('group-chart')?.dataset.groups === '2'", timeout=20000)
     names = page.evaluate("() => document.getElementById('group-chart').data.filter(t => t.name).map(t => t.name)")
-    assert names == ["optimizer=adam (n=3)", "optimizer=sgd (n=3)"]
+    assert names == ["optimizer = adam (n=3)", "optimizer = sgd (n=3)"]
     assert not page.js_errors
+
+
+def _other_project(url: str) -> None:
+    """A project beside the sweep: other config keys, a run that diverges (an open critical incident)."""
+    from test_incidents import spirals_run
+
+    spirals_run(gradwatch.init(project="other", name="other-diverges", server=url, config={"arch": "mlp"}), 3.0)
+
+
+def test_the_project_scopes_counts_banner_and_pickers(server, page, api):
+    _small_sweep(server.url)
+    _other_project(server.url)
+    wait_runs(api, 7)
+    page.goto(server.url + "/")
+    page.wait_for_selector("#attention .banner-line[data-run='7']")  # the diverging run needs a look
+    assert page.locator("#count").inner_text() == "7 of 7 runs"
+    page.goto(server.url + "/?project=sweep&where=" + urllib.parse.quote("config.lr < 1e-2"))
+    page.wait_for_function("() => document.getElementById('count').textContent === '4 of 6 runs in sweep'")
+    assert page.locator("#attention .banner-line").count() == 0  # the other project's run is not in view
+    # The pickers offer what the project's runs have: their config keys, their metrics, no system/* keys.
+    page.wait_for_function("() => document.querySelectorAll('#group-by option').length > 1")
+    group_by = page.eval_on_selector_all("#group-by option", "els => els.map(e => e.value).filter(Boolean)")
+    assert group_by == ["epochs", "lr", "optimizer"]
+    columns = page.eval_on_selector_all("#add-column option", "els => els.map(e => e.value).filter(Boolean)")
+    assert "config.arch" not in columns and "summary.val/loss.min" in columns
+    assert not [c for c in columns if c.startswith("summary.system/")], columns
+    assert page.locator("#inbox-link").get_attribute("href") == "/inbox?project=sweep"
+    page.select_option("#f-project", "other")
+    page.wait_for_function("() => document.getElementById('count').textContent.endsWith('runs in other')")
+    page.wait_for_function("() => [...document.querySelectorAll('#group-by option')].some(o => o.value === 'arch')")
+    assert page.eval_on_selector_all("#group-by option", "els => els.map(e => e.value).filter(Boolean)") == ["arch"]
+    assert not page.js_errors
+
+
+def test_the_table_fits_a_1440_window_with_its_menu_reachable(server, browser):
+    _small_sweep(server.url)
+    _other_project(server.url)  # its keys add config columns: the widest default table
+    for width, height in ((1440, 900), (1280, 720)):
+        ctx = browser.new_context(viewport={"width": width, "height": height})
+        try:
+            page = ctx.new_page()
+            page.goto(server.url + "/?cols=config.arch,config.epochs,config.lr,config.optimizer,summary.val/loss.min")
+            page.wait_for_selector("tr[data-run='7'] .spark svg", timeout=20000)
+            box = page.locator("#runs").bounding_box()
+            assert box["x"] + box["width"] <= width, (width, box)
+            assert page.evaluate("() => document.documentElement.scrollWidth") <= width
+            page.locator("tr[data-run='1'] .row-menu summary").click()
+            for name in ("Rename", "Tags", "Note", "Delete"):
+                button = page.locator("tr[data-run='1']").get_by_role("button", name=name)
+                b = button.bounding_box()
+                assert button.is_visible() and b["x"] >= 0 and b["x"] + b["width"] <= width, (name, b)
+        finally:
+            ctx.close()
 
 
 @pytest.fixture
@@ -157,7 +265,7 @@ def test_grouped_compare_bands_counts_parcoords_and_metric_x(points_server, page
         " color: t.line && t.line.color}))"
     )
     lines = [t for t in data if t["name"]]
-    assert [t["name"] for t in lines] == [f"lr={lr:g} (n=24)" for lr in sweep_data.LRS]
+    assert [t["name"] for t in lines] == [f"lr = {lr} (n=24)" for lr in ("1e-4", "3e-4", "0.001", "0.003", "0.01")]
     assert sum(1 for t in data if t["fill"] == "tonexty") == 5  # one band per group
     assert len({t["color"] for t in lines}) == 5
     # a numeric group key on "auto" colours: a sequential scale (rgb interpolation), not categorical hues
@@ -166,7 +274,7 @@ def test_grouped_compare_bands_counts_parcoords_and_metric_x(points_server, page
     page.select_option("#g-group", "optimizer")
     page.wait_for_function("() => document.getElementById('group-chart').dataset.groups === '3'", timeout=20000)
     names = page.evaluate("() => document.getElementById('group-chart').data.filter(t => t.name).map(t => t.name)")
-    assert names == ["optimizer=adam (n=40)", "optimizer=adamw (n=40)", "optimizer=sgd (n=40)"]
+    assert names == ["optimizer = adam (n=40)", "optimizer = adamw (n=40)", "optimizer = sgd (n=40)"]
     assert "group=optimizer" in page.url
 
     page.select_option("#x-mode", "tokens")  # any metric as the x axis
@@ -176,11 +284,59 @@ def test_grouped_compare_bands_counts_parcoords_and_metric_x(points_server, page
     )
     assert page.locator("#sweep-count").inner_text() == "120 of 120"
     page.wait_for_function("() => document.getElementById('parcoords').data?.[0]?.type === 'parcoords'")
-    labels = page.evaluate("() => document.getElementById('parcoords').data[0].dimensions.map(d => d.label)")
-    assert labels == ["batch_size", "log10 lr", "optimizer", "seed", "val/loss min"]
+    dims = page.evaluate("() => document.getElementById('parcoords').data[0].dimensions")
+    # epochs is the same everywhere, seed is left out (the toggle brings it), lr is log-spaced: a log axis
+    # whose ticks are the values in the one format
+    assert [d["label"] for d in dims] == ["batch_size", "lr (log)", "optimizer", "val/loss min"]
+    assert dims[1]["ticktext"] == ["1e-4", "3e-4", "0.001", "0.003", "0.01"]
+    assert dims[1]["tickvals"][0] == pytest.approx(-4) and dims[1]["tickvals"][-1] == pytest.approx(-2)
     # brushing an axis (as a drag does: a constraint range on a dimension) filters the runs table
     page.evaluate("() => Plotly.restyle('parcoords', {'dimensions[2].constraintrange': [[-0.1, 0.1]]})")
     page.wait_for_function("() => document.getElementById('sweep-count').textContent.startsWith('40 of 120')")
+
+    # The metric axis: max (or last, or at the reference loss's best step) instead of min, the runs table too.
+    page.select_option("#g-field", "max")
+    page.wait_for_function(
+        "() => document.getElementById('parcoords').data[0].dimensions.at(-1).label === 'val/loss max'", timeout=20000
+    )
+    got = page.evaluate(
+        "() => { const d = document.getElementById('parcoords').data[0].dimensions; return d[d.length - 1].values; }"
+    )
+    want = {
+        r["id"]: r["summary"]["val/loss"]["max"]
+        for r in Api(points_server.url).get("/api/runs?columns=summary.val/loss")
+    }
+    runs = [int(x) for x in page.eval_on_selector_all("#sweep-runs tr[data-run]", "els => els.map(e => e.dataset.run)")]
+    assert sorted(got) == pytest.approx(sorted(want.values())) and len(runs) == 120
+    assert "field=max" in page.url and page.locator("#sweep-runs th").last.inner_text() == "val/loss max"
+    page.select_option("#g-field", "best")
+    page.wait_for_function(
+        "() => document.getElementById('parcoords').data[0].dimensions.at(-1).label === 'val/loss at best val/loss'",
+        timeout=20000,
+    )
+    page.check("#g-seeds")
+    page.wait_for_function(
+        "() => document.getElementById('parcoords').data[0].dimensions.some(d => d.label === 'seed')", timeout=20000
+    )
+    assert "seeds=1" in page.url
+    assert not page.js_errors
+
+
+def test_parcoords_log_axes_hold_a_zero_and_skip_constant_keys(server, page):
+    page.goto(server.url + "/")
+    dims = page.evaluate(
+        """async () => { const { dimensions } = await import('/static/pages/compare/groups.js');
+        const runs = [0, 1e-4, 1e-3, 1e-2].map((wd, i) => ({ config: { wd, lr: 10 ** -(i + 1), seed: i, depth: 4,
+          width: 64 * (i + 1) }, summary: { loss: { min: 1 / (i + 1) } } }));
+        return dimensions(runs, 'summary.loss.min'); }"""
+    )
+    by = {d["label"]: d for d in dims}
+    assert list(by) == ["lr (log)", "wd (log)", "width", "loss min"]  # depth is constant, seed left out
+    wd = by["wd (log)"]
+    assert wd["ticktext"] == ["0", "1e-4", "0.001", "0.01"]
+    assert wd["values"][0] < wd["values"][1] == pytest.approx(-4)  # 0 sits below the smallest, not on it
+    assert len(set(wd["values"])) == 4
+    assert by["width"]["ticktext"] == ["64", "128", "192", "256"]  # a linear axis, in the one format too
     assert not page.js_errors
 
 

@@ -15,6 +15,7 @@ export {
   ENDED_STATUSES,
   FAMILIES,
   family,
+  formatNumber,
   isLayerKey,
   isLossKey,
   isLrKey,

@@ -1,6 +1,6 @@
 // Formatting shared by every page: numbers, bytes, durations, times, alert kinds as words, esc() for Plotly.
 
-import { KIND_TITLES } from "./contract.js";
+import { formatNumber, KIND_TITLES } from "./contract.js";
 
 // Plotly renders <b>, <br>, <a href> ... in trace names, hover text, tick labels and titles: escape
 // anything a user named (runs, metric keys, layers) before it gets there.
@@ -46,3 +46,20 @@ export const kindWords = (text) =>
 
 // "1 alert", "3 alerts".
 export const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
+// The one number format of every page, the CLI and the report (gradwatch.contract.format): 1e-4, 0.01, 1,
+// 32, +inf (also for the contract's "Infinity" strings). Sweep values, summaries and group labels use it.
+export const fmtNumber = formatNumber;
+
+// A start time short enough for a table column: the time today, the day and time this year, else the date
+// (the full time goes in the cell's title). The formatters are made once: making one per call costs more
+// than a windowed table's whole row.
+const HM = new Intl.DateTimeFormat([], { hour: "2-digit", minute: "2-digit" });
+const DAY_HM = new Intl.DateTimeFormat([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" });
+const DATE = new Intl.DateTimeFormat([]);
+export function fmtShortTime(t, now = new Date()) {
+  if (!t) return "";
+  const d = new Date(t * 1000);
+  if (d.toDateString() === now.toDateString()) return HM.format(d);
+  return (d.getFullYear() === now.getFullYear() ? DAY_HM : DATE).format(d);
+}

@@ -1,5 +1,7 @@
-// The alerts inbox: every incident across runs (open first), its root cause and story, its run, and the
-// buttons to acknowledge, snooze, mute or resolve it. Refreshed every few seconds while open.
+// The alerts inbox: every incident across runs (open first, critical first within a status: the server's
+// order), its root cause and story, its run, and the buttons to acknowledge, snooze, mute or resolve it.
+// Its project and status filters live in the URL (the runs list links here with its project). Refreshed
+// every few seconds while open.
 import { statusButtons } from "../lib/alerts.js";
 import { $, el } from "../lib/dom.js";
 import { getJSON } from "../lib/fetch.js";
@@ -14,7 +16,7 @@ function card(inc) {
       "data-status": inc.status,
       "data-run": inc.run_id,
     },
-    el("b", {}, root.kind),
+    el("b", { class: "incident-severity", title: inc.severity }, root.kind),
     el("a", { href: "/runs/" + inc.run_id }, inc.run_name),
     el(
       "span",
@@ -33,6 +35,7 @@ async function load() {
   const q = new URLSearchParams();
   if ($("f-status").value) q.set("status", $("f-status").value);
   if ($("f-project").value.trim()) q.set("project", $("f-project").value.trim());
+  history.replaceState(null, "", location.pathname + (q.size ? "?" + q : ""));
   let found;
   try {
     found = await getJSON("/api/incidents?" + q);
@@ -46,6 +49,9 @@ async function load() {
   $("count").textContent = `${found.length} incidents, ${open} open`;
 }
 
+const start = new URLSearchParams(location.search);
+$("f-status").value = start.get("status") || "";
+$("f-project").value = start.get("project") || "";
 $("f-status").addEventListener("change", load);
 $("f-project").addEventListener("change", load);
 load();

@@ -3,21 +3,20 @@
 import { STATUSES } from "../lib/contract.js";
 import { $, el, throttle } from "../lib/dom.js";
 import { getJSON } from "../lib/fetch.js";
-import { fmtNum, fmtTime } from "../lib/format.js";
+import { fmtNumber, fmtShortTime, fmtTime } from "../lib/format.js";
 import { live } from "../lib/live.js";
 import { colorFor } from "../lib/plot.js";
 import { sparkline } from "../lib/sparkline.js";
+import { attentionLines } from "./index/attention.js";
+import { groupItems, groupRow, groupRuns, sortGroups } from "./index/groups.js";
 import {
   cell,
   columnValue,
   compareValues,
   differingConfig,
   fillPickers,
-  groupRow,
-  groupRuns,
   header,
   readUrl,
-  sortGroups,
   splitColumns,
   Window,
   writeUrl,
@@ -32,7 +31,12 @@ const state = {
   sparks: new Map(),
   where: url.where || "",
   cols: url.cols !== undefined ? splitColumns(url.cols) : null, // null: the config keys that differ
-  group: url.group || "", // a config key: one row per value (runs_table.groupRuns)
+  group: url.group || "", // a config key: one row per value (groups.groupRuns)
+  expanded: new Set(), // the groups showing their runs
+  menuFor: null, // the run whose row menu is open
+  incidents: [], // the open incidents (the inbox's order: critical first), for the banner
+  projects: [], // every project's name (/api/columns): the filter offers them under a where filter too
+  scopeCount: null, // how many runs the chosen project has (/api/columns), for "6 of 7 runs" under a filter
 };
 let table = null;
 
@@ -55,8 +59,31 @@ async function load() {
   }
   state.runs = new Map(runs.map((r) => [r.id, { ...r, config_loaded: true }]));
   render(); // rows in view ask for their sparklines as they are made (wantSpark)
+  loadIncidents();
 }
 const reload = throttle(load, 3000, 1);
+
+// The open incidents, worst first, for the banner (which shows those of the runs in view).
+async function loadIncidents() {
+  try {
+    state.incidents = await getJSON("/api/incidents?status=open");
+  } catch {
+    return; // the banner falls back on each run's newest alert
+  }
+  renderAttention(visible());
+}
+const reloadIncidents = throttle(loadIncidents, 3000, 1);
+
+// The pickers and the run count follow the project: its config keys and metrics only.
+async function loadPickers() {
+  const project = $("f-project").value;
+  const cols = await fillPickers($("group-by"), $("add-column"), state.group, project);
+  if (!cols || project !== $("f-project").value) return;
+  state.scopeCount = cols.runs;
+  state.projects = cols.projects || [];
+  if (state.group && !cols.config.includes(state.group)) state.group = "";
+  if (state.runs.size) render(); // before the first load there is nothing to count yet
+}
 
 // Latest loss and a small loss curve per row, only for the rows the table draws (those in view): the
 // rows made in one frame share one request at once (not after the 3 s refresh throttle: that made the
@@ -96,8 +123,7 @@ function fillSpark(id) {
   const s = state.sparks.get(id),
     values = s ? s.values.map(Number) : [];
   const latest = s?.values.length ? s.values[s.values.length - 1] : null;
-  tr.querySelector(".latest-loss").textContent =
-    latest === null ? "" : fmtNum(typeof latest === "string" ? latest : Number(latest));
+  tr.querySelector(".latest-loss").textContent = latest === null ? "" : fmtNumber(latest);
   tr.querySelector(".spark").replaceChildren(...(s ? [sparkline(s.steps, values, colorFor(id))] : []));
 }
 
@@ -139,7 +165,7 @@ function setColumns(cols) {
 function renderProjects() {
   const sel = $("f-project"),
     current = sel.value;
-  const projects = [...new Set([...state.runs.values()].map((r) => r.project))].sort();
+  const projects = [...new Set([...state.projects, ...[...state.runs.values()].map((r) => r.project)])].sort();
   sel.replaceChildren(
     el("option", { value: "" }, "all projects"),
     ...projects.map((p) => el("option", { value: p }, p)),
@@ -154,20 +180,37 @@ function row(r, extras) {
     box.checked ? state.selected.add(r.id) : state.selected.delete(r.id);
     updateCompare();
   });
-  const actions = el(
-    "td",
-    {},
-    el("button", { onclick: () => edit(r, "name"), title: "rename", "data-needs": "edit" }, "Rename"),
-    " ",
-    el("button", { onclick: () => edit(r, "tags"), title: "edit tags", "data-needs": "edit" }, "Tags"),
-    " ",
-    el("button", { onclick: () => edit(r, "notes"), title: "edit note", "data-needs": "edit" }, "Note"),
-    " ",
-    el("button", { class: "danger", onclick: () => remove(r), "data-needs": "admin" }, "Delete"),
+  // The edits sit in a row menu (one narrow column): the table fits a 1440 px screen with its columns.
+  const act = (fn) => () => {
+    state.menuFor = null;
+    fn();
+  };
+  const menu = el(
+    "details",
+    { class: "row-menu" },
+    el("summary", { title: "rename, tag, note, delete", "aria-label": "actions for " + r.name }, "⋯"),
+    el(
+      "div",
+      { class: "menu" },
+      el("button", { onclick: act(() => edit(r, "name")), title: "rename", "data-needs": "edit" }, "Rename"),
+      el("button", { onclick: act(() => edit(r, "tags")), title: "edit tags", "data-needs": "edit" }, "Tags"),
+      el("button", { onclick: act(() => edit(r, "notes")), title: "edit note", "data-needs": "edit" }, "Note"),
+      el("button", { class: "danger", onclick: act(() => remove(r)), "data-needs": "admin" }, "Delete"),
+    ),
   );
+  // An open menu stays open when a live update redraws its row; one menu is open at a time.
+  menu.open = state.menuFor === r.id;
+  menu.addEventListener("toggle", () => {
+    if (menu.open) {
+      state.menuFor = r.id;
+      for (const other of document.querySelectorAll("#runs details.row-menu[open]"))
+        if (other !== menu) other.open = false;
+    } else if (state.menuFor === r.id) state.menuFor = null;
+  });
+  const actions = el("td", { class: "row-actions" }, menu);
   return el(
     "tr",
-    { "data-run": r.id },
+    { "data-run": r.id, class: state.group ? "in-group" : "" },
     el("td", {}, box),
     el(
       "td",
@@ -182,85 +225,58 @@ function row(r, extras) {
       {},
       r.alert_count ? el("span", { class: "badge", title: "alerts" }, r.alert_count) : "",
       r.open_incidents
-        ? el("a", { class: "incident-count", href: "/inbox", title: "open incidents" }, r.open_incidents + " open")
+        ? el(
+            "a",
+            { class: "incident-count", href: inboxHref(r.project), title: "open incidents" },
+            r.open_incidents + " open",
+          )
         : "",
     ),
-    el("td", {}, fmtTime(r.created_at)),
+    el("td", { class: "started", title: fmtTime(r.created_at) }, fmtShortTime(r.created_at)),
     el("td", { class: "last-step" }, r.last_step ?? ""),
     ...extras.map((c) => cell(r, c)),
     el("td", { class: "latest-loss num" }),
     el("td", { class: "spark" }),
     el("td", {}, ...r.tags.map((t) => el("span", { class: "chip" }, t))),
-    el("td", { class: "muted" }, r.notes.length > 60 ? r.notes.slice(0, 60) + "…" : r.notes),
+    el("td", { class: "muted notes", title: r.notes }, r.notes),
     actions,
   );
 }
 
-// Runs that need a look: running ones with alerts, and any run that failed, crashed or alerted in the last day.
-function renderAttention() {
-  const day = Date.now() / 1000 - 86400;
-  const runs = [...state.runs.values()]
-    .filter(
-      (r) =>
-        (r.last_alert && (r.status === "running" || r.last_alert.created_at > day)) ||
-        ((r.status === "failed" || r.status === "crashed") && r.updated_at > day),
-    )
-    .sort(
-      (a, b) =>
-        (b.last_alert ? b.last_alert.created_at : b.updated_at) -
-        (a.last_alert ? a.last_alert.created_at : a.updated_at),
-    )
-    .slice(0, 5);
-  $("attention").replaceChildren(
-    ...runs.map((r) => {
-      const a = r.last_alert;
-      return el(
-        "div",
-        { class: "alert " + (a ? a.severity : "critical"), "data-run": r.id, "data-kind": a ? a.kind : r.status },
-        el("a", { href: "/runs/" + r.id }, r.name),
-        " ",
-        el("b", {}, a ? a.kind : r.status),
-        el(
-          "span",
-          { class: "muted" },
-          a
-            ? "step " +
-                (a.step ?? "?") +
-                (a.layer ? " · " + a.layer : "") +
-                (r.open_incidents > 1 ? " · " + r.open_incidents + " open incidents" : "") +
-                " · "
-            : "",
-        ),
-        a
-          ? a.message.length > 160
-            ? a.message.slice(0, 160) + "…"
-            : a.message
-          : "the training process " + (r.status === "failed" ? "raised an exception" : "stopped reporting"),
-      );
-    }),
-  );
+const inboxHref = (project) => "/inbox" + (project ? "?project=" + encodeURIComponent(project) : "");
+
+// The banner: the runs in view (project and filters) that need a look, critical first, one line each.
+function renderAttention(rows) {
+  const width = $("attention").clientWidth || innerWidth - 40;
+  $("attention").replaceChildren(...attentionLines(rows, state.incidents, width, inboxHref($("f-project").value)));
 }
 
 function render() {
   renderProjects();
-  renderAttention();
   const rows = visible();
+  renderAttention(rows);
   const extras = columns(rows);
   const heads = $("runs").querySelector("thead tr");
   for (const th of heads.querySelectorAll("th.extra")) th.remove();
   $("th-last-step").after(...extras.map((c) => header(c, (gone) => setColumns(extras.filter((x) => x !== gone)))));
   for (const th of heads.querySelectorAll("th[data-sort]"))
     th.setAttribute("aria-sort", th.dataset.sort === state.sort ? (state.desc ? "descending" : "ascending") : "none");
+  const runRow = (r) => {
+    const tr = row(r, extras);
+    queueMicrotask(() => wantSpark(r.id));
+    return tr;
+  };
   if (state.group) {
     const groups = sortGroups(groupRuns(rows, state.group, extras), state.sort, state.desc);
-    table.makeRow = (g) => groupRow(g, state.group, extras, 4);
-    table.set(groups);
-  } else {
-    table.makeRow = (r) => {
-      const tr = row(r, extras);
-      queueMicrotask(() => wantSpark(r.id));
-      return tr;
+    const toggle = (id) => {
+      state.expanded.has(id) ? state.expanded.delete(id) : state.expanded.add(id);
+      render();
     };
+    table.makeRow = (it) =>
+      it.runs ? groupRow(it, state.group, extras, state.expanded.has(it.id), toggle) : runRow(it);
+    table.set(groupItems(groups, state.expanded));
+  } else {
+    table.makeRow = runRow;
     table.set(rows);
   }
   $("compare-groups").hidden = !state.group;
@@ -276,7 +292,14 @@ function render() {
     tag: $("f-tag").value,
   });
   $("empty").hidden = state.runs.size > 0;
-  $("count").textContent = rows.length + " of " + state.runs.size + " runs";
+  // "6 of 7 runs": of the chosen project's runs (under a where filter the list holds only those that match,
+  // so the project's count comes from /api/columns).
+  const project = $("f-project").value;
+  const inScope = project ? [...state.runs.values()].filter((r) => r.project === project).length : state.runs.size;
+  const total = state.where && state.scopeCount !== null ? Math.max(state.scopeCount, inScope) : inScope;
+  $("count").textContent = `${rows.length} of ${total} runs` + (project ? ` in ${project}` : "");
+  $("inbox-link").href = inboxHref(project);
+  $("runs").classList.toggle("one-project", Boolean(project));
   updateCompare();
 }
 
@@ -341,6 +364,7 @@ function onLive(msg) {
     state.runs.set(msg.run.id, { config: {}, summary: {}, ...old, ...msg.run }); // pushes carry no config
     scheduleRender();
     if (isNew) refreshSparks();
+    if (msg.run.open_incidents !== old?.open_incidents || msg.run.alert_count !== old?.alert_count) reloadIncidents();
   } else if (msg.type === "deleted") {
     state.runs.delete(msg.id);
     scheduleRender();
@@ -362,6 +386,10 @@ function onLive(msg) {
 // The status filter offers every status a run can have (one list, from /contract.js).
 $("f-status").append(...STATUSES.map((s) => el("option", {}, s)));
 for (const id of ["f-name", "f-project", "f-status", "f-tag"]) $(id).addEventListener("input", render);
+$("f-project").addEventListener("change", () => {
+  state.scopeCount = null;
+  loadPickers();
+});
 $("runs")
   .querySelector("thead")
   .addEventListener("click", (ev) => {
@@ -379,6 +407,7 @@ $("f-where").addEventListener("keydown", (ev) => {
 });
 $("group-by").addEventListener("change", () => {
   state.group = $("group-by").value;
+  state.expanded.clear();
   render();
 });
 $("compare-groups").addEventListener("click", () => {
@@ -405,7 +434,7 @@ for (const k of ["q", "project", "status", "tag"]) {
   }
 }
 table = new Window($("runs").querySelector("tbody"), (r) => row(r, []));
-fillPickers($("group-by"), $("add-column"), state.group);
+loadPickers();
 $("compare").addEventListener("click", () => {
   location.href = "/compare?ids=" + [...state.selected].join(",");
 });

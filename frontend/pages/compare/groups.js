@@ -2,12 +2,13 @@
 // One request (/api/compare/series) gives every run's series aligned on the server; one line per group
 // (mean or median) with a band (std, standard error or min-max) and the run count in the legend. Colours by
 // group (at most 10 distinct hues), or a sequential scale over a numeric config value. Parallel coordinates
-// of the config keys against a summary; brushing an axis filters the runs table under it.
+// of the config keys that vary against a metric's summary (min, max, last or at the best step); brushing an
+// axis filters the runs table under it. Numbers in the one format (fmtNumber): lr = 1e-4, +inf.
 import { flatten } from "../../lib/config.js";
-import { AGGREGATIONS, BANDS, num, TIME_AXES } from "../../lib/contract.js";
+import { AGGREGATIONS, BANDS, isLossKey, num, parseColumn, TIME_AXES } from "../../lib/contract.js";
 import { el } from "../../lib/dom.js";
 import { getJSON } from "../../lib/fetch.js";
-import { esc, fmtNum } from "../../lib/format.js";
+import { esc, fmtNumber } from "../../lib/format.js";
 import { plotLayout } from "../../lib/plot.js";
 
 const CATEGORICAL = [
@@ -55,7 +56,8 @@ export function traces(data, colors) {
   const x = data.x === "wall" ? xs.map((v) => (v === null ? null : new Date(v * 1000))) : xs;
   const out = [];
   data.groups.forEach((g, i) => {
-    const name = esc(`${data.group ? `${data.group}=${g.label}` : g.label} (n=${g.count})`);
+    const label = typeof g.value === "number" ? fmtNumber(g.value) : g.label;
+    const name = esc(`${data.group ? `${data.group} = ${label}` : label} (n=${g.count})`);
     const color = colors[i];
     if (data.band !== "none") {
       out.push({
@@ -84,18 +86,59 @@ export function traces(data, colors) {
   return out;
 }
 
-// Parallel-coordinates dimensions: config keys whose values differ (strings as ticks), then the summary.
-export function dimensions(runs, metric) {
+// The summaries a parallel-coordinates metric axis can show; "best" is the value at the step where the
+// reference loss is lowest (the column grammar's at_min).
+export const PC_FIELDS = ["min", "max", "last", "best"];
+export const defaultField = (key) => (isLossKey(key) ? "min" : "last");
+export function pcColumn(key, field, ref) {
+  return field === "best" ? `summary.${key}.at_min(${ref})` : `summary.${key}.${field}`;
+}
+
+const isSeed = (k) => /seed$/i.test(k.split(/[./]/).pop());
+
+// A numeric axis: log-spaced values (positive, spanning ≥ 100×; a 0 sits a decade below the smallest) on a
+// log10 scale, ticks at the values themselves (≤ 10 of them) or at each decade, labelled in the one format.
+function numericAxis(k, values) {
+  const positive = values.filter((v) => v > 0);
+  const lo = Math.min(...positive),
+    hi = Math.max(...positive);
+  const log = values.every((v) => v >= 0) && positive.length >= 2 && hi / lo >= 100;
+  const distinct = [...new Set(values)].sort((a, b) => a - b);
+  if (!log) {
+    const ticks = distinct.length <= 10 ? { tickvals: distinct, ticktext: distinct.map(fmtNumber) } : {};
+    return { label: esc(k), values, key: k, ...ticks };
+  }
+  const zero = Math.log10(lo) - 1;
+  const at = (v) => (v > 0 ? Math.log10(v) : zero);
+  const marks =
+    distinct.length <= 10
+      ? distinct
+      : Array.from(
+          { length: Math.floor(Math.log10(hi)) - Math.ceil(Math.log10(lo)) + 1 },
+          (_, i) => 10 ** (Math.ceil(Math.log10(lo)) + i),
+        ).concat(values.some((v) => v === 0) ? [0] : []);
+  return {
+    label: esc(`${k} (log)`),
+    values: values.map(at),
+    tickvals: marks.map(at),
+    ticktext: marks.map(fmtNumber),
+    key: k,
+    log: true,
+  };
+}
+
+// Parallel-coordinates dimensions: the config keys whose values differ (seeds only with ``seeds``; strings
+// as ticks), then the metric column (``summary.<key>.<field>``).
+export function dimensions(runs, metric, { seeds = false } = {}) {
   const flat = runs.map((r) => flatten(r.config || {}));
-  const keys = [...new Set(flat.flatMap((f) => Object.keys(f)))].sort();
+  const keys = [...new Set(flat.flatMap((f) => Object.keys(f)))].sort().filter((k) => seeds || !isSeed(k));
   const dims = [];
   for (const k of keys) {
-    const values = flat.map((f) => f[k]);
+    const values = flat.map((f) => f[k] ?? null);
     const distinct = [...new Set(values.map((v) => JSON.stringify(v)))];
     if (distinct.length < 2) continue;
     if (values.every((v) => typeof v === "number")) {
-      const log = values.every((v) => v > 0) && Math.max(...values) / Math.min(...values) >= 100;
-      dims.push({ label: esc(log ? `log10 ${k}` : k), values: values.map((v) => (log ? Math.log10(v) : v)), key: k });
+      dims.push(numericAxis(k, values));
     } else {
       const ticks = distinct.sort();
       dims.push({
@@ -107,14 +150,13 @@ export function dimensions(runs, metric) {
       });
     }
   }
-  const [key, field] = [metric.slice(0, metric.lastIndexOf(".")), metric.slice(metric.lastIndexOf(".") + 1)];
-  dims.push({
-    label: esc(`${key} ${field}`),
-    values: runs.map((r) => num(r.summary?.[key]?.[field] ?? NaN)),
-    key: metric,
-  });
+  const [, key, field] = parseColumn(metric);
+  const label = field.startsWith("at_min(") ? `${key} at best ${field.slice(7, -1)}` : `${key} ${field}`;
+  dims.push({ label: esc(label), values: runs.map((r) => num(r.summary?.[key]?.[field] ?? NaN)), key: metric });
   return dims;
 }
+
+const configText = (v) => (v === undefined || v === null ? "" : typeof v === "number" ? fmtNumber(v) : String(v));
 
 export async function sweepView(params, $) {
   const S = {
@@ -127,7 +169,10 @@ export async function sweepView(params, $) {
     project: params.get("project") || "",
     where: params.get("where") || "",
     ids: params.get("ids") || "",
+    field: params.get("field") || "",
+    seeds: params.get("seeds") === "1",
   };
+  S.field = S.field || defaultField(S.key);
   const cols = await getJSON("/api/columns" + (S.project ? "?project=" + encodeURIComponent(S.project) : ""));
   for (const node of document.querySelectorAll(".two-col, #add-chart, #smoothing, #log"))
     node.closest("label, div, button").style.display = "none";
@@ -150,6 +195,8 @@ export async function sweepView(params, $) {
     pick("g-agg", "line", AGGREGATIONS, S.agg),
     pick("g-band", "band", BANDS, S.band),
     pick("g-color", "colour", ["auto", "group", "sequential"], S.color),
+    pick("g-field", "axis summary", PC_FIELDS, S.field),
+    el("label", { title: "draw seed config keys as axes" }, el("input", { type: "checkbox", id: "g-seeds" }), " seeds"),
     el("span", { id: "g-info", class: "muted" }),
   );
   const chart = el("div", { id: "group-chart", class: "chart tall" });
@@ -171,7 +218,9 @@ export async function sweepView(params, $) {
 
   const query = () => {
     const p = new URLSearchParams();
-    for (const k of ["project", "where", "ids", "group", "key", "agg", "band", "color", "x"]) if (S[k]) p.set(k, S[k]);
+    for (const k of ["project", "where", "ids", "group", "key", "agg", "band", "color", "x", "field"])
+      if (S[k]) p.set(k, S[k]);
+    if (S.seeds) p.set("seeds", "1");
     return p;
   };
   let runs = [];
@@ -195,10 +244,21 @@ export async function sweepView(params, $) {
       `${data.runs.length} runs, ${data.groups.length} lines, ${Math.round(performance.now() - t)} ms`;
   }
 
-  function renderRuns(shown) {
-    const metric = `summary.${S.key}.min`;
+  // The reference loss of "at best": val/loss when the runs have it, else the metric itself.
+  const bestRef = () => (cols.summary.includes("val/loss") ? "val/loss" : S.key);
+  const metricColumn = () => pcColumn(S.key, S.field, bestRef());
+
+  function renderRuns(shown, dims) {
+    const metric = metricColumn(),
+      [, key, field] = parseColumn(metric);
     table.replaceChildren(
-      el("tr", {}, el("th", {}, "Run"), el("th", {}, S.group || "group"), el("th", { class: "num" }, `${S.key} min`)),
+      el(
+        "tr",
+        {},
+        el("th", {}, "Run"),
+        el("th", {}, S.group || "group"),
+        el("th", { class: "num" }, dims[dims.length - 1].label),
+      ),
       ...shown
         .slice(0, 500)
         .map((r) =>
@@ -206,8 +266,8 @@ export async function sweepView(params, $) {
             "tr",
             { "data-run": r.id },
             el("td", {}, el("a", { href: "/runs/" + r.id }, r.name)),
-            el("td", {}, S.group ? JSON.stringify(flatten(r.config || {})[S.group] ?? null) : ""),
-            el("td", { class: "num" }, fmtNum(num(r.summary?.[S.key]?.min ?? NaN))),
+            el("td", {}, S.group ? configText(flatten(r.config || {})[S.group]) : ""),
+            el("td", { class: "num" }, fmtNumber(r.summary?.[key]?.[field] ?? null)),
           ),
         ),
     );
@@ -217,7 +277,7 @@ export async function sweepView(params, $) {
   }
 
   async function drawParcoords() {
-    const p = new URLSearchParams({ columns: `summary.${S.key}` });
+    const p = new URLSearchParams({ columns: [`summary.${S.key}`, metricColumn()].join(",") });
     if (S.project) p.set("project", S.project);
     const ids = S.ids ? S.ids.split(",").filter(Boolean) : [];
     const where = [S.where && `(${S.where})`, ids.length && ids.length <= 200 && `id in [${ids.join(",")}]`];
@@ -227,7 +287,7 @@ export async function sweepView(params, $) {
       const ids = new Set(S.ids.split(",").map(Number));
       runs = runs.filter((r) => ids.has(r.id));
     }
-    const dims = dimensions(runs, `${S.key}.min`);
+    const dims = dimensions(runs, metricColumn(), { seeds: S.seeds });
     const color = dims[dims.length - 1].values;
     await Plotly.react(
       pc,
@@ -235,7 +295,7 @@ export async function sweepView(params, $) {
       plotLayout({ margin: { l: 80, r: 80, t: 40, b: 20 } }),
       { displaylogo: false, responsive: true },
     );
-    renderRuns(runs);
+    renderRuns(runs, dims);
     pc.removeAllListeners?.("plotly_restyle");
     pc.on("plotly_restyle", () => {
       const ranges = pc.data[0].dimensions.map((d) => d.constraintrange);
@@ -244,7 +304,10 @@ export async function sweepView(params, $) {
         const spans = Array.isArray(r[0]) ? r : [r];
         return spans.some(([lo, hi]) => v >= lo && v <= hi);
       };
-      renderRuns(runs.filter((_, i) => dims.every((d, k) => inRange(d.values[i], ranges[k]))));
+      renderRuns(
+        runs.filter((_, i) => dims.every((d, k) => inRange(d.values[i], ranges[k]))),
+        dims,
+      );
     });
   }
 
@@ -262,11 +325,29 @@ export async function sweepView(params, $) {
       S[field] = $(id).value;
       redraw(all);
     });
-  bind("g-key", "key", true);
+  $("g-key").addEventListener("change", () => {
+    S.key = $("g-key").value;
+    S.field = defaultField(S.key); // a loss is best at its min, an accuracy read last
+    $("g-field").value = S.field;
+    redraw(true);
+  });
   bind("g-group", "group", true);
   bind("g-agg", "agg", false);
   bind("g-band", "band", false);
   bind("g-color", "color", false);
   bind("x-mode", "x", false);
+  const redrawAxes = () => {
+    history.replaceState(null, "", "/compare?" + query());
+    drawParcoords().catch((e) => $("missing").replaceChildren(el("div", { class: "alert critical" }, e.message)));
+  };
+  $("g-field").addEventListener("change", () => {
+    S.field = $("g-field").value;
+    redrawAxes();
+  });
+  $("g-seeds").checked = S.seeds;
+  $("g-seeds").addEventListener("change", () => {
+    S.seeds = $("g-seeds").checked;
+    redrawAxes();
+  });
   await redraw(true);
 }

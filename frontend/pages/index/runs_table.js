@@ -1,10 +1,10 @@
 // The runs table's columns (config keys and metric summaries), their sort, the URL that holds the
 // table's state, and a windowed renderer so 10,000 rows scroll smoothly (only the rows in view exist).
 import { flatten } from "../../lib/config.js";
-import { num, parseColumn, splitColumns } from "../../lib/contract.js";
+import { family, num, parseColumn, splitColumns } from "../../lib/contract.js";
 import { el } from "../../lib/dom.js";
 import { getJSON } from "../../lib/fetch.js";
-import { fmtNum } from "../../lib/format.js";
+import { fmtNumber } from "../../lib/format.js";
 
 // The column grammar is the contract's (gradwatch.contract.options): a column name as [kind, path...]:
 // ["config", "a.b"], ["summary", key, field] (field may be "at_min(k)"); a list split on its commas.
@@ -27,7 +27,7 @@ export function columnValue(run, name) {
 
 export function cellText(v) {
   if (v === undefined) return "";
-  if (typeof v === "number") return fmtNum(v);
+  if (typeof v === "number") return fmtNumber(v);
   if (typeof v === "object") return JSON.stringify(v);
   return String(v);
 }
@@ -79,13 +79,18 @@ export function writeUrl(state) {
   history.replaceState(null, "", location.pathname + (qs ? "?" + qs : ""));
 }
 
+// A header label that may wrap after its dots and slashes (model.width, val/loss): narrow columns.
+function breakable(label) {
+  return label.split(/(?<=[./])/).flatMap((part, i) => (i ? [el("wbr"), part] : [part]));
+}
+
 export function header(name, onRemove) {
   const [kind, a, b] = parseColumn(name);
   const label = kind === "config" ? a : `${a} ${b}`;
   return el(
     "th",
     { "data-sort": name, "data-col": name, class: kind === "summary" ? "num extra" : "extra", title: name },
-    label,
+    ...breakable(label),
     el(
       "button",
       {
@@ -174,71 +179,30 @@ export class Window {
   }
 }
 
-// The table grouped by a config key: one row per value, with its run count; a summary column shows the
-// mean ± std over the group's runs that have it, a config column the group's value (or "mixed").
-export function groupRuns(runs, key, cols) {
-  const groups = new Map();
-  for (const r of runs) {
-    const v = columnValue(r, "config." + key);
-    const label = v === undefined ? "(none)" : typeof v === "string" ? v : JSON.stringify(v);
-    if (!groups.has(label)) groups.set(label, { id: "group:" + label, label, value: v, runs: [] });
-    groups.get(label).runs.push(r);
-  }
-  for (const g of groups.values()) {
-    g.cells = {};
-    for (const c of cols) {
-      const values = g.runs.map((r) => columnValue(r, c));
-      if (c.startsWith("summary.")) {
-        const nums = values.filter((v) => typeof v === "number" && Number.isFinite(v));
-        const mean = nums.reduce((a, b) => a + b, 0) / (nums.length || 1);
-        const sd = nums.length > 1 ? Math.sqrt(nums.reduce((a, b) => a + (b - mean) ** 2, 0) / (nums.length - 1)) : 0;
-        g.cells[c] = nums.length
-          ? { sort: mean, text: fmtNum(mean) + (nums.length > 1 ? " ± " + fmtNum(sd) : "") }
-          : { text: "" };
-      } else {
-        const distinct = new Set(values.map((v) => JSON.stringify(v)));
-        g.cells[c] = distinct.size === 1 ? { sort: values[0], text: cellText(values[0]) } : { text: "mixed" };
-      }
-    }
-  }
-  return [...groups.values()];
-}
-
-export function sortGroups(groups, sort, desc) {
-  const key = (g) => (sort in g.cells ? g.cells[sort].sort : sort === "count" ? g.runs.length : g.value);
-  return groups.sort((a, b) => compareValues(key(a), key(b), desc) || (a.label < b.label ? -1 : 1));
-}
-
-export function groupRow(g, key, extras, span) {
-  return el(
-    "tr",
-    { class: "group-row", "data-group": g.label },
-    el("td", {}),
-    el("td", {}, el("b", {}, `${key} = ${g.label}`), el("span", { class: "muted" }, ` · ${g.runs.length} runs`)),
-    el("td", { colspan: String(span) }),
-    ...extras.map((c) => el("td", { class: "extra num", "data-col": c }, g.cells[c].text)),
-  );
-}
-
-// The "group by" and "+ column" pickers: every config key, and each metric's min, max and last.
-export async function fillPickers(groupBy, addColumn, group) {
+// The "group by" and "+ column" pickers for one project (or all): its config keys, and the min, max and last
+// of each metric its runs logged, the script's own first; the hook's system/* keys are no column. Returns
+// /api/columns' answer (with the project's run count), or null when it could not be read.
+export async function fillPickers(groupBy, addColumn, group, project) {
   let cols;
   try {
-    cols = await getJSON("/api/columns");
+    cols = await getJSON("/api/columns" + (project ? "?project=" + encodeURIComponent(project) : ""));
   } catch {
-    return; // the table works without them
+    return null; // the table works without them
   }
   groupBy.replaceChildren(
     el("option", { value: "" }, "no grouping"),
     ...cols.config.map((k) => el("option", { value: k }, "group by " + k)),
   );
-  groupBy.value = group;
+  groupBy.value = cols.config.includes(group) ? group : "";
+  const metrics = cols.summary.filter((k) => family(k) !== "system");
+  metrics.sort((a, b) => (family(a) !== null) - (family(b) !== null) || (a < b ? -1 : 1));
   const options = [
     ...cols.config.map((k) => "config." + k),
-    ...cols.summary.flatMap((k) => ["min", "max", "last"].map((f) => `summary.${k}.${f}`)),
+    ...metrics.flatMap((k) => ["min", "max", "last"].map((f) => `summary.${k}.${f}`)),
   ];
   addColumn.replaceChildren(
     el("option", { value: "" }, "+ column"),
     ...options.map((o) => el("option", { value: o }, o)),
   );
+  return cols;
 }

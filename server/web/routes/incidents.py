@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Body, HTTPException, Request
 
+from gradwatch import contract
 from gradwatch_server.health import incidents
 from gradwatch_server.health.pace import contention
 from gradwatch_server.storage import store
@@ -34,10 +35,18 @@ def run_contention(request: Request, run_id: int) -> list[dict]:
 
 @router.get("/api/incidents")
 def inbox(request: Request, project: str | None = None, status: str | None = None) -> list[dict]:
-    """Incidents across runs (the inbox): open first, then acknowledged, snoozed, resolved."""
+    """Incidents across runs (the inbox): open first, then acknowledged, snoozed, resolved; critical first in each."""
     if status is not None and status not in incidents.STATUSES:
         raise HTTPException(400, f"status must be one of {', '.join(incidents.STATUSES)}")
-    return _services(request).read(incidents.inbox, project, status)
+    found = _services(request).read(incidents.inbox, project, status)
+    return sorted(found, key=_worst_first)  # stable: newest first stays within a status and severity
+
+
+def _worst_first(inc: dict) -> tuple:
+    """The inbox order: by status (open first), then severity (critical first; SEVERITIES runs mildest first)."""
+    severity = inc.get("severity")
+    rank = contract.SEVERITIES.index(severity) if severity in contract.SEVERITIES else -1
+    return (incidents.STATUSES.index(inc["status"]), -rank)
 
 
 def _checked(request: Request, body: dict):

@@ -71,12 +71,15 @@ def check_limits(*texts: str | None) -> None:
 
 
 def _columns(conn, project: str | None) -> dict:
-    """Config keys (flattened with dots) and metric keys with a summary, over a project's runs (or all)."""
+    """Config keys (flattened with dots), metric keys with a summary and the run count over a project's runs (or
+    all), and every project's name."""
     runs = select(db.runs.c.id, db.runs.c.config)
     if project:
         runs = runs.where(db.runs.c.project == project)
     config: set = set()
+    count = 0
     for _run_id, text in conn.execute(runs):
+        count += 1
         try:
             config |= set(flatten(json.loads(text or "{}")))
         except ValueError:
@@ -85,7 +88,13 @@ def _columns(conn, project: str | None) -> dict:
     keys = select(s.key).distinct()
     if project:
         keys = keys.where(s.run_id.in_(select(db.runs.c.id).where(db.runs.c.project == project)))
-    return {"config": sorted(config), "summary": sorted(k for (k,) in conn.execute(keys))}
+    projects = sorted(p for (p,) in conn.execute(select(db.runs.c.project).distinct()))
+    return {
+        "config": sorted(config),
+        "summary": sorted(k for (k,) in conn.execute(keys)),
+        "runs": count,
+        "projects": projects,
+    }
 
 
 def flatten(value, prefix: str = "") -> dict:
@@ -100,5 +109,5 @@ def flatten(value, prefix: str = "") -> dict:
 
 @router.get("/api/columns")
 def columns(request: Request, project: str | None = None) -> dict:
-    """The columns the runs table can show: config keys and metric keys with summaries."""
+    """The columns the runs table can show: config keys and metric keys with summaries (and how many runs)."""
     return request.app.state.services.read(_columns, project)
