@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import os
 import secrets
-import sys
 import traceback
 import uuid
 import warnings
@@ -298,23 +297,7 @@ class Run:
                 kept, lost = sender.close()
             signals.untrack(self)
             resuming.remember(self.uid, seq=sender.last_seq, step=self.recorder.current_step(), run_id=self.id)
-            self._say_what_is_left(kept, lost)
-
-    def _say_what_is_left(self, kept: int, lost: int) -> None:
-        where = self._sender.outbox.spool_dir
-        if kept:
-            steps = self._sender.pending_records()
-            print(
-                f"gradwatch: {f'{steps:,} step(s) in ' if steps > 0 else ''}{kept} batch(es) were not delivered to "
-                f"{self.server}; they are kept in {where} - send them later with `gradwatch sync {where}`",
-                file=sys.stderr,
-            )
-        if lost:
-            print(
-                f"gradwatch: {lost} batch(es) could not be written to {where} ({self._sender.outbox.disk_error}) "
-                "and are lost",
-                file=sys.stderr,
-            )
+            self._sender.say_what_is_left(kept, lost)
 
     def record_exception(self, exc: BaseException) -> None:
         """Attach a training-script exception (and the memory state) to the run."""

@@ -13,7 +13,7 @@ from gradwatch.capture import memory
 from gradwatch.capture.board import Part, board_of
 from gradwatch.capture.layer_signals import LayerSignals
 from gradwatch.capture.modes import AfterBackward, AtOptimizerStep
-from gradwatch.capture.norms import loss_scale
+from gradwatch.capture.norms import ModuleHook, loss_scale
 from gradwatch.capture.step_timer import StepTimer
 from gradwatch.capture.system_metrics import SystemMetrics
 from gradwatch.contract import keys
@@ -110,7 +110,7 @@ class Watcher:
                 def seen(mod, args, path=path):
                     self._forward_order.setdefault(path, len(self._forward_order))
 
-                handles.append(module.register_forward_pre_hook(seen))
+                handles.append(module.register_forward_pre_hook(ModuleHook(seen)))
         return handles
 
     def _execution_order(self) -> list:

@@ -261,3 +261,17 @@ def test_a_run_does_not_pickle_into_a_worker(server):
     with pytest.raises(TypeError, match="cannot be sent to another process"):
         pickle.dumps(run)
     run.finish(timeout=10)
+
+
+def test_a_watched_model_can_still_be_saved_whole(server, tmp_path):
+    """torch.save(model) pickles its hooks: gradwatch's become inert in the copy (word_language_model saves so)."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = gradwatch.init(project="g", name="save", server=server.url)
+    run.watch(model, opt, signals_every=1)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    torch.save(model, tmp_path / "model.pt")
+    again = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert again(torch.randn(3, 4)).shape == (3, 1)  # its copies of the hooks do nothing
+    run.finish(timeout=10)

@@ -23,7 +23,7 @@ import math
 import os
 from collections import deque
 
-from gradwatch.capture.norms import fused_norms, loss_scale
+from gradwatch.capture.norms import ModuleHook, fused_norms, loss_scale
 from gradwatch.contract import keys
 from gradwatch.step_clock import clock_of
 from gradwatch.values import defer_vector
@@ -91,7 +91,7 @@ class LayerSignals:
         self.sent: dict[str, list] = {}  # layouts sent, by vector key
         self.first_cache: dict = {}
         self.floor_key, self.floor = None, None
-        self.handles = [m.register_forward_hook(self._make_hook(n)) for n, m in self.modules]
+        self.handles = [m.register_forward_hook(ModuleHook(self._make_hook(n))) for n, m in self.modules]
         self.clock.attach(optimizer)
         # Every step: read finished probes, and (on_nan="skip") drop non-finite gradients; the samples every N-th.
         self.subscription = self.clock.subscribe(before=self._pre, after=self._post, optimizer=optimizer)

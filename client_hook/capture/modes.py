@@ -60,7 +60,7 @@ class AtOptimizerStep:
         if not self.subscription.due or not self._mine(params):
             return
         self.watcher.clock.about_to_step(self.watcher.optimizers[0])
-        if self.part is None:
+        if self.part is None or self.watcher.clock.closure:  # in a closure the last backward's gradients count
             self.watcher.recorder.guarded(self._capture)
 
     def after(self, params, max_norm, total) -> None:

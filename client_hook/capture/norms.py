@@ -47,3 +47,28 @@ def when_backward_ends(torch, fn) -> None:
     ``torch.nn.parallel.DistributedDataParallel`` relies on too.
     """
     torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+
+class ModuleHook:
+    """A module hook that a pickled copy of the model drops: ``torch.save(model)`` pickles a module's hooks,
+    and ours hold the run (threads, locks). In the copy it is ``inert``, a hook that does nothing."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __reduce__(self):
+        return (_inert, ())
+
+
+def inert(*args, **kwargs) -> None:
+    """What a gradwatch module hook is in a pickled (saved) copy of the model."""
+    return None
+
+
+def _inert():
+    return inert

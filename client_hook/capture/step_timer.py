@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from gradwatch.capture.norms import ModuleHook
 from gradwatch.contract import keys
 from gradwatch.step_clock import clock_of
 
@@ -35,7 +36,7 @@ class StepTimer:
         self.recorder, self.batch_size, self.clock = recorder, batch_size, clock
         self.last_end: float | None = None
         self.wait: float | None = None
-        self.handle = model.register_forward_pre_hook(self._on_forward)
+        self.handle = model.register_forward_pre_hook(ModuleHook(self._on_forward))
         self.subscription = clock_of(recorder).on_after(self._on_step, optimizer=optimizer)
 
     def _on_forward(self, module, args) -> None:

@@ -66,6 +66,7 @@ class Sender(threading.Thread):
         super().__init__(name="gradwatch-sender", daemon=True)
         self.link = Link(server, run_info, token)
         self.url = self.link.url
+        self.server = server
         self.flush_interval = flush_interval
         self.max_queue_bytes = max_queue_bytes
         # run.json also names the server the run was meant for (older runs' spools go only there).
@@ -197,6 +198,22 @@ class Sender(threading.Thread):
         self._backoff = min(self._backoff, 0.25)
         self._next_connect = 0.0
         self._wake.set()
+
+    def say_what_is_left(self, kept: int, lost: int) -> None:
+        """After ``close``: tell the user on stderr what is kept on disk (and how to send it) and what is lost."""
+        where = self.outbox.spool_dir
+        if kept:
+            steps = self.pending_records()
+            print(
+                f"gradwatch: {f'{steps:,} step(s) in ' if steps > 0 else ''}{kept} batch(es) were not delivered to "
+                f"{self.server}; they are kept in {where} - send them later with `gradwatch sync {where}`",
+                file=sys.stderr,
+            )
+        if lost:
+            print(
+                f"gradwatch: {lost} batch(es) could not be written to {where} ({self.outbox.disk_error}) and are lost",
+                file=sys.stderr,
+            )
 
     def close(self) -> tuple[int, int]:
         """Stop the thread and keep what is left on disk; returns (batches on disk, batches lost)."""

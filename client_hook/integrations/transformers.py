@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 
 import gradwatch
 from gradwatch import metadata
+from gradwatch.capture.norms import ModuleHook
 
 __all__ = ["GradwatchCallback"]
 CHECKPOINT_FILE = "gradwatch.json"  # in each checkpoint folder: the run it belongs to
@@ -84,7 +85,7 @@ class GradwatchCallback(TrainerCallback):
         self.run = gradwatch.init(name=self.name or args.run_name, config=config, **init_args)
         if model is None or self.run.recorder is None:  # None: a NoopRun
             return
-        self._loss_hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
+        self._loss_hook = model.register_forward_hook(ModuleHook(self._on_forward), with_kwargs=True)
         if self.watch_gradients:
             from gradwatch.integrations.step_watcher import StepWatcher
 
