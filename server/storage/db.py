@@ -114,10 +114,11 @@ chunks = Table(  # a key's points in blocks; see the module docstring and chunks
     Column("first_step", BigInteger, nullable=False),
     Column("last_step", BigInteger, nullable=False),
     Column("n", Integer, nullable=False),
-    Column("steps", LargeBinary, nullable=False),  # n int64
-    Column("walls", LargeBinary, nullable=False),  # n float64 (unix seconds)
-    Column("data", LargeBinary, nullable=False),  # n x slots float64
-    Column("missing", LargeBinary),  # n x slots uint8, 1 = no value; NULL when none
+    # A compressed row (blocks/codec.py, since 0.3) holds everything in ``data``; steps and walls are empty.
+    Column("steps", LargeBinary, nullable=False),  # n int64 (raw rows)
+    Column("walls", LargeBinary, nullable=False),  # n float64 (unix seconds; raw rows)
+    Column("data", LargeBinary, nullable=False),  # n x slots float64 (raw), or the compressed block
+    Column("missing", LargeBinary),  # n x slots uint8, 1 = no value; NULL when none (or compressed)
     Index("ix_chunks_key_last", "key_id", "last_step", "first_step"),  # covering: a range lookup reads no rows
 )
 
@@ -128,7 +129,7 @@ rollups = Table(  # per-block summaries for fast, spike-preserving reads of big 
     Column("level", Integer, nullable=False),
     Column("block", BigInteger, nullable=False),
     Column("n", Integer, nullable=False),
-    Column("data", LargeBinary, nullable=False),
+    Column("data", LargeBinary, nullable=False),  # (12, slots) float64 (0.2), or encoded (codec.encode_array)
     UniqueConstraint("key_id", "level", "block", name="uq_rollups_key_level_block"),
 )
 
@@ -138,7 +139,7 @@ rollup_heat = Table(  # per rollup block of a vector key: what a heatmap needs, 
     Column("key_id", Integer, nullable=False),
     Column("level", Integer, nullable=False),
     Column("block", BigInteger, nullable=False),
-    Column("data", LargeBinary, nullable=False),  # slots float64 finite maxima, then slots uint8 non-finite flags
+    Column("data", LargeBinary, nullable=False),  # encoded (2, slots): finite maxima, flags (0.2: f64 then u8)
     UniqueConstraint("key_id", "level", "block", name="uq_rollup_heat_key_level_block"),
 )
 
