@@ -64,6 +64,13 @@ def test_a_chunk_reads_back_bit_exact(stream, compressor):
     assert (_bits(got_walls) == _bits(walls)).all()
     assert (_bits(got_values) == _bits(values)).all()
     assert (got_missing if got_missing is not None else np.zeros_like(missing)).tolist() == missing.tolist()
+    # The same chunk with its wall times left to the run clock: everything else exact, and no walls stored.
+    clocked = codec.encode_chunk(steps, None, values, missing, compressor)
+    got_steps, got_walls, got_values, got_missing = codec.decode_chunk(clocked)
+    assert got_walls is None and (got_steps == steps).all() and (_bits(got_values) == _bits(values)).all()
+    assert (got_missing if got_missing is not None else np.zeros_like(missing)).tolist() == missing.tolist()
+    if compressor == codec.RAW:
+        assert len(clocked) < len(blob) - 8 * len(steps) + 8
 
 
 @settings(max_examples=100, deadline=None)
