@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import bindparam, delete, func, select, update
 
 from gradwatch_server.storage import db
 from gradwatch_server.storage.blocks import codec
@@ -35,30 +35,58 @@ def _blob(steps: np.ndarray, walls: np.ndarray) -> dict:
     return {"first_step": int(steps[0]), "last_step": int(steps[-1]), "n": len(steps), "data": data}
 
 
-def _entries(rows) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, walls) of clock rows in step order; a damaged row is logged and left out."""
-    steps, walls = [np.zeros(0, np.int64)], [np.zeros(0)]
-    for row in rows:
+def _decoded(row) -> tuple | None:
+    """(steps, walls) of one clock row; kept per process by id and checksum (a tail row that grew is
+    another blob, so never a stale answer), as every read of a key's points asks for the same rows."""
+    key = (row.id, bytes(row.data[12:16]), len(row.data))
+    hit = _cache.get(key)
+    if hit is None:
         try:
             s, w, _values, _missing = codec.decode_chunk(row.data)
         except codec.Corrupt as exc:
             log.error(
                 "gradwatch: corrupt run clock row %s (steps %s-%s): %s", row.id, row.first_step, row.last_step, exc
             )
-            continue
-        steps.append(s)
-        walls.append(w)
+            return None
+        if len(_cache) >= _CACHED:
+            _cache.pop(next(iter(_cache)))
+        hit = _cache[key] = (s, w)
+    return hit
+
+
+_cache: dict = {}  # (row id, crc, length) -> (steps, walls), oldest first
+_CACHED = 256  # rows: ~1M steps of clocks, ~16 MB
+
+
+def _entries(rows) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, walls) of clock rows in step order; a damaged row is logged and left out."""
+    steps, walls = [np.zeros(0, np.int64)], [np.zeros(0)]
+    for row in rows:
+        pair = _decoded(row)
+        if pair is not None:
+            steps.append(pair[0])
+            walls.append(pair[1])
     steps, walls = np.concatenate(steps), np.concatenate(walls)
     order = np.argsort(steps, kind="stable")
     return steps[order], walls[order]
 
 
 def _stored(conn, run_id: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+    """Clock entries of a run over [lo, hi], in step order."""
+    return _entries(conn.execute(_BY_RUN, {"run": run_id, "lo": lo, "hi": hi}).all())
+
+
+def _range(by):
     c = db.run_clock.c
     query = select(c.id, c.first_step, c.last_step, c.data).where(
-        c.run_id == run_id, c.last_step >= lo, c.first_step <= hi
+        c.run_id == by, c.last_step >= bindparam("lo"), c.first_step <= bindparam("hi")
     )
-    return _entries(conn.execute(query.order_by(c.first_step)).all())
+    return query.order_by(c.first_step)
+
+
+# Built once: a chart's read asks for these every time (building a select costs more than running it).
+_BY_RUN = _range(bindparam("run"))
+_BY_KEY = _range(select(db.metric_keys.c.run_id).where(db.metric_keys.c.id == bindparam("key")).scalar_subquery())
 
 
 def _lookup(steps: np.ndarray, walls: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -71,9 +99,9 @@ def _lookup(steps: np.ndarray, walls: np.ndarray, wanted: np.ndarray) -> tuple[n
 
 def walls_of(conn, key_id: int, steps: np.ndarray) -> np.ndarray:
     """The run clock's wall times at these steps of a key's chunk (readers); NaN, logged, where it has none."""
-    run_id = conn.execute(select(db.metric_keys.c.run_id).where(db.metric_keys.c.id == key_id)).scalar()
-    c_steps, c_walls = _stored(conn, run_id, int(steps.min()), int(steps.max())) if run_id is not None else ([], [])
-    walls, found = _lookup(np.asarray(c_steps, np.int64), np.asarray(c_walls, np.float64), steps)
+    rows = conn.execute(_BY_KEY, {"key": key_id, "lo": int(steps.min()), "hi": int(steps.max())}).all()
+    c_steps, c_walls = _entries(rows)
+    walls, found = _lookup(c_steps, c_walls, steps)
     if not found.all():
         log.error(
             "gradwatch: run clock of key id %s lacks %d steps; their wall times read as NaN", key_id, (~found).sum()
