@@ -119,6 +119,8 @@ class Clock:
         self.written = len(self.steps)  # entries of ``steps`` already in the tail row
         self.last = int(self.steps[-1]) if len(self.steps) else None
         self.dirty = False  # a chunk of this batch relies on unwritten entries
+        if tail is not None and not len(self.steps):  # a damaged tail row: never overwritten, never overlapped
+            self.tail_id, self.last = None, int(tail.last_step)
 
     @classmethod
     def load(cls, conn, run_id: int) -> Clock:
