@@ -10,6 +10,8 @@ fresh SQLite file. Wall times: 0.1 s a step with 1 ms of jitter, shared by a ste
 client stamps one record. For each file, in the same run:
 
 - **now**: the file after ``VACUUM``, whole (schema pages included), and blob bytes per key;
+- **walls per key**: the same database with every chunk holding its own wall times (as before the
+  run clock, storage/blocks/clock.py), after ``VACUUM``;
 - **0.2**: the same database with every block rewritten as the previous release stored it
   (``tests/old_format.py``), after ``VACUUM``;
 - TensorBoard: the same scalars through ``torch.utils.tensorboard.SummaryWriter.add_scalar``
@@ -24,6 +26,7 @@ Every key is read back and compared bit for bit (NaN payloads, infinities) with 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sqlite3
 import sys
 import tempfile
@@ -35,7 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from old_format import as_release_0_2, disk_size  # noqa: E402
+from old_format import as_release_0_2, disk_size, without_clock  # noqa: E402
 
 from gradwatch import protocol  # noqa: E402
 from gradwatch_server.ingest.apply import apply_batch, load_state  # noqa: E402
@@ -189,13 +192,21 @@ def measure(tmp: Path, name: str, steps: int, scalars: dict, vectors, walls, tb:
     exact = check_bit_exact(path, steps, walls, scalars, vectors)
     keys = per_key_bytes(path)
     now = vacuumed(path)
+    con = sqlite3.connect(path)
+    clock_bytes = con.execute("SELECT COALESCE(SUM(length(data)), 0) FROM run_clock").fetchone()[0]
+    con.close()
+    shutil.copy(path, tmp / f"{name}-walls.db")
+    without_clock(tmp / f"{name}-walls.db")
+    walls_keys = per_key_bytes(tmp / f"{name}-walls.db")
+    per_key_walls = disk_size(tmp / f"{name}-walls.db")
     as_release_0_2(path)
     old_keys = per_key_bytes(path)
     old = vacuumed(path)
     values = steps * len(scalars) if vectors is None else steps * (LAYERS - 1)
     board = tensorboard_bytes(tmp, name, steps, walls, scalars, vectors) if tb else None
     return {"seconds": seconds, "exact": exact, "keys": keys, "old_keys": old_keys, "now": now, "old": old,
-            "values": values, "tensorboard": board}  # fmt: skip
+            "values": values, "tensorboard": board, "walls": per_key_walls, "walls_keys": walls_keys,
+            "clock": clock_bytes}  # fmt: skip
 
 
 BLOCK_TABLES = ("chunks", "rollups", "rollup_heat")
@@ -253,13 +264,15 @@ def main() -> None:
     print(f"\nempty database (schema only, after VACUUM): {empty:,} bytes; every figure below read back bit-exact: "
           f"{s['exact'] and v['exact']}\n")  # fmt: skip
     print("| run | values | 0.2: whole file, bytes/value | now: whole file, bytes/value | now: without the empty "
-          "schema | ratio 0.2 / now | TensorBoard event file, bytes/value | ingest (s) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+          "schema | ratio 0.2 / now | TensorBoard event file, bytes/value | ingest (s) | walls per key (no run "
+          "clock): whole file, bytes/value |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for label, r in ((f"{steps:,} steps x 10 scalar keys", s), (f"{vector_steps:,} steps x {LAYERS} layers", v)):
         board = f"{r['tensorboard']:.1f}" if r["tensorboard"] else "-"
         print(
             f"| {label} | {r['values']:,} | {r['old'] / r['values']:.2f} | **{r['now'] / r['values']:.2f}** | "
-            f"{(r['now'] - empty) / r['values']:.2f} | {r['old'] / r['now']:.1f} | {board} | {r['seconds']:.1f} |"
+            f"{(r['now'] - empty) / r['values']:.2f} | {r['old'] / r['now']:.1f} | {board} | {r['seconds']:.1f} | "
+            f"{r['walls'] / r['values']:.2f} |"
         )
     if pg:
         print("\nPostgreSQL (block tables after VACUUM FULL: heap, TOAST and indexes; 0.2's raw blobs over 2 KB are")
@@ -268,13 +281,18 @@ def main() -> None:
         for label, values, old, now in pg:
             print(f"| {label} | {old / values:.2f} | **{now / values:.2f}** | {old / now:.1f} |")
     print("\nPer key, blob bytes per value (row and index overhead not counted): chunks + rollups (and heat rows)\n")
-    print("| key | 0.2: chunks | 0.2: rollups | now: chunks | now: rollups | now: total |\n|---|---|---|---|---|---|")
-    for r, n in ((s, steps), (v, vector_steps * (LAYERS - 1))):
+    print("(walls per key: each chunk with its own wall times; now: the run clock's, counted once per run below)\n")
+    print("| key | 0.2: chunks | 0.2: rollups | walls per key: chunks | now: chunks | now: rollups | now: total |")
+    print("|---|---|---|---|---|---|---|")
+    for r, n, run_steps in ((s, steps, steps), (v, vector_steps * (LAYERS - 1), vector_steps)):
         for key, (c, roll) in r["keys"].items():
             oc, oroll = r["old_keys"][key]
+            wc = r["walls_keys"][key][0]
             print(
-                f"| {key} | {oc / n:.2f} | {oroll / n:.2f} | {c / n:.2f} | {roll / n:.2f} | **{(c + roll) / n:.2f}** |"
+                f"| {key} | {oc / n:.2f} | {oroll / n:.2f} | {wc / n:.2f} | {c / n:.2f} | {roll / n:.2f} | "
+                f"**{(c + roll) / n:.2f}** |"
             )
+        print(f"| (run clock, per step of the run) | - | - | - | {r['clock'] / run_steps:.2f} | - | - |")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import numpy as np
 from sqlalchemy import text
 
 from gradwatch_server.storage import chunks, database, rollup
-from gradwatch_server.storage.blocks import codec
+from gradwatch_server.storage.blocks import clock, codec
 
 
 def as_release_0_2(path_or_url) -> int:
@@ -25,9 +25,11 @@ def as_release_0_2(path_or_url) -> int:
     engine = database.make_engine(url)
     with engine.begin() as conn:
         added = _scalar_blocks_of_64(conn)
-        for row_id, data in conn.execute(text("SELECT id, data FROM chunks")).all():
+        for row_id, key_id, data in conn.execute(text("SELECT id, key_id, data FROM chunks")).all():
             if codec.is_encoded(data):
                 steps, walls, values, missing = codec.decode_chunk(data)
+                if walls is None:  # left to the run clock, which 0.2 did not have
+                    walls = clock.walls_of(conn, key_id, steps)
                 raw = {
                     "s": steps.astype("<i8").tobytes(),
                     "w": walls.tobytes(),
@@ -49,6 +51,7 @@ def as_release_0_2(path_or_url) -> int:
                         text(f"UPDATE {table} SET data = :d WHERE key_id = :k AND level = :lv AND block = :b"),
                         {"d": raw, "k": key_id, "lv": level, "b": block},
                     )
+        conn.execute(text("DROP TABLE run_clock"))
         conn.execute(text("UPDATE alembic_version SET version_num = '0002'"))
     engine.dispose()
     if isinstance(path_or_url, Path):
@@ -78,3 +81,22 @@ def disk_size(path: Path) -> int:
     """The database on disk: the file and its write-ahead log."""
     wal = Path(f"{path}-wal")
     return path.stat().st_size + (wal.stat().st_size if wal.exists() else 0)
+
+
+def without_clock(path: Path) -> None:
+    """Every chunk rewritten with its own wall times (as before the run clock), the clock rows deleted, vacuumed."""
+    engine = database.make_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        for row_id, key_id, data in conn.execute(text("SELECT id, key_id, data FROM chunks")).all():
+            if codec.is_encoded(data) and codec.leaves_walls(data):
+                steps, _walls, values, missing = codec.decode_chunk(data)
+                blob = codec.encode_chunk(
+                    steps, clock.walls_of(conn, key_id, steps), np.ascontiguousarray(values), missing
+                )
+                conn.execute(text("UPDATE chunks SET data = :d WHERE id = :id"), {"d": blob, "id": row_id})
+        conn.execute(text("DELETE FROM run_clock"))
+    engine.dispose()
+    con = sqlite3.connect(path)
+    con.execute("VACUUM")
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()

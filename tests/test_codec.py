@@ -64,6 +64,13 @@ def test_a_chunk_reads_back_bit_exact(stream, compressor):
     assert (_bits(got_walls) == _bits(walls)).all()
     assert (_bits(got_values) == _bits(values)).all()
     assert (got_missing if got_missing is not None else np.zeros_like(missing)).tolist() == missing.tolist()
+    # The same chunk with its wall times left to the run clock: everything else exact, and no walls stored.
+    clocked = codec.encode_chunk(steps, None, values, missing, compressor)
+    got_steps, got_walls, got_values, got_missing = codec.decode_chunk(clocked)
+    assert got_walls is None and (got_steps == steps).all() and (_bits(got_values) == _bits(values)).all()
+    assert (got_missing if got_missing is not None else np.zeros_like(missing)).tolist() == missing.tolist()
+    if compressor == codec.RAW:
+        assert len(clocked) < len(blob) - 8 * len(steps) + 8
 
 
 @settings(max_examples=100, deadline=None)
@@ -140,3 +147,29 @@ def test_a_corrupt_chunk_costs_only_its_own_points_and_is_reported(tmp_path, cap
     assert len(heat["values"]) == 2 and heat["steps"]
     report = [r.getMessage() for r in caplog.records if "corrupt chunk" in r.getMessage()]
     assert len(report) == 1 and f"run {run_id}" in report[0] and "'loss'" in report[0]
+
+
+def test_a_damaged_run_clock_costs_only_wall_times_and_is_never_overwritten(tmp_path, caplog):
+    engine = database.make_engine(f"sqlite:///{tmp_path / 'c.db'}")
+    run_id = _ingest(engine, chunks.CHUNK_VALUES + 100)
+    with engine.begin() as conn:
+        tail = conn.execute(select(db.run_clock.c.id, db.run_clock.c.data)).one()
+        damaged = bytearray(tail.data)
+        damaged[len(damaged) // 2] ^= 0x10
+        conn.execute(update(db.run_clock).where(db.run_clock.c.id == tail.id).values(data=bytes(damaged)))
+        state = load_state(conn, run_id)  # a restart: the writer must not grow or overlap the damaged row
+    start = chunks.CHUNK_VALUES + 100
+    records = [
+        (i, 1000.0 + i, {"loss": 1.0 / (1 + i), "lr": 0.1}, {}) for i in range(start, start + 2 * chunks.CHUNK_VALUES)
+    ]
+    msg = {"type": "batch", "seq": 2, "columns": protocol.encode_columns(records)}
+    with engine.begin() as conn:
+        apply_batch(conn, state, decode(msg))
+    with caplog.at_level(logging.ERROR, logger="gradwatch.server"), engine.connect() as conn:
+        lr = store.get_series(conn, run_id, "lr")
+        assert conn.execute(select(db.run_clock.c.data).where(db.run_clock.c.id == tail.id)).scalar() == bytes(damaged)
+    walls = np.array(lr["wall_times"], dtype=float)
+    assert lr["values"] == [0.1] * len(lr["steps"]) and lr["steps"] == list(range(start + 2 * chunks.CHUNK_VALUES))
+    assert np.isnan(walls[: chunks.CHUNK_VALUES]).all()  # the clocked chunk lost its walls, not its values
+    assert (walls[start:] == 1000.0 + np.arange(start, start + 2 * chunks.CHUNK_VALUES)).all()
+    assert any("corrupt run clock" in r.getMessage() for r in caplog.records)

@@ -97,10 +97,17 @@ def test_old_blocks_read_as_before_and_compact_to_identical_smaller_ones(tmp_pat
         small_rows = conn.exec_driver_sql("SELECT count(*) FROM chunks WHERE n < 16").scalar()
     engine.dispose()
     assert small_rows > 3  # the live-shaped tail: one small row per batch
+    with engine.begin() as conn:  # an ended run: compaction also gives it a clock
+        conn.exec_driver_sql("UPDATE runs SET status = 'finished'")
+    engine.dispose()
     done = compact.compact(url, say=lambda _line: None)
     assert done.chunks > 0 and done.rollups > 0 and done.merged > 0 and done.bytes_after < done.bytes_before / 2
     assert done.dropped == unread > 0
     assert _blocks(path)[0] == 0  # nothing raw is left
+    con = sqlite3.connect(path)
+    chunk_blobs = [data for (data,) in con.execute("SELECT data FROM chunks")]
+    con.close()
+    assert done.clocked > 0 and all(codec.leaves_walls(b) for b in chunk_blobs)  # one wall time per record
     engine = database.make_engine(url)
     with engine.connect() as conn:
         assert _reads(conn, 1) == new_reads

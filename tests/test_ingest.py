@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import select
 
 from gradwatch import protocol
@@ -177,3 +183,78 @@ def test_a_run_that_ends_leaves_each_key_one_compressed_small_row(tmp_path):
     assert sorted(r.key_id for r in rows) == sorted({r.key_id for r in rows})  # one row a key
     assert all(codec.is_encoded(r.data) and r.n == 40 for r in rows)
     assert grad["steps"] == list(range(1, 41)) and grad["values"] == [float(s) for s in range(1, 40)] + [1.0]
+
+
+@st.composite
+def _clock_streams(draw):
+    """Records of a run: steps mostly rising (some repeated with another wall time, some going back),
+    keys logged at different steps, split into batches of random sizes, with restarts between some."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = draw(st.integers(1, 2600))
+    steady = draw(st.booleans())
+    jumps = np.ones(n, dtype=np.int64) if steady else rng.choice([1, 1, 1, 1, 1, 1, 0, -7], n)
+    steps = np.maximum(0, np.cumsum(jumps)).astype(int)
+    walls = 1.76e9 + steps * 0.1 + rng.normal(0, 1e-3, n)
+    records = []
+    for i, (step, wall) in enumerate(zip(steps.tolist(), walls.tolist())):
+        scalars = {"loss": protocol.encode_float(float(rng.normal(1, 0.1)))}
+        if i % 3 == 0:
+            scalars["lr"] = protocol.encode_float(1e-3)
+        if i % 50 == 7:
+            scalars["rare"] = protocol.encode_float(float(rng.choice([np.nan, np.inf, -0.0, 2.5])))
+        record = {"step": step, "t": wall, "scalars": scalars}
+        if i % 2 == 0:
+            record["vectors"] = {"grad": [protocol.encode_float(float(v)) for v in rng.random(4)]}
+        records.append(record)
+    cuts = sorted(set(rng.integers(1, max(2, n), draw(st.integers(0, 30))).tolist()) | {n})
+    restarts = set(rng.integers(0, len(cuts), 3).tolist()) if draw(st.booleans()) else set()
+    return records, cuts, restarts, draw(st.booleans()), steady
+
+
+def _expected(records) -> dict:
+    """key -> [(step, wall bits, value bits)] in step order (repeated steps in arrival order), as stored."""
+    out: dict = {}
+    for r in records:
+        for key, v in r["scalars"].items():
+            out.setdefault(key, []).append((r["step"], r["t"], protocol.decode_float(v)))
+        for i, v in enumerate(r.get("vectors", {}).get("grad", [])):
+            out.setdefault(f"grad/{LAYERS[i]}", []).append((r["step"], r["t"], protocol.decode_float(v)))
+    bits = lambda x: np.float64(x).view(np.int64).item()  # noqa: E731
+    return {k: sorted([(s, bits(w), bits(v)) for s, w, v in pts], key=lambda p: p[0]) for k, pts in out.items()}
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_clock_streams())
+def test_a_run_clock_keeps_every_wall_time_bit_exact(stream):
+    """Chunks that leave their walls to the run clock read back exactly what was sent, across restarts,
+    repeated steps with other wall times, steps going back, sparse keys and a run that ends."""
+    from gradwatch_server.storage import chunks
+    from gradwatch_server.storage.blocks import codec
+
+    records, cuts, restarts, ends, steady = stream
+    with tempfile.TemporaryDirectory() as tmp:
+        engine, run_id = _setup(Path(tmp))
+        state, at = _restart(engine, run_id), 0
+        for seq, cut in enumerate(cuts, 1):
+            msg = decode({"type": "batch", "seq": seq, "records": records[at:cut], "layouts": {"grad": LAYERS}})
+            if ends and cut == cuts[-1]:
+                msg.events.append({"type": "status", "status": "finished"})
+            _apply(engine, state, msg)
+            at = cut
+            if seq in restarts:
+                state = _restart(engine, run_id)
+        with engine.connect() as conn:
+            keys = dict(conn.execute(select(db.metric_keys.c.key, db.metric_keys.c.id)).all())
+            got = {}
+            for key, want in _expected(records).items():
+                name, slot = (key, None) if not key.startswith("grad/") else ("grad", LAYERS.index(key[5:]))
+                p = chunks.read(conn, keys[name], column=slot) if slot is not None else chunks.read(conn, keys[name])
+                got[key] = list(
+                    zip(p.steps.tolist(), p.walls.view(np.int64).tolist(), p.values[:, 0].view(np.int64).tolist())
+                )
+                assert got[key] == want, key
+            blobs = [r.data for r in conn.execute(select(db.chunks.c.data)) if codec.is_encoded(r.data)]
+        engine.dispose()
+    clocked = [b for b in blobs if codec.decode_chunk(b)[1] is None]
+    if len(records) >= 2100 and steady:  # a full loss chunk at least: its walls are the clock's
+        assert clocked

@@ -27,6 +27,7 @@ from gradwatch_server.ingest.hello import clean_json
 from gradwatch_server.ingest.limits import cap_alert_events
 from gradwatch_server.rules import policy as project_rules
 from gradwatch_server.storage import chunks, db, rollup_writes, summaries
+from gradwatch_server.storage.blocks.clock import Clock
 from gradwatch_server.storage.prepared import Prepared
 
 
@@ -51,6 +52,12 @@ class RunState:
     rollups: rollup_writes.Cache = field(default_factory=rollup_writes.Cache)
     tails: dict = field(default_factory=dict)
     alerts: AlertBook | None = None
+    clock: Clock | None = None  # the run's step -> wall time (storage/blocks/clock.py), loaded at first use
+
+    def run_clock(self, conn) -> Clock:
+        if self.clock is None:
+            self.clock = Clock.load(conn, self.run_id)
+        return self.clock
 
 
 def load_state(conn, run_id: int) -> RunState:
@@ -180,9 +187,11 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
         pending, tails = rollup_writes.Writes(), chunks.Writes()
         rollup_writes.write_pending(conn, state.rollups, pending)
         pending.flush(conn)
+        run_clock = state.run_clock(conn)
         for tail in state.tails.values():
-            chunks.seal(tails, tail)
+            chunks.seal(tails, tail, functools.partial(run_clock.omits, conn))
         tails.flush(conn)
+        run_clock.flush(conn)
     changed = [state.alerts.record(conn, a, now) for a in new_alerts]
     if "error" in run_changes:  # a crash right after a divergence (even in the same batch) is told as part of it
         run_changes["error"] = with_incident(run_changes["error"], state.alerts.incidents.rows)
@@ -231,6 +240,9 @@ def _store_columns(conn, state: RunState, batch: Batch, limits: Limits) -> dict:
     """Every key's points into chunks and rollups; returns key -> (kind, steps, walls, Column) as stored."""
     stored = {}
     chunk_writes, rollup_rows = chunks.Writes(), rollup_writes.Writes()
+    run_clock = state.run_clock(conn)
+    run_clock.observe(batch.steps, batch.walls)
+    omits = functools.partial(run_clock.omits, conn)
     shared = []  # scalar keys logged at every step of the batch: their rollups are summarised together
     for kind, columns in (("scalar", batch.scalars), ("vector", batch.vectors)):
         for key, column in columns.items():
@@ -242,7 +254,7 @@ def _store_columns(conn, state: RunState, batch: Batch, limits: Limits) -> dict:
             tail = state.tails.get(key)
             if tail is None:  # first write since this cache was built: pick up the key's small rows
                 tail = state.tails[key] = chunks.load_tail(conn, key_id, column.values.shape[1])
-            chunks.append(chunk_writes, tail, key_id, points)
+            chunks.append(chunk_writes, tail, key_id, points, omits)
             if kind == "scalar" and column.rows is None:
                 shared.append((key_id, column.values[:, 0]))
             else:
@@ -263,6 +275,7 @@ def _store_columns(conn, state: RunState, batch: Batch, limits: Limits) -> dict:
             rollup_rows,
         )
     chunk_writes.flush(conn)
+    run_clock.flush(conn)  # the entries those chunks rely on, in the same transaction
     rollup_rows.flush(conn)
     return stored
 

@@ -16,7 +16,7 @@ import numpy as np
 from sqlalchemy import delete, func, select
 
 from gradwatch_server.storage import db
-from gradwatch_server.storage.blocks import codec
+from gradwatch_server.storage.blocks import clock, codec
 from gradwatch_server.storage.prepared import Prepared
 
 log = logging.getLogger("gradwatch.server")
@@ -74,13 +74,15 @@ class Tail:
     sealed: bool = False  # its rows are one compressed row (``seal``)
 
 
-def _row(key_id: int, p: Points, packed: bool = False) -> dict:
+def _row(key_id: int, p: Points, packed: bool = False, omits=None) -> dict:
     """A chunk row: ``packed``, one compressed blob in ``data`` (codec.py; steps and walls empty),
-    else the raw arrays (a live batch's small row: cheapest to write, merged away soon)."""
+    else the raw arrays (a live batch's small row: cheapest to write, merged away soon).
+    ``omits(steps, walls)``: whether the run clock holds these walls, so the blob leaves them out."""
     missing = p.missing if p.missing is not None and p.missing.any() else None
     row = {"key_id": key_id, "first_step": int(p.steps.min()), "last_step": int(p.steps.max()), "n": len(p)}
     if packed:
-        blob = codec.encode_chunk(p.steps, p.walls, p.values, missing)
+        walls = None if omits is not None and omits(p.steps, p.walls) else p.walls
+        blob = codec.encode_chunk(p.steps, walls, p.values, missing)
         return {**row, "steps": b"", "walls": b"", "data": blob, "missing": None}
     return {
         **row,
@@ -91,9 +93,9 @@ def _row(key_id: int, p: Points, packed: bool = False) -> dict:
     }
 
 
-def packed_row(key_id: int, p: Points) -> dict:
-    """A compressed chunk row of these points (``gradwatch db compact`` writes these)."""
-    return _row(key_id, p, packed=True)
+def packed_row(key_id: int, p: Points, omits=None) -> dict:
+    """A compressed chunk row of these points (``gradwatch db compact`` writes these); ``omits`` as in ``_row``."""
+    return _row(key_id, p, packed=True, omits=omits)
 
 
 def concat(parts: list[Points]) -> Points:
@@ -140,9 +142,10 @@ _INSERT_SMALL = Prepared(
 )
 
 
-def append(writes: Writes, tail: Tail, key_id: int, points: Points) -> None:
+def append(writes: Writes, tail: Tail, key_id: int, points: Points, omits=None) -> None:
     """Plan a batch's points of one key: a small row until the key's small rows fill a chunk, then
-    full chunks (the small rows merged in first, so repeated steps keep their arrival order)."""
+    full chunks (the small rows merged in first, so repeated steps keep their arrival order).
+    ``omits``: the run clock's test (``clock.Clock.omits``), so compressed rows may leave walls out."""
     slots = points.values.shape[1]
     cap = capacity(slots)
     if tail.slots is not None and tail.slots != slots:  # the layout changed: leave the old rows as they are
@@ -154,25 +157,25 @@ def append(writes: Writes, tail: Tail, key_id: int, points: Points) -> None:
             points = concat(tail.parts + [points])
             tail.ids, tail.parts, tail.n = [], [], 0
         full = (len(points) // cap) * cap
-        writes.full += [packed_row(key_id, points.take(slice(i, i + cap))) for i in range(0, full, cap)]
+        writes.full += [packed_row(key_id, points.take(slice(i, i + cap)), omits) for i in range(0, full, cap)]
         if full == len(points):
             return
         points = points.take(slice(full, None))
     # A live step's row stays raw (cheapest to write, merged away soon); a bulk batch's is compressed.
-    writes.small.append((tail, points, _row(key_id, points, packed=len(points) * slots >= PACK_SMALL)))
+    writes.small.append((tail, points, _row(key_id, points, len(points) * slots >= PACK_SMALL, omits)))
 
 
 PACK_SMALL = 64  # values from which a small row is worth compressing
 
 
-def seal(writes: Writes, tail: Tail) -> None:
+def seal(writes: Writes, tail: Tail, omits=None) -> None:
     """A key whose run ended: its small rows merged into one compressed row (they would stay raw for good)."""
     if tail.key_id is None or not tail.ids or tail.sealed:
         return
     writes.deletes += tail.ids
     points = concat(tail.parts)
     tail.ids, tail.parts, tail.n, tail.sealed = [], [], 0, True
-    writes.small.append((tail, points, packed_row(tail.key_id, points)))
+    writes.small.append((tail, points, packed_row(tail.key_id, points, omits)))
 
 
 def load_tail(conn, key_id: int, slots: int) -> Tail:
@@ -189,6 +192,7 @@ def load_tail(conn, key_id: int, slots: int) -> Tail:
             tail.ids.append(row.id)
             tail.parts.append(part)
             tail.n += len(part)
+    _fill(conn, key_id, tail.parts)
     return tail
 
 
@@ -248,12 +252,25 @@ def _decode_or_report(conn, key_id: int, row, slots: int | None, column: int | N
         return None
 
 
-def decode_row(row) -> Points | None:
+def decode_row(conn, key_id: int, row) -> Points | None:
     """A chunk row (either format, as read with all its columns) as Points; None if it is damaged."""
     try:
-        return _decode(row, None)
+        points = _decode(row, None)
     except codec.Corrupt:
         return None
+    _fill(conn, key_id, [points])
+    return points
+
+
+def _fill(conn, key_id: int, parts: list) -> None:
+    """Wall times of the parts whose blob left them to the run clock, read from it (one query for all)."""
+    need = [p for p in parts if p.walls is None]
+    if not need:
+        return
+    walls = clock.walls_of(conn, key_id, np.concatenate([p.steps for p in need]))
+    at = 0
+    for p in need:
+        p.walls, at = walls[at : at + len(p)], at + len(p)
 
 
 def _decode(row, slots: int | None, column: int | None = None) -> Points:
@@ -290,6 +307,7 @@ def _points(conn, key_id: int, rows, slots: int | None, column: int | None) -> P
         width = max(p.values.shape[1] for p in parts)
         if any(p.values.shape[1] != width for p in parts):  # rows from before a layout change
             parts = [p for p in (_decode_or_report(conn, key_id, r, width) for r in rows) if p is not None]
+    _fill(conn, key_id, parts)
     return concat(parts)
 
 

@@ -122,6 +122,18 @@ chunks = Table(  # a key's points in blocks; see the module docstring and chunks
     Index("ix_chunks_key_last", "key_id", "last_step", "first_step"),  # covering: a range lookup reads no rows
 )
 
+run_clock = Table(  # a run's step -> wall time, once for all its keys (storage/blocks/clock.py)
+    "run_clock",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, nullable=False),
+    Column("first_step", BigInteger, nullable=False),
+    Column("last_step", BigInteger, nullable=False),
+    Column("n", Integer, nullable=False),
+    Column("data", LargeBinary, nullable=False),  # codec.encode_chunk of its steps and walls, no values
+    Index("ix_run_clock_run_last", "run_id", "last_step", "first_step"),
+)
+
 rollups = Table(  # per-block summaries for fast, spike-preserving reads of big runs (see rollup.py)
     "rollups",
     metadata,

@@ -9,6 +9,7 @@ from sqlalchemy import delete, select, update
 from gradwatch import protocol
 from gradwatch.contract import MAX_NAME_LEN, MAX_TAG_LEN, MAX_TAGS
 from gradwatch_server.storage import chunks, db
+from gradwatch_server.storage.blocks import clock
 from gradwatch_server.storage.store import NotFound
 
 
@@ -58,6 +59,7 @@ def delete_run(conn, run_id: int) -> None:
         raise NotFound(f"run {run_id} not found")
     key_ids = select(db.metric_keys.c.id).where(db.metric_keys.c.run_id == run_id).scalar_subquery()
     chunks.delete_keys(conn, key_ids)
+    clock.delete_run(conn, run_id)
     conn.execute(delete(db.rollups).where(db.rollups.c.key_id.in_(key_ids)))
     conn.execute(delete(db.rollup_heat).where(db.rollup_heat.c.key_id.in_(key_ids)))
     conn.execute(delete(db.metric_keys).where(db.metric_keys.c.run_id == run_id))

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 CHUNK, ARRAY = 0xC1, 0xA1  # kinds of blob
 RAW, ZLIB, ZSTD = 0, 1, 2  # how the body is compressed (flag bits 0-1)
-F32, MISSING = 4, 8  # flag bits: values as float32, a missing mask follows (bit 4 unused)
+F32, MISSING, CLOCK = 4, 8, 16  # flag bits: values as float32, a missing mask follows, walls left to the run clock
 T_NONE, T_XOR, T_DOD = 0, 1, 2  # a chunk's value transform along time (the header's third field)
 _HEAD = struct.Struct(
     "<BBHIII"
@@ -53,7 +53,10 @@ def is_encoded(blob: bytes) -> bool:
 
 
 def encode_chunk(steps, walls, values, missing=None, compressor: int | None = None) -> bytes:
-    """One chunk's points: steps (n,) int64, walls (n,) float64, values (n, width) float64, missing (n, width) bool.
+    """One chunk's points: steps (n,) int64, walls (n,) float64 or None, values (n, width) float64, missing (n, width) bool.
+
+    ``walls`` None: the chunk's wall times are the run clock's at its steps (storage/blocks/clock.py)
+    and are not stored (the CLOCK flag); the reader fills them from the clock.
 
     The values go through the transform that compresses them best, tried on the block: XOR with the
     previous step (noise, constants) or delta-of-delta of the bits (smooth float64 schedules, counters).
@@ -61,7 +64,10 @@ def encode_chunk(steps, walls, values, missing=None, compressor: int | None = No
     n, width = values.shape
     flags, bits = _value_bits(np.ascontiguousarray(np.asarray(values, dtype="<f8").T))
     head = _shuffle(_zigzag(_dod(np.asarray(steps, dtype="<i8"))))
-    head += _shuffle(_zigzag(_dod(np.ascontiguousarray(walls, dtype="<f8").view("<i8"))))
+    if walls is None:
+        flags |= CLOCK
+    else:
+        head += _shuffle(_zigzag(_dod(np.ascontiguousarray(walls, dtype="<f8").view("<i8"))))
     tail = b""
     if missing is not None and missing.any():
         flags |= MISSING
@@ -94,18 +100,20 @@ def _inverse(bits: np.ndarray, transform: int) -> np.ndarray:
 
 
 def decode_chunk(blob: bytes) -> tuple:
-    """``encode_chunk``'s inputs back: steps, walls, values (n, width; a transposed view), missing or None."""
+    """``encode_chunk``'s inputs back: steps, walls (None: the run clock's), values (n, width; a transposed
+    view), missing or None."""
     kind, flags, transform, n, width, body = _open(blob)
     if kind != CHUNK:
         raise Corrupt("not a chunk blob")
     size = 4 if flags & F32 else 8
-    expect = 16 * n + size * n * width + (-(-n * width // 8) if flags & MISSING else 0)
+    start = 8 * n if flags & CLOCK else 16 * n
+    expect = start + size * n * width + (-(-n * width // 8) if flags & MISSING else 0)
     if len(body) != expect:
         raise Corrupt(f"chunk body is {len(body)} bytes, its header says {expect}")
     steps = _undod(_unzigzag(_unshuffle(body[: 8 * n], 8)))
-    walls = _undod(_unzigzag(_unshuffle(body[8 * n : 16 * n], 8))).view("<f8")
-    end = 16 * n + size * n * width
-    bits = _inverse(_unshuffle(body[16 * n : end], size).reshape(width, n), transform)
+    walls = None if flags & CLOCK else _undod(_unzigzag(_unshuffle(body[8 * n : 16 * n], 8))).view("<f8")
+    end = start + size * n * width
+    bits = _inverse(_unshuffle(body[start:end], size).reshape(width, n), transform)
     values = bits.view("<f4").astype(np.float64) if size == 4 else bits.view("<f8")
     missing = None
     if flags & MISSING:
@@ -200,6 +208,11 @@ def has_header(blob: bytes, kind: int, rows: int, width: int) -> bool:
     """Whether an encoded-length blob's header names this kind and shape (not checking its checksum)."""
     head = _HEAD.unpack_from(blob) if len(blob) >= _HEAD.size else None
     return head is not None and head[0] == kind and head[3] == rows and head[4] == width
+
+
+def leaves_walls(blob: bytes) -> bool:
+    """Whether an encoded chunk blob left its wall times to the run clock (its header's CLOCK flag)."""
+    return bool(_HEAD.unpack_from(blob)[1] & CLOCK)
 
 
 def width_of(blob: bytes) -> int:

@@ -18,14 +18,16 @@ stopped. At the end the file gives its free pages back (SQLite: ``incremental_va
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 
 import numpy as np
 from sqlalchemy import bindparam, delete, event, func, select, text, tuple_, update
 
+from gradwatch import contract
 from gradwatch_server.storage import chunks, db
-from gradwatch_server.storage.blocks import codec
+from gradwatch_server.storage.blocks import clock, codec
 
 
 @dataclass
@@ -36,6 +38,7 @@ class Done:
     chunks: int = 0  # raw chunk rows re-encoded
     merged: int = 0  # small rows merged into another
     rollups: int = 0  # raw rollup and heat rows re-encoded
+    clocked: int = 0  # chunk rows rewritten to leave their wall times to the run clock
     dropped: int = 0  # rollup rows of levels no longer read (0.2's 64-step blocks of scalar keys)
     cursor: dict = field(default_factory=dict)  # (table, key id) -> the last (level, block) looked at
     bytes_before: int = 0
@@ -83,7 +86,7 @@ def compact_slice(conn, key_id: int, done: Done) -> bool:
     )
     rows = conn.execute(_locked(conn, query)).all()
     for row in rows:
-        points = chunks.decode_row(row)
+        points = chunks.decode_row(conn, key_id, row)
         if points is not None:  # a damaged row is left as it is (readers report it)
             _rewrite(conn, key_id, row, points, done)
     return len(rows) < SLICE
@@ -98,7 +101,7 @@ def merge_small(conn, key_id: int, slots: int, done: Done) -> None:
         .order_by(c.id)
     )
     rows = conn.execute(_locked(conn, query)).all()
-    parts = [chunks.decode_row(r) for r in rows]
+    parts = [chunks.decode_row(conn, key_id, r) for r in rows]
     keep = [(r, p) for r, p in zip(rows, parts) if p is not None and p.values.shape[1] == slots]
     if len(keep) > 1:
         _rewrite(conn, key_id, keep[0][0], chunks.concat([p for _r, p in keep]), done, [r for r, _p in keep[1:]])
@@ -210,11 +213,83 @@ def compact(url: str, run_id: int | None = None, progress=None, say=print, vacuu
                 merge_small(conn, key_id, slots, done)
                 drop_unread_levels(conn, key_id, slots, done)
             done.keys += 1
+        for run in runs_without_clock(engine, run_id):
+            clock_run(engine, run, done)
         if vacuum:
             give_back_space(engine, say)
     finally:
         engine.dispose()
     return done
+
+
+def runs_without_clock(engine, run_id: int | None = None) -> list[int]:
+    """Ended runs (or the one asked for, if ended) whose chunks may still carry their own wall times."""
+    r = db.runs.c
+    query = select(r.id).where(r.status.in_(sorted(contract.ENDED_STATUSES))).order_by(r.id)
+    if run_id is not None:
+        query = query.where(r.id == run_id)
+    with engine.connect() as conn:
+        return [row.id for row in conn.execute(query)]
+
+
+def clock_run(engine, run_id: int, done: Done) -> None:
+    """An ended run's clock built from its chunks (if it has none), then every chunk whose walls are
+    all the clock's rewritten without them, SLICE rows per transaction (resumable: a pass skips those done).
+    A run still active is left alone: its writer appends to its clock and must be the only one."""
+    keys = [key_id for key_id, _slots in keys_of_run(engine, run_id)]
+    with engine.begin() as conn:
+        ended = select(db.runs.c.status).where(db.runs.c.id == run_id)
+        if conn.execute(_locked(conn, ended)).scalar() not in contract.ENDED_STATUSES:
+            return
+        if not conn.execute(select(func.count()).where(db.run_clock.c.run_id == run_id)).scalar():
+            points = [p for key_id in keys for p in _key_points(conn, key_id)]
+            clock.build(conn, run_id, points)
+    stored = None
+    for key_id in keys:
+        after = -1
+        while after is not None:
+            with engine.begin() as conn:
+                if stored is None:
+                    stored = clock.Clock.whole(conn, run_id)
+                after = _clock_slice(conn, key_id, after, stored, done)
+
+
+def keys_of_run(engine, run_id: int) -> list[tuple[int, int]]:
+    with engine.connect() as conn:
+        return keys_of(conn, run_id)
+
+
+def _key_points(conn, key_id: int) -> list:
+    c = db.chunks.c
+    rows = conn.execute(
+        select(c.id, c.first_step, c.last_step, c.n, c.steps, c.walls, c.data, c.missing).where(c.key_id == key_id)
+    )
+    return [p for p in (chunks.decode_row(conn, key_id, r) for r in rows) if p is not None]
+
+
+def _clock_slice(conn, key_id: int, after: int, run_clock, done: Done) -> int | None:
+    """Up to SLICE chunk rows of a key after id ``after`` rewritten against the clock; the last id, or None at the end."""
+    c = db.chunks.c
+    query = (
+        select(c.id, c.first_step, c.last_step, c.n, c.steps, c.walls, c.data, c.missing)
+        .where(c.key_id == key_id, c.id > after)
+        .order_by(c.id)
+        .limit(SLICE)
+    )
+    rows = conn.execute(_locked(conn, query)).all()
+    for row in rows:
+        if codec.is_encoded(row.data) and codec.leaves_walls(row.data):
+            continue
+        points = chunks.decode_row(conn, key_id, row)
+        if points is not None and run_clock.omits(conn, points.steps, points.walls):
+            new = chunks.packed_row(key_id, points, functools.partial(run_clock.omits, conn))
+            conn.execute(
+                update(db.chunks).where(c.id == row.id).values(steps=b"", walls=b"", data=new["data"], missing=None)
+            )
+            done.bytes_before += _size(row)
+            done.bytes_after += len(new["data"])
+            done.clocked += 1
+    return rows[-1].id if len(rows) == SLICE else None
 
 
 def raw_left(conn, run_id: int | None = None) -> int:
