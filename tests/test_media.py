@@ -29,7 +29,7 @@ class CountSyncs(TorchDispatchMode):
         self.syncs: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._schema.name
+        name = func.name().split(".")[0]
         if name in SYNCING:
             self.syncs.append(name)
         return func(*args, **(kwargs or {}))
