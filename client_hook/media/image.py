@@ -1,7 +1,7 @@
 """``gradwatch.Image``: a picture to log, copied on the training thread, encoded to PNG on the sender thread.
 
 Accepted: a tensor (HW, CHW with 1/3/4 channels; any device), a numpy array (HW, HWC), a PIL image,
-or a path to an image file. Floats are taken as 0-1 (W&B's convention) unless their values reach
+a path to an image file or an image file's bytes. Floats are taken as 0-1 (W&B's convention) unless their values reach
 past 1, then as 0-255. Pillow encodes when installed; otherwise ``gradwatch.media.png`` does.
 """
 
@@ -36,6 +36,7 @@ class Image(MediaValue):
         self._array = None
         self._pil = None
         self._path = None
+        self._encoded = None
         self.raw_bytes = 0
         self.guarded_init(self._capture, data_or_path)
 
@@ -55,6 +56,9 @@ class Image(MediaValue):
             if data.dtype.kind not in "buif" or data.ndim not in (2, 3):
                 raise MediaRefused(f"an image array must be HW or HWC of real numbers, got {data.dtype} {data.shape}")
             self._array, self.raw_bytes = np.array(data), data.nbytes
+        elif isinstance(data, (bytes, bytearray)):  # an encoded image (PNG as is; other formats through Pillow)
+            _check_raw(len(data), None)
+            self._encoded, self.raw_bytes = bytes(data), len(data)
         elif isinstance(data, (str, os.PathLike)):
             size = os.stat(data).st_size
             _check_raw(size, None)
@@ -86,9 +90,11 @@ class Image(MediaValue):
 
     def _encode(self) -> bytes:
         pil = _pil()
-        if self._path is not None:
-            with open(self._path, "rb") as f:
-                data = f.read(limits.MAX_IMAGE_RAW_BYTES + 1)
+        if self._path is not None or self._encoded is not None:
+            data = self._encoded
+            if data is None:
+                with open(self._path, "rb") as f:
+                    data = f.read(limits.MAX_IMAGE_RAW_BYTES + 1)
             if png.size_of(data) is not None or pil is None:
                 return data
             image = pil.open(io.BytesIO(data))

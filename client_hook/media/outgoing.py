@@ -45,8 +45,10 @@ class Outbound:
         self.refusals: dict[str, int] = {}  # reason -> count, for tests and the closing note
         self._told: set[str] = set()
 
-    def item(self, step: int, key: str, value) -> tuple:
-        """The sender item for ``value`` (a MediaValue or a list of Images) at ``step``, or a refusal."""
+    def item(self, step: int, key: str, value, wall: float | None = None) -> tuple:
+        """The sender item for ``value`` (a MediaValue or a list of Images) at ``step``, or a refusal.
+
+        ``wall``: its time (default now; an import keeps the original)."""
         parts = value if isinstance(value, list) else [value]
         size = sum(p.estimated_bytes() for p in parts)
         if step != self._step:
@@ -62,7 +64,7 @@ class Outbound:
             value, size = Refused("the sender fell behind with media values (queue over its memory bound)"), 0
         self._step_bytes += size
         self.put_bytes += size
-        return ("media", step, time.time(), key, value, size)
+        return ("media", step, time.time() if wall is None else wall, key, value, size)
 
     # -- sender thread ------------------------------------------------------------------------
     def encode(self, items: list, features) -> tuple[list, list]:

@@ -49,8 +49,8 @@ def _is_many(value) -> bool:
     return np is not None and isinstance(value, np.ndarray) and value.size > 1
 
 
-def put(recorder, step: int, media: dict) -> None:
-    """Hand each media value to the run's sender (never raises: a bad key is one warning line)."""
+def put(recorder, step: int, media: dict, wall: float | None = None) -> None:
+    """Hand each media value to the run's sender at ``step`` (stamped ``wall``, default now); never raises."""
     outbound = recorder.sender.encoder.media
     for key, value in media.items():
         try:
@@ -58,4 +58,4 @@ def put(recorder, step: int, media: dict) -> None:
         except protocol.ProtocolError as exc:
             recorder.warn_once(f"key:{key}", f"gradwatch: not logging {key!r}: {exc}")
             continue
-        recorder.sender.put(outbound.item(step, key, value))
+        recorder.sender.put(outbound.item(step, key, value, wall))
