@@ -23,6 +23,7 @@ import { renderLrFind } from "./lr_find.js";
 import { MEMORY_KEYS, renderMemoryBreakdown } from "./memory_view.js";
 import { isMetric, metricCard, metricSection } from "./metrics.js";
 import { renderRanks } from "./ranks.js";
+import { mountMedia } from "./run_media.js";
 import { offerKeys, seriesAgainst, xAt, xKeyOf } from "./run_xaxis.js";
 import { mountSignals } from "./signals.js";
 
@@ -44,6 +45,7 @@ const S = {
 const MAX_POINTS = 4000;
 const HEAT = new LiveHeatmap($("heatmap"), RUN_ID, KEYS.GRAD_VECTOR);
 mountSignals(HEAT, RUN_ID); // update ratio and output RMS heatmaps beside it (signals.js)
+const MEDIA = mountMedia($("media"), RUN_ID); // histograms, images, tables, run.summary (run_media.js)
 
 const WATCH_HINT = (what) => `No ${what} yet. run.watch(model, optimizer) records it at every optimizer step.`;
 const xMode = () => $("x-mode").value;
@@ -317,6 +319,7 @@ function onLive(msg) {
   } else if (msg.type === "run") {
     S.run = Object.assign(S.run || {}, msg.run);
     renderHeader();
+    if (msg.run.status && msg.run.status !== "running") MEDIA(); // the run ended: what it logged last
     if (msg.run.error) renderError();
     if (msg.run.error === undefined)
       getJSON(`/api/runs/${RUN_ID}`).then((r) => {
