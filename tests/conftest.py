@@ -1,20 +1,112 @@
-"""Shared fixtures: settings passed in (never patched globals) and one real-server fixture."""
+"""Shared fixtures (settings passed in, never patched globals; one real-server fixture) and the lanes.
+
+Lanes: a test is ``browser`` (drives Chromium), ``slow`` (PostgreSQL, wheels, long soaks), ``server``
+(boots uvicorn, ``gradwatch serve`` or any other process) or, unmarked, a unit test (in-process only);
+``scripts/test.sh --fast`` runs the unit tests alone. The marks are set here from the fixtures a test
+uses and the code it and they call; a test that starts a server or a process without its mark fails.
+"""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import re
 import shutil
-import time
+import subprocess
 import urllib.error
 import urllib.request
 
+import children
 import pytest
+from waiting import wait_until
 
 from gradwatch_server.serve import BackgroundServer
 from gradwatch_server.settings import Settings
 
 CHROMIUM = os.environ.get("GRADWATCH_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+
+LANES = ("browser", "slow", "server")
+# What puts a test in a lane: a fixture it uses (directly or through others), or a call in its code.
+LANE_FIXTURES = {"browser": {"browser", "page"}, "slow": {"postgres_url"}, "server": {"server", "api"}}
+SERVER_CALLS = re.compile(r"\b(BackgroundServer|ServerProcess|Popen|subprocess\.\w+|run_benchmark)\(")
+CALLS = re.compile(r"\b(\w+)\(")
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _in_tests(fn) -> bool:
+    return inspect.isfunction(fn) and os.path.dirname(os.path.abspath(inspect.getfile(fn))) == TESTS
+
+
+def _sources(item) -> list[str]:
+    """The code of a test, of every fixture it uses and of the suite's helpers they call."""
+    funcs = [getattr(item, "function", None)]
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in info.name2fixturedefs.values() if info else []:
+        funcs += [d.func for d in defs]
+    seen, out = set(), []
+    while funcs:
+        fn = funcs.pop()
+        fn = inspect.unwrap(fn) if callable(fn) else fn
+        if not _in_tests(fn) or fn in seen:
+            continue
+        seen.add(fn)
+        src = inspect.getsource(fn)
+        out.append(src)
+        funcs += [g for name in CALLS.findall(src) if _in_tests(g := fn.__globals__.get(name))]
+    return out
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks every test with its lane, so ``-m "not server and not browser and not slow"`` is the unit lane."""
+    for item in items:
+        names = set(item.fixturenames)
+        for lane in LANES:
+            if names & LANE_FIXTURES[lane]:
+                item.add_marker(lane)
+        if not any(item.get_closest_marker(lane) for lane in LANES):
+            if any(SERVER_CALLS.search(src) for src in _sources(item)):
+                item.add_marker("server")
+
+
+def pytest_configure(config):
+    children.install()
+
+
+def _unit(item) -> bool:
+    return not any(item.get_closest_marker(lane) for lane in LANES)
+
+
+def _refuse_for(item):
+    def refuse(*args, **kwargs):
+        raise RuntimeError(
+            f"{item.nodeid} starts a server or a process but is not marked: add @pytest.mark.server "
+            "(or use the server/api fixture), so scripts/test.sh --fast leaves it out"
+        )
+
+    return refuse
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A unit test may start no server and no process of its own: it would slow down the fast lane."""
+    if not _unit(item):
+        return (yield)
+    with children.refused(_refuse_for(item)):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """What a test's own code started ends when it returns or fails (fixtures end theirs, or exit does)."""
+    with children.owned_by_test():
+        return (yield)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_boot_no_server(request, monkeypatch):
+    if _unit(request.node):
+        monkeypatch.setattr(BackgroundServer, "start", _refuse_for(request.node))
 
 
 @pytest.fixture
@@ -62,11 +154,7 @@ class Api:
 
 def wait_runs(api: Api, n: int = 1) -> None:
     """Wait until the server has at least ``n`` runs (a client creates its run when it connects)."""
-    for _ in range(200):
-        if len(api.get("/api/runs")) >= n:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"fewer than {n} runs")
+    wait_until(lambda: len(api.get("/api/runs")) >= n, timeout=10, message=f"fewer than {n} runs")
 
 
 @pytest.fixture
@@ -150,7 +238,6 @@ def run_async(coro):
 
 def run_benchmark(script: str, *args: str, timeout: float = 300) -> str:
     """Run ``benchmarks/<script>`` as a user would (its ``--quick`` mode in CI); its stdout, after asserting it succeeded."""
-    import subprocess
     import sys
     from pathlib import Path
 

@@ -3,14 +3,17 @@ does not share the training process's GIL, and it can be SIGKILLed like a crashi
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
+
+from waiting import wait_until
 
 
 def free_port() -> int:
@@ -30,28 +33,50 @@ class ServerProcess:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + timeout
-        while True:  # the port is bound before uvicorn listens on it
-            try:
-                urllib.request.urlopen(self.url + "/healthz", timeout=1).read()
-                return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.proc.kill()
-                    raise RuntimeError(f"gradwatch serve did not start (exit code {self.proc.poll()})") from None
-                time.sleep(0.02)
+        try:  # the port is bound before uvicorn listens on it
+            wait_until(self._answers, timeout=timeout, message="gradwatch serve never answered /healthz")
+        except BaseException:
+            self._kill_group()
+            raise
+
+    def _answers(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"gradwatch serve did not start (exit code {self.proc.poll()})")
+        try:
+            urllib.request.urlopen(self.url + "/healthz", timeout=1).read()
+            return True
+        except OSError:
+            return False
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     def stop(self) -> None:
+        """A clean stop (SIGTERM); the whole process group is killed if it has not ended in 30 s."""
         self.proc.terminate()
-        self.proc.wait(timeout=30)
+        try:
+            self.proc.wait(timeout=30)
+        finally:
+            self._kill_group()
 
     def kill(self) -> None:
         """A crash, not a clean stop."""
         self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self._kill_group()
+
+    def _kill_group(self) -> None:
+        """SIGKILL to what is left of the server's process group (its workers; in the suite, where
+        tests/children.py gives each process a group of its own); reaps the server."""
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=30)
 
 

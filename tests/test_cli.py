@@ -8,8 +8,9 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
+
+from waiting import wait_until
 
 
 def free_port() -> int:
@@ -19,15 +20,16 @@ def free_port() -> int:
 
 
 def wait_http(url: str, timeout: float = 30.0) -> bytes:
-    deadline = time.time() + timeout
-    while True:
+    """The body of ``url`` once it answers (a server binds its port before it serves)."""
+
+    def body():
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 return resp.read()
         except OSError:
-            if time.time() > deadline:
-                raise
-            time.sleep(0.2)
+            return None
+
+    return wait_until(body, timeout=timeout, interval=0.1, message=f"{url} never answered")
 
 
 def test_serve_uses_flags_and_env(tmp_path):

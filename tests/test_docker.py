@@ -18,13 +18,13 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -180,15 +180,15 @@ def status_of(url: str, headers: dict | None = None) -> int:
 
 def wait_healthy(url: str, proc: subprocess.Popen) -> None:
     """The URL is printed once the port is bound; it answers once the app has started."""
-    for _ in range(300):
-        try:
-            if status_of(url + "/healthz") == 200:
-                return
-        except urllib.error.URLError:
-            pass
+
+    def healthy():
         assert proc.poll() is None, "the server exited"
-        time.sleep(0.1)
-    pytest.fail("the server never answered /healthz")
+        try:
+            return status_of(url + "/healthz") == 200
+        except urllib.error.URLError:
+            return False
+
+    wait_until(healthy, timeout=30, interval=0.1, message="the server never answered /healthz")
 
 
 def check_serving_then_stop(proc: subprocess.Popen, url: str, env: dict) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from test_health_corpus import _freeze, regression
+from test_health_corpus import PACE, _freeze, regression
 from test_ingest import _setup
 
 from gradwatch import protocol
@@ -46,7 +46,7 @@ def test_a_layer_frozen_mid_run_in_one_batch_raises_nothing(tmp_path):
     with engine.begin() as conn:
         state = load_state(conn, run_id)
         out = apply_batch(conn, state, decode(_one_batch(items)))
-    assert [a["kind"] for a in out["alerts"]] == [], out["alerts"]
+    assert [a["kind"] for a in out["alerts"] if a["kind"] not in PACE] == [], out["alerts"]
 
 
 def test_a_layer_that_really_has_no_gradient_is_still_caught_in_one_batch(tmp_path):
@@ -61,7 +61,7 @@ def test_a_layer_that_really_has_no_gradient_is_still_caught_in_one_batch(tmp_pa
     engine, run_id = _setup(tmp_path)
     with engine.begin() as conn:
         out = apply_batch(conn, load_state(conn, run_id), decode(_one_batch(items)))
-    assert [a["kind"] for a in out["alerts"]] == ["missing_gradients"]
+    assert [a["kind"] for a in out["alerts"] if a["kind"] not in PACE] == ["missing_gradients"], out["alerts"]
 
 
 def test_the_client_starts_a_new_batch_at_a_layout_change():

@@ -121,10 +121,11 @@ def test_the_preferred_gap_is_zero_when_the_writer_idles_and_grows_with_its_load
         pipeline: Pipeline = services.pipeline
         assert pipeline.preferred_gap() == 0.0
         time.sleep(0.55)
-        services.writer.busy_seconds += 0.55  # a writer busy all of the last half second
+        services.writer.busy_seconds += 60.0  # a writer busy all of the last half second (however long it took)
         assert pipeline.preferred_gap() == MAX_GAP
+        start = time.perf_counter()  # the busy share is of the time that really passed (a loaded machine sleeps longer)
         time.sleep(0.55)
-        services.writer.busy_seconds += 0.55 * 0.75  # three quarters busy: half way to the longest gap
+        services.writer.busy_seconds += (time.perf_counter() - start) * 0.75  # three quarters: half way to the longest
         assert abs(pipeline.preferred_gap() - MAX_GAP / 2) < 0.02
         time.sleep(0.55)  # idle again
         assert pipeline.preferred_gap() == 0.0

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
 from conftest import wait_runs
+from waiting import wait_until
 from websockets.sync.client import connect
 
 import gradwatch
@@ -27,12 +27,7 @@ def scrape(url: str) -> dict:
 
 
 def wait_for(fn, timeout=15.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if fn():
-            return
-        time.sleep(0.05)
-    raise AssertionError("condition not met")
+    return wait_until(fn, timeout=timeout, interval=0.05)
 
 
 def test_metrics_count_points_clients_and_pages(server, api):

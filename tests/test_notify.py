@@ -14,6 +14,7 @@ import pytest
 from aiosmtpd.controller import Controller
 from conftest import Api
 from test_incidents import spirals_run
+from waiting import wait_until
 
 import gradwatch
 from gradwatch_server.serve import BackgroundServer
@@ -77,12 +78,7 @@ def parts(settings):
 
 
 def _wait(fn, timeout=20.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        if out := fn():
-            return out
-        time.sleep(0.1)
-    raise AssertionError("timed out")
+    return wait_until(fn, timeout=timeout, interval=0.1)
 
 
 def test_an_incident_pages_each_channel_once_with_its_cause_and_a_link(parts):

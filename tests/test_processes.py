@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import Api
+from waiting import wait_until
 
 from gradwatch_server.cli.sync import sync
 from gradwatch_server.serve import BackgroundServer
@@ -65,22 +66,20 @@ def test_killed_training_process_is_marked_crashed(settings):
         assert api.get("/api/runs/1")["status"] == "running"
         proc.kill()  # SIGKILL: no atexit, no finish(), like the OOM killer
         proc.wait(10)
-        for _ in range(100):
-            if api.get("/api/runs/1")["status"] == "crashed":
-                break
-            time.sleep(0.1)
-        run = api.get("/api/runs/1")
+        run = _wait_status(api, "crashed")
         assert run["status"] == "crashed" and run["last_step"] == 49
         assert api.get("/api/runs/1/series?key=loss")["steps"] == list(range(50))  # nothing logged is lost
     finally:
         srv.stop()
 
 
-def _wait_status(api, status, run_id=1, seconds=10.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and api.get(f"/api/runs/{run_id}")["status"] != status:
-        time.sleep(0.05)
-    return api.get(f"/api/runs/{run_id}")
+def _wait_status(api, status, run_id=1, seconds=20.0):
+    """The run once it has ``status`` (the API's answer then)."""
+    return wait_until(
+        lambda: (run := api.get(f"/api/runs/{run_id}"))["status"] == status and run,
+        timeout=seconds,
+        message=lambda: f"run {run_id} is {api.get(f'/api/runs/{run_id}')['status']}, never {status}",
+    )
 
 
 def test_sigterm_delivers_everything_then_dies_of_sigterm(server, api):

@@ -7,6 +7,7 @@ import math
 import time
 
 import numpy as np
+from waiting import wait_until
 
 import gradwatch
 from gradwatch_server.ingest.apply import load_state
@@ -16,13 +17,7 @@ from gradwatch_server.storage import database
 
 
 def _wait(fn, timeout=15.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        out = fn()
-        if out:
-            return out
-        time.sleep(0.05)
-    raise AssertionError("timed out")
+    return wait_until(fn, timeout=timeout, interval=0.05)
 
 
 def test_rules_are_validated_stored_and_logged(server, api):

@@ -12,16 +12,19 @@ import sys
 import time
 
 from conftest import Api, wait_runs
+from waiting import wait_until
 
 import gradwatch
 from gradwatch_server.serve import BackgroundServer
 
 
 def _wait_status(api: Api, run_id: int, status: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while api.get(f"/api/runs/{run_id}")["status"] != status:
-        assert time.monotonic() < deadline, f"run {run_id} never became {status}"
-        time.sleep(0.1)
+    wait_until(
+        lambda: api.get(f"/api/runs/{run_id}")["status"] == status,
+        timeout=timeout,
+        interval=0.1,
+        message=f"run {run_id} never became {status}",
+    )
 
 
 def test_a_silent_but_connected_run_is_stalled_then_running_again(settings):

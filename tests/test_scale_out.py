@@ -12,6 +12,7 @@ import pytest
 from conftest import Api
 from server_process import ServerProcess
 from test_ingest_ws import Link, _columns_batch
+from waiting import wait_until
 from websockets.sync.client import connect
 
 pytestmark = pytest.mark.slow
@@ -92,10 +93,12 @@ def test_a_run_whose_client_vanished_is_marked_crashed_by_one_process(two_server
     time.sleep(4)  # past crash_timeout while connected: the holding process's heartbeat keeps it alive
     assert Api(a.url).get(f"/api/runs/{run_id}")["status"] == "stalled"  # connected, silent: not crashed
     link.close()
-    deadline = time.monotonic() + 20
-    while Api(a.url).get(f"/api/runs/{run_id}")["status"] != "crashed":
-        assert time.monotonic() < deadline, "never marked crashed"
-        time.sleep(0.2)
+    wait_until(
+        lambda: Api(a.url).get(f"/api/runs/{run_id}")["status"] == "crashed",
+        timeout=20,
+        interval=0.2,
+        message="never marked crashed",
+    )
 
 
 def test_serve_workers_runs_several_processes(postgres_url):

@@ -6,6 +6,7 @@ import dataclasses
 import socket
 
 from conftest import Api
+from waiting import wait_until
 
 import gradwatch
 from gradwatch.delivery import pending as delivery
@@ -68,7 +69,6 @@ def test_sync_skips_a_spool_a_live_run_holds(server, tmp_path):
 
 def test_a_new_run_delivers_older_spools_in_the_background(server, api, tmp_path):
     """A run that never reached a server leaves a spool; the next run that reaches one sends it."""
-    import time
 
     import gradwatch
 
@@ -84,9 +84,7 @@ def test_a_new_run_delivers_older_spools_in_the_background(server, api, tmp_path
     gradwatch.delivery.spool.write_run_info(root / old.uid, {**info, "server": server.url})
     new = gradwatch.init(project="p", name="online", server=server.url)
     new.log({"loss": 0.5})
-    deadline = time.monotonic() + 30
-    while gradwatch.delivery.spool.pending_runs(root) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: not gradwatch.delivery.spool.pending_runs(root), timeout=30, interval=0.1)
     new.finish()
     names = {r["name"]: r["id"] for r in api.get("/api/runs")}
     assert len(api.get(f"/api/runs/{names['offline']}/series?key=loss")["steps"]) == 20

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 from training import Recorder
+from waiting import wait_until
 
 import gradwatch
 from gradwatch.capture.system_metrics import SystemMetrics, gpu_sample
@@ -17,9 +18,7 @@ def test_host_counters_and_io_rates_are_sampled_on_a_thread():
     rec = Recorder()
     sm = SystemMetrics(rec, interval=0.05)
     try:
-        deadline = time.time() + 10
-        while time.time() < deadline and len([i for i in rec.items if i[0] == "rec"]) < 3:
-            time.sleep(0.05)
+        wait_until(lambda: len([i for i in rec.items if i[0] == "rec"]) >= 3, timeout=10, interval=0.05)
     finally:
         sm.stop()
     records = [i[2] for i in rec.items if i[0] == "rec"]

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from conftest import Api
 from test_incidents import spirals_run
+from waiting import wait_until
 
 import gradwatch
 from gradwatch_server.serve import BackgroundServer
@@ -43,17 +44,17 @@ class Receiver:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def wait(self, n: int, timeout: float = 20.0) -> list:
-        deadline = time.time() + timeout
-        while len(self.bodies) < n and time.time() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: len(self.bodies) >= n, timeout=timeout, interval=0.05, message=f"{n} posts")
         return self.bodies
 
 
 def _deliveries(api: Api, project: str, n: int, timeout: float = 20.0) -> list:
-    deadline = time.time() + timeout
-    while len(got := api.get(f"/api/projects/{project}/deliveries")) < n and time.time() < deadline:
-        time.sleep(0.1)
-    return got
+    return wait_until(
+        lambda: len(got := api.get(f"/api/projects/{project}/deliveries")) >= n and got,
+        timeout=timeout,
+        interval=0.1,
+        message=f"{n} deliveries",
+    )
 
 
 def test_alert_is_posted_with_slack_text_after_retries(settings):
@@ -144,11 +145,12 @@ def test_webhook_posts_are_rate_limited_per_run(settings):
         notifier.offer(2, {"kind": "nan_loss", "step": 1, "severity": "critical", "message": "quiet run's alert"})
         bodies = [b["text"] for _, b in receiver.wait(6, timeout=20)]
         assert any("quiet run's alert" in t for t in bodies)
-        deadline, got = time.time() + 20, []
-        while len(got) < 31 and time.time() < deadline:
-            time.sleep(0.1)
+
+        def all_recorded():
             with engine.connect() as conn:
-                got = channels.deliveries(conn, "flood")
+                return len(got := channels.deliveries(conn, "flood")) >= 31 and got
+
+        got = wait_until(all_recorded, timeout=20, interval=0.1, message="31 deliveries recorded")
         status = [(d["run_id"], d["status"]) for d in got]
         assert status.count((1, "delivered")) == 5 and status.count((1, "limited")) == 25
         assert status.count((2, "delivered")) == 1 and len(receiver.bodies) == 6
