@@ -2,7 +2,7 @@
 
 ``Run.log`` and the producers that are not the training script (the watchers, ``lr_find``, the
 framework callbacks, ``gradwatch import-tb``) all record through ``run.recorder``; it owns the
-run's step counter, the shape of the items handed to the sender, and the rule that a producer's
+run's step counter and its step clock (``recorder.clock``), the shape of the items handed to the sender, and the rule that a producer's
 failure is reported once and never reaches training.
 """
 
@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from gradwatch import protocol
 from gradwatch.delivery.sender import Sender
+from gradwatch.step_clock import StepClock
 
 
 class Recorder:
@@ -32,6 +33,7 @@ class Recorder:
         self._step = 0
         self._lock = threading.Lock()
         self._warned: set[str] = set()
+        self.clock = StepClock(self)  # the optimizer steps everything step-shaped reads (gradwatch.step_clock)
 
     # -- the step -------------------------------------------------------------------------
     def current_step(self) -> int:
@@ -82,6 +84,10 @@ class Recorder:
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until everything recorded so far is acked by the server; True on success."""
         return self.sender.flush(timeout)
+
+    def settle(self, timeout: float = 10.0) -> bool:
+        """Wait until everything recorded so far is acked, or on disk while the server is away (``Run.flush``)."""
+        return self.sender.settle(timeout)
 
     def disown(self) -> None:
         """In a forked child: never send, finish or spill the parent's run."""

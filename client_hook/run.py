@@ -13,16 +13,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gradwatch import distributed, metadata, protocol, signals
-from gradwatch.contract import OUTBOX_MEMORY_BYTES
+from gradwatch import metadata, protocol, signals, watch_set
 from gradwatch.delivery import hello, spool
 from gradwatch.delivery import pending as delivery
 from gradwatch.delivery import resume as resuming
 from gradwatch.delivery.sender import Sender
+from gradwatch.integrations import distributed
 from gradwatch.recorder import Recorder
+from gradwatch.run_options import ON_NAN_MODES, RunOptions
 from gradwatch.values import to_value
 
-ON_NAN_MODES = ("warn", "raise", "stop")
+__all__ = ["ON_NAN_MODES", "Run", "RunOptions", "TrainingDiverged", "default_spool_root"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -63,9 +64,11 @@ class Run:
             runs started on this machine can be continued: their secret is kept in
             ``~/.cache/gradwatch/runs`` (see gradwatch.delivery.resume).
 
+        options: a ``RunOptions`` holding any of the above (keyword arguments override it).
+
     Raises:
-        ValueError, TypeError: bad ``on_nan``, ``alerts``, ``tags`` or ``config`` (at once, not at
-            every connection attempt).
+        ValueError, TypeError: bad ``on_nan``, ``alerts``, ``tags`` or ``config``, or an unknown option
+            (at once, not at every connection attempt).
 
     ``run.recorder`` (a ``gradwatch.recorder.Recorder``) is what integrations and tools record
     through; a training script needs only ``log``, ``watch`` and ``finish``.
@@ -77,43 +80,40 @@ class Run:
         name: str | None = None,
         config: Mapping | None = None,
         *,
-        server: str | None = None,
-        alerts: Mapping | None = None,
-        on_nan: str = "warn",
-        tags: list[str] | None = None,
-        flush_interval: float = 0.2,
-        spool_dir: str | None = None,
-        max_memory_bytes: int = OUTBOX_MEMORY_BYTES,
-        token: str | None = None,
-        all_ranks: bool = False,
-        loss_key: str | None = None,
-        id: str | None = None,  # noqa: A002 - the name users know from other trackers
-        resume: str | int | bool | None = None,
+        options: RunOptions | None = None,
+        **kwargs,
     ):
-        if on_nan not in ON_NAN_MODES:
-            raise ValueError(f"on_nan must be one of {ON_NAN_MODES}, got {on_nan!r}")
-        alerts, tags = hello.check_alerts(alerts), hello.check_tags(tags)
+        opts = self.options = RunOptions.of(options, kwargs)
         self.project = str(project)
-        prior = resuming.find(resume, id, self.project, name)
+        prior = resuming.find(opts.resume, opts.id, self.project, name)
         self.resumed = prior is not None
-        self.uid = prior["uid"] if prior else (resuming.check_id(id) if id is not None else uuid.uuid4().hex)
+        self.uid = prior["uid"] if prior else (resuming.check_id(opts.id) if opts.id is not None else uuid.uuid4().hex)
         name = name or (prior or {}).get("name")
         self.name = str(name) if name else f"run-{self.uid[:6]}"
-        job = distributed.describe(all_ranks, self.uid, self.project, self.name)
+        job = distributed.describe(opts.all_ranks, self.uid, self.project, self.name)
         if "group" in job:
             self.name = f"{self.name} [rank {job['rank']}]"
         self.config = dict(config or {})
-        self.loss_key = protocol.check_key(loss_key) if loss_key is not None else None
-        self.on_nan = on_nan
-        self.server = (server or os.environ.get("GRADWATCH_SERVER") or protocol.DEFAULT_SERVER).rstrip("/")
+        self.loss_key, self.on_nan, self.server = opts.loss_key, opts.on_nan, opts.server
         self.should_stop = False
         self.diverged: tuple | None = None
         self._raise_pending: str | None = None
-        self._watcher = None
-        self._optimizer_steps: int | None = None  # counted once watch() knows the optimizer
-        self._step_hook = None
         self._key_is_loss: dict[str, bool] = {}  # keys already validated -> is it a loss?
         self._pid = os.getpid()
+        self._sender = self._open_sender(prior, job)
+        # What the watchers, integrations and importers record through (see gradwatch.recorder).
+        self.recorder = Recorder(self._sender)
+        self._watched = watch_set.WatchSet(self.recorder)  # the models watch() was given
+        self._first_step = int((prior or {}).get("step", 0))  # where a continued run's steps go on from
+        if self._first_step:
+            self.recorder.claim_step(self._first_step - 1)
+        self.recorder.put_event({"type": "status", "status": "running"})
+        self._sender.start()
+        signals.track(self)
+
+    def _open_sender(self, prior: dict | None, job: dict) -> Sender:
+        """The sender that delivers this run, its hello ready; the run is remembered on this machine."""
+        opts = self.options
         # The secret proves to the server that a reconnect (or `gradwatch sync` of the spool) is this run's.
         info = {
             "uid": self.uid,
@@ -122,34 +122,26 @@ class Run:
             "name": self.name,
             "config": hello.jsonable(self.config),
             "meta": {**metadata.collect(), **job, **({"loss_key": self.loss_key} if self.loss_key else {})},
-            "alerts": alerts,
-            "tags": tags,
+            "alerts": opts.alerts,
+            "tags": opts.tags,
         }
-        where = Path(spool_dir) if spool_dir else default_spool_root() / self.uid
-        self._token = token or os.environ.get("GRADWATCH_TOKEN") or None  # kept for background delivery; never stored
-        self._sender = Sender(
+        where = Path(opts.spool_dir) if opts.spool_dir else default_spool_root() / self.uid
+        sender = Sender(
             self.server,
             info,
             where,
-            flush_interval=flush_interval,
-            max_memory_bytes=max_memory_bytes,
+            flush_interval=opts.flush_interval,
+            max_memory_bytes=opts.max_memory_bytes,
             inspect=self._inspect_resolved,
-            token=self._token,
+            token=opts.token,
             start_seq=int((prior or {}).get("seq", 0)),  # a continued run numbers its batches on
         )
         resuming.remember(self.uid, secret=info["secret"], project=self.project, name=self.name, server=self.server)
-        if not spool_dir:  # once this run reaches the server, spools that older runs left behind go too
-            self._sender.on_connected = lambda: delivery.deliver_pending(
-                default_spool_root(), self.server, self._token, skip=where
+        if not opts.spool_dir:  # once this run reaches the server, spools that older runs left behind go too
+            sender.on_connected = lambda: delivery.deliver_pending(
+                default_spool_root(), self.server, opts.token, skip=where
             )
-        # What the watchers, integrations and importers record through (see gradwatch.recorder).
-        self.recorder = Recorder(self._sender)
-        self._first_step = int((prior or {}).get("step", 0))  # where a continued run's steps go on from
-        if self._first_step:
-            self.recorder.claim_step(self._first_step - 1)
-        self.recorder.put_event({"type": "status", "status": "running"})
-        self._sender.start()
-        signals.track(self)
+        return sender
 
     # -- public API ----------------------------------------------------------------------
     @property
@@ -166,7 +158,13 @@ class Run:
     @property
     def step(self) -> int:
         """The step the next ``log`` without ``step=`` will use."""
-        return self.recorder.current_step()
+        latest = self.recorder.clock.latest()
+        return latest if latest is not None else self.recorder.current_step()
+
+    @property
+    def forked(self) -> bool:
+        """True in a forked child of the process that started the run (it records nothing there)."""
+        return os.getpid() != self._pid
 
     @property
     def finished(self) -> bool:
@@ -178,15 +176,17 @@ class Run:
 
         Args:
             data: metric name -> Python number or single-value tensor (any device, any dtype).
-            step: explicit step. Default: once ``watch`` knows the optimizer, the latest optimizer
-                step (so an eval metric logged between steps does not shift later steps);
-                otherwise one more than the previous step (from 0).
+            step: explicit step. Default: once ``watch`` knows an optimizer, the latest training step
+                (so an eval metric logged between steps does not shift later steps; a log inside
+                ``optimizer.step(closure)`` belongs to the step being taken); otherwise one more than
+                the previous step (from 0). ``run.step`` is that step.
 
         Raises:
             TrainingDiverged: only with on_nan="raise", once a loss is NaN/inf.
         """
         if self.recorder.finished and os.getpid() != self._pid:
-            return  # a forked child (DataLoader worker): the parent's run is not ours to log to
+            signals.say_not_in_worker()  # a forked child: the parent's run is not ours to log to
+            return
         try:
             self._log(data, step)
         except Exception as exc:  # a bad call must not kill the training job
@@ -202,6 +202,7 @@ class Run:
         scaler=None,
         every: int = 1,
         *,
+        name: str | list | None = None,
         signals: bool = True,
         signals_every: int | None = None,
         on_nan: str | None = None,
@@ -210,10 +211,16 @@ class Run:
     ) -> Run:
         """Record gradient norms (global and per parameter), missing grads, LR and memory.
 
+        Called again, it adds a model (a GAN's two nets, one run); the same model again replaces its watch.
+        Norms are what backward produced, before any clipping (docs/gradients.md).
+
         Args:
-            model: the ``torch.nn.Module`` being trained.
-            optimizer: its optimizer; norms are captured at each ``optimizer.step()``.
-                Without one, they are captured after every backward pass.
+            model: the ``torch.nn.Module`` being trained, or a list of them (``[netD, netG]``).
+            optimizer: its optimizer (a list, one per model); norms are captured when the step's gradients
+                are final: at ``clip_grad_norm_`` or ``optimizer.step()``, for ``step(closure)`` after the
+                closure. Without one, they are captured after every backward pass.
+            name: the model's name in a run of several (its layers are ``<name>.<parameter>``; a list for a
+                list of models); default: none for the first model, its index for the others.
             scaler: a ``torch.amp.GradScaler``, to record the loss scale and skipped steps.
             every: capture every N-th step (1 = all). Norms read every gradient once, which on
                 a CPU-only run costs about one memory pass over the gradients.
@@ -233,32 +240,36 @@ class Run:
         Returns:
             The run, for chaining.
         """
-        from gradwatch.watcher import Watcher
-
         if on_nan not in (None, "skip"):
             raise ValueError(f"watch(on_nan=...) must be None or 'skip', got {on_nan!r}")
-
-        if self._watcher is not None:
-            self._watcher.remove()
-        self._unhook_steps()
-        self._watcher = Watcher(
-            self.recorder, model, optimizer, scaler, every, signals, signals_every, on_nan, batch_size, system_every
+        options = dict(
+            scaler=scaler,
+            every=every,
+            signals=signals,
+            signals_every=signals_every,
+            on_nan=on_nan,
+            batch_size=batch_size,
+            system_every=system_every,
         )
-        if optimizer is not None:
-            self._optimizer_steps = self._first_step
-            self._step_hook = optimizer.register_step_post_hook(self._on_optimizer_stepped)
+        for one, opt, label in watch_set.pairs(model, optimizer, name):
+            self._watched.add(one, opt, label, options)
+            if opt is not None:  # a log() without step= now belongs to the latest training step
+                self.recorder.clock.count_from(self._first_step)
         return self
 
-    def _on_optimizer_stepped(self, optimizer, args, kwargs) -> None:
-        """Count optimizer steps: a ``log`` without ``step=`` belongs to the latest one."""
-        self._optimizer_steps += 1
-        self.recorder.guarded(lambda: self.recorder.claim_step(self._optimizer_steps - 1))
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until everything logged so far is acknowledged by the server (or spooled while it is away).
 
-    def _unhook_steps(self) -> None:
-        if self._step_hook is not None:
-            self._step_hook.remove()
-            self._step_hook = None
-        self._optimizer_steps = None
+        Args:
+            timeout: seconds to wait at most.
+
+        Returns:
+            True once every record logged before the call is acked (or written to the spool because
+            the server cannot be reached); False when ``timeout`` passed first.
+        """
+        if self.recorder.finished:
+            return True
+        return self.recorder.settle(timeout)
 
     def finish(self, status: str = "finished", timeout: float = 30.0, *, _budget: float | None = None) -> None:
         """Deliver everything to the server and mark the run ended; safe to call twice.
@@ -276,9 +287,9 @@ class Run:
         self.recorder.finished = True
         sender = self._sender
         try:
-            if self._watcher is not None:
-                self._watcher.remove()
-            self._unhook_steps()
+            self._watched.remove_all()
+            self.recorder.clock.detach_all()
+            self.recorder.clock.stop_counting()
             self.recorder.put_event({"type": "status", "status": status})
             sender.hurry_up()
             sender.deliver(patience=timeout, grace=3.0 if sender.ever_connected else 1.0, cap=_budget, progress=True)
@@ -314,12 +325,20 @@ class Run:
             "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-20000:],
             "step": self.recorder.current_step(),
         }
-        if self._watcher is not None:
+        watcher = self._watched.first()
+        if watcher is not None:
             try:
-                event["memory"] = {**self._watcher.memory(), **self._watcher.memory_breakdown()}
+                event["memory"] = {**watcher.memory(), **watcher.memory_breakdown()}
             except Exception:
                 pass
         self.recorder.put_event(event)
+
+    def __getstate__(self):
+        """A run does not travel to another process (spawn pickles what a worker gets): say what to do instead."""
+        raise TypeError(
+            "a gradwatch Run cannot be sent to another process: log from the process that called "
+            "gradwatch.init(), or call gradwatch.init() inside each worker for a run per worker"
+        )
 
     def __enter__(self) -> Run:
         return self
@@ -339,8 +358,9 @@ class Run:
             raise RuntimeError("the run is finished")
         if type(data) is not dict and not isinstance(data, Mapping):  # the ABC check alone costs ~1 us
             raise TypeError(f"log() takes a dict of metrics, got {type(data).__name__}")
-        if step is None and self._optimizer_steps is not None:  # the latest optimizer step, not one of its own
-            step = max(self._optimizer_steps - 1, 0)
+        latest = self.recorder.clock.latest() if step is None else None
+        if latest is not None:  # the latest optimizer step, not one of its own
+            step = latest
         else:
             step = self.recorder.claim_step(step)
         scalars = {}

@@ -93,6 +93,29 @@ def blocked():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+WORKER_NOTICE = (
+    "gradwatch: log() in a worker process (pid {pid}) of the process that started the run: nothing is "
+    "recorded from here. Log from the process that called gradwatch.init() (send the workers' numbers back, "
+    "e.g. through a multiprocessing.Queue), or start one run per worker inside it with "
+    "gradwatch.init(..., name=f'worker {{rank}}', tags=[...]) to see every worker. (Said once.)"
+)
+_told: list = []
+
+
+def say_not_in_worker() -> None:
+    """Say once, on stderr, that a worker process's log() records nothing, and what to do instead."""
+    if os.getpid() not in _told:
+        _told.append(os.getpid())
+        print(WORKER_NOTICE.format(pid=os.getpid()), file=sys.stderr, flush=True)
+
+
+def in_worker() -> bool:
+    """Whether this is a multiprocessing child (spawn or fork) rather than the process the script started."""
+    import multiprocessing
+
+    return multiprocessing.parent_process() is not None
+
+
 def _after_fork_in_child() -> None:
     """A forked child (DataLoader worker, multiprocessing) must never send, finish or spill the parent's run."""
     for run in list(_live):

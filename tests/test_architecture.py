@@ -124,12 +124,11 @@ ALLOWED = {
     "gradwatch_server.storage.ranks": {"._mapping"},
     # torch._foreach_norm: one fused kernel for every layer's norm (torch.linalg has no foreach form);
     # Variable._execution_engine.queue_callback: the only hook that runs once a whole backward pass ends.
-    "gradwatch.watcher": {"._foreach_norm", "._execution_engine"},
-    "gradwatch.capture.layer_signals": {"._foreach_norm"},  # per-layer norms of samples and outputs, fused
+    "gradwatch.capture.norms": {"._foreach_norm", "._execution_engine"},
     # The c10d store of the default process group: how ranks share the run group without a collective.
-    "gradwatch.distributed": {"._get_default_store"},
+    "gradwatch.integrations.distributed": {"._get_default_store"},
     # Lightning keeps the values of self.log() for the current step only in its result collection.
-    "gradwatch.lightning": {"._forward_cache", "._computed", "._forked_name", "._get_cache"},
+    "gradwatch.integrations.lightning": {"._forward_cache", "._computed", "._forked_name", "._get_cache"},
 }
 
 
@@ -199,8 +198,6 @@ def test_folders_stay_small():
 
 # -- the metric-key vocabulary: gradwatch.contract.keys spells every key; nothing else does ---------------------
 VOCABULARY = ROOT / "client_hook" / "contract"
-# Folders whose key literals are being converted to keys.* by another change: delete a line to check it too.
-KEY_LITERALS_EXEMPT = (ROOT / "client_hook",)
 
 
 def key_prefixes() -> tuple[str, ...]:
@@ -242,14 +239,12 @@ SOURCES = {"server": (".py",), "client_hook": (".py",), "frontend": (".js", ".ht
 
 
 def key_literals() -> list[str]:
-    """Every metric-key literal in server/, frontend/ and client_hook/ outside the vocabulary (and the exempt)."""
+    """Every metric-key literal in server/, frontend/ and client_hook/ outside the vocabulary."""
     prefixes, found = key_prefixes(), []
     folders = {"server": python_strings, "client_hook": python_strings, "frontend": js_strings}
     for folder, strings in folders.items():
         for path in sorted(p for p in (ROOT / folder).rglob("*") if p.suffix in SOURCES[folder]):
-            if VOCABULARY in path.parents or "migrations" in path.parts or path.name == "channels.js":
-                continue  # channels.js: holds no key, and is another change's file
-            if any(e in path.parents for e in KEY_LITERALS_EXEMPT):
+            if VOCABULARY in path.parents or "migrations" in path.parts:
                 continue
             found += [f"{path.relative_to(ROOT)}:{n}: {t!r}" for n, t in strings(path) if t.startswith(prefixes)]
     return found

@@ -131,6 +131,7 @@ VALUES.update(  # the early-warning rule's (layer signals: the largest update ra
     {f"signals/{k}": 0.0 for k in ("update_ratio_max", "update_ratio_argmax", "act_rms_max", "act_rms_argmax")}
 )
 VALUES.update({"perf/step_time": 0.1, "perf/data_wait": 0.01})  # the throughput rule's
+VALUES["grad/global_norm_clipped"] = 1.0  # the zero-gradients rule reads what reached the weights
 
 
 def _full_batch(n=6, keys=VALUES):

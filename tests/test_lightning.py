@@ -93,10 +93,10 @@ def test_fit_streams_config_metrics_and_gradients(server, api):
     assert set(series(api, rid, "lr")["values"]) == {0.05}
     # The optimizer reaches the watcher: update ratios, output RMS and the step timer, at Lightning's steps.
     assert {"update_ratio/net.0.weight", "act_rms/net.0", "signals/update_ratio_max", "perf/step_time"} <= set(keys)
-    # Lightning steps with a closure: the pre-step hook runs before backward, so the first step of each epoch
-    # (its gradients freshly zeroed to None) has no ratio.
+    # Lightning steps with a closure: the pre-step hook runs before backward, so every parameter is sampled
+    # there (not only those that already have a gradient): the first step of each epoch has its ratio too.
     ratio_steps = series(api, rid, "update_ratio/net.0.weight")["steps"]
-    assert set(ratio_steps) <= set(range(1, 8)) and len(ratio_steps) >= 6
+    assert set(ratio_steps) <= set(range(8)) and 0 in ratio_steps and len(ratio_steps) >= 7
     assert series(api, rid, "perf/step_time")["steps"] == list(range(1, 8))  # the first step has no previous end
     assert gradwatch.run is not None and gradwatch.run.finished
 
@@ -124,6 +124,10 @@ def test_every_optimizer_is_captured(server, api):
         Two(), loaders()[0]
     )
     rid = api.get("/api/runs")[0]["id"]
+    # max_steps=4 optimizer steps are 2 batches: 2 training steps (one per batch, not one per optimizer),
+    # each with one capture of both nets' fresh gradients.
+    assert series(api, rid, "train_loss")["steps"] == [0, 1]
+    assert series(api, rid, "grad/global_norm")["steps"] == series(api, rid, "grad/head.weight")["steps"] == [0, 1]
     assert set(series(api, rid, "lr/0")["values"]) == {0.1}
     assert set(series(api, rid, "lr/1")["values"]) == {0.003}
     assert {"grad/net.0.weight", "grad/head.weight"} <= set(api.get(f"/api/runs/{rid}/keys"))

@@ -121,7 +121,10 @@ def test_clipping_every_gradient_to_zero_raises_an_alert(server, api):
     wait_runs(api)
     rid = api.get("/api/runs")[0]["id"]
     norms = api.get(f"/api/runs/{rid}/series?key=grad/global_norm")["values"]
-    assert set(norms) == {0.0}  # watch(model, optimizer) sees the gradient the optimizer gets: after clipping
+    assert len(norms) == 30 and min(norms) > 0  # what backward produced, before the clipping
+    clipped = api.get(f"/api/runs/{rid}/series?key=grad/global_norm_clipped")
+    assert clipped["steps"] == list(range(30)) and set(clipped["values"]) == {0.0}  # what reached the weights
+    assert set(api.get(f"/api/runs/{rid}/series?key=grad/clip_threshold")["values"]) == {0.0}
     alerts = api.get(f"/api/runs/{rid}/alerts")
     assert any(a["kind"] == "zero_gradients" and a["severity"] == "critical" for a in alerts), alerts
 

@@ -5,7 +5,8 @@ read off the device later by the sender thread. On a sampled step (every ``every
 
 - ``act_rms``: forward hooks on the leaf modules keep a reference to each output (while autograd
   holds it anyway); at the optimizer step one fused ``_foreach_norm`` turns them into RMS values.
-- ``update_ratio``: ‖Δw‖/‖w‖ per parameter (the grad layout). The step pre-hook copies a fixed strided
+- ``update_ratio``: ‖Δw‖/max(‖w‖, floor) per parameter (the grad layout; the floor is the norm of weights of
+  RMS ``FLOOR_RMS``, so a zero-initialised bias gets a finite ratio, not 1e9). The step pre-hook copies a fixed strided
   sample of each parameter (at most ``SAMPLE`` elements in ``BLOCKS`` runs: exact for small tensors, never a copy of
   the weights); the post-hook divides the norm of (sample after − sample before) by the sample's norm.
   It works for any optimizer, and costs O(SAMPLE) per parameter whatever its size.
@@ -22,31 +23,16 @@ import math
 import os
 from collections import deque
 
+from gradwatch.capture.norms import fused_norms, loss_scale
+from gradwatch.contract import keys
+from gradwatch.step_clock import clock_of
 from gradwatch.values import defer_vector
 
-UPDATE_VECTOR = "update_ratio"
-ACT_VECTOR = "act_rms"
+UPDATE_VECTOR = keys.UPDATE_VECTOR
+ACT_VECTOR = keys.ACT_VECTOR
 SAMPLE = 4096  # elements per parameter copied to measure its update (exact below this size)
 BLOCKS = 64  # ... in this many contiguous runs
-MAX_KEY = "signals/update_ratio_max"  # scalar summaries the early-warning rule reads
-ACT_MAX_KEY = "signals/act_rms_max"
-UPDATE_AT_KEY = "signals/update_ratio_argmax"  # index into the grad layout (same parameters)
-ACT_AT_KEY = "signals/act_rms_argmax"  # grad-layout index of the largest output's module's first parameter
-
-
-def fused_norms(torch, tensors: list):
-    """One float32 norm per tensor, fused per (device, dtype), stacked on the first tensor's device."""
-    groups: dict = {}
-    for i, t in enumerate(tensors):
-        groups.setdefault((t.device, t.dtype), []).append(i)
-    if len(groups) == 1:  # the usual case: one stack, no per-tensor conversion
-        return torch.stack(torch._foreach_norm(tensors)).to(torch.float32)
-    out = [None] * len(tensors)
-    for idx in groups.values():
-        for i, n in zip(idx, torch._foreach_norm([tensors[i] for i in idx])):
-            out[i] = n
-    target = out[0].device
-    return torch.stack([n.to(device=target, dtype=torch.float32) for n in out])
+FLOOR_RMS = 1e-3  # an update is measured against weights of at least this RMS (zero-initialised biases)
 
 
 def sample(t):
@@ -84,17 +70,17 @@ class LayerSignals:
         trainable: returns the watcher's [(name, param)] in grad-layout order.
         scaler: a GradScaler, for the AMP scale in NaN provenance.
         on_nan: "skip" to skip the optimizer step whose gradients are non-finite (a host sync on that path).
-        step_now: the step a sample is recorded at (default: the run's next one; frameworks give their own).
+
+    Samples are recorded at the step of the run's clock (``gradwatch.step_clock``), which calls this
+    around every step of ``optimizer``.
     """
 
-    def __init__(self, recorder, model, optimizer, every, trainable, scaler=None, on_nan=None, step_now=None):
+    def __init__(self, recorder, model, optimizer, every, trainable, scaler=None, on_nan=None):
         import torch
-
-        self.step_now = step_now or recorder.current_step
 
         self.torch, self.recorder, self.optimizer = torch, recorder, optimizer
         self.every, self.trainable, self.scaler, self.on_nan = max(1, int(every)), trainable, scaler, on_nan
-        self.steps_done = 0
+        self.clock = clock_of(recorder)
         self.modules = [(n, m) for n, m in model.named_modules() if not any(True for _ in m.children())]
         self.layout: list[str] = []  # act_rms names, in the order of the first sampled forward
         self.slot: dict[str, int] = {}
@@ -104,14 +90,16 @@ class LayerSignals:
         self.reported = False
         self.sent: dict[str, list] = {}  # layouts sent, by vector key
         self.first_cache: dict = {}
+        self.floor_key, self.floor = None, None
         self.handles = [m.register_forward_hook(self._make_hook(n)) for n, m in self.modules]
-        self.handles.append(optimizer.register_step_pre_hook(self._pre))
-        self.handles.append(optimizer.register_step_post_hook(self._post))
+        self.clock.attach(optimizer)
+        # Every step: read finished probes, and (on_nan="skip") drop non-finite gradients; the samples every N-th.
+        self.subscription = self.clock.subscribe(before=self._pre, after=self._post, optimizer=optimizer)
 
     @property
     def armed(self) -> bool:
         """Whether the step being computed now is a sampled one."""
-        return self.steps_done % self.every == 0
+        return self.subscription.seen % self.every == 0
 
     def _make_hook(self, name):
         def hook(module, args, output):
@@ -128,28 +116,29 @@ class LayerSignals:
         for h in self.handles:
             h.remove()
         self.handles.clear()
+        self.subscription.remove()
         self.outputs.clear()
 
-    # -- the optimizer step ------------------------------------------------------------------
-    def _pre(self, optimizer, args, kwargs) -> None:
+    # -- the optimizer step (called by the run's clock) -----------------------------------------
+    def _pre(self, step: int) -> None:
         self.recorder.guarded(self._poll)
         if self.armed:
-            self.recorder.guarded(self._before_step)
+            self.recorder.guarded(lambda: self._before_step(step))
         if self.on_nan == "skip":
             self.recorder.guarded(self._maybe_skip)
 
-    def _post(self, optimizer, args, kwargs) -> None:
+    def _post(self, step: int) -> None:
         try:
             if self.snapshot is not None:
-                self.recorder.guarded(self._after_step)
+                self.recorder.guarded(lambda: self._after_step(step))
         finally:
             self.snapshot = None
             self.outputs = {}
-            self.steps_done += 1
 
-    def _before_step(self) -> None:
+    def _before_step(self, step: int) -> None:
         torch = self.torch
-        params = [(n, p) for n, p in self.trainable() if p.grad is not None]
+        closure = self.clock.closure  # step(closure): the gradients come inside the step; every parameter counts
+        params = [(n, p) for n, p in self.trainable() if p.grad is not None or closure]
         acts = self._act_rms()
         if not params:
             self.snapshot = ([], None, None, acts)
@@ -161,7 +150,7 @@ class LayerSignals:
         self.snapshot = (params, before, wnorm, acts)
         self._probe(wnorm, acts)
 
-    def _after_step(self) -> None:
+    def _after_step(self, step: int) -> None:
         torch = self.torch
         params, before, norms, acts = self.snapshot
         if acts is None and self.outputs:  # step(closure) (Lightning): the forward ran inside the step
@@ -171,7 +160,7 @@ class LayerSignals:
             wnorm = norms
             diffs = [sample(p.detach()) - b for (_, p), b in zip(params, before)]  # at most SAMPLE elements each
             dnorm = fused_norms(torch, diffs)
-            ratio = dnorm / wnorm.clamp_min(1e-12)
+            ratio = dnorm / torch.maximum(wnorm, self._floor(before, wnorm.device))
             names = [n for n, _ in self.trainable()]
             have = {id(p) for _, p in params}
             missing = [i for i, (_, p) in enumerate(self.trainable()) if id(p) not in have]
@@ -181,8 +170,8 @@ class LayerSignals:
                 # The summary is over matrices: a zero-initialised bias or norm gain has a meaningless ratio.
                 mats = torch.tensor([p.dim() >= 2 for _, p in params], device=ratio.device)
                 top = torch.where(mats, torch.nan_to_num(ratio, nan=math.inf), torch.zeros_like(ratio))
-                scalars[MAX_KEY] = defer_vector(top.max().reshape(()))
-                scalars[UPDATE_AT_KEY] = defer_vector(top.argmax().to(torch.float32).reshape(()))
+                scalars[keys.UPDATE_RATIO_MAX] = defer_vector(top.max().reshape(()))
+                scalars[keys.UPDATE_RATIO_ARGMAX] = defer_vector(top.argmax().to(torch.float32).reshape(()))
         if acts is not None:
             names, rms = acts
             if self._grow_layout(names):
@@ -200,12 +189,22 @@ class LayerSignals:
                 sel = present[torch.tensor(owned, device=rms.device)]
                 top = torch.nan_to_num(sel, nan=math.inf)
                 at = torch.tensor([float(first[i]) for i in owned], device=rms.device)
-                scalars[ACT_MAX_KEY] = defer_vector(top.max().reshape(()))
-                scalars[ACT_AT_KEY] = defer_vector(
+                scalars[keys.ACT_RMS_MAX] = defer_vector(top.max().reshape(()))
+                scalars[keys.ACT_RMS_ARGMAX] = defer_vector(
                     at.index_select(0, top.argmax().reshape(1)).reshape(())
                 )  # no .item()
         if scalars or vectors:
-            self.recorder.put_record(self.step_now(), scalars, vectors)
+            self.recorder.put_record(step, scalars, vectors)
+
+    def _floor(self, samples: list, device):
+        """Per parameter, the norm a sample of RMS ``FLOOR_RMS`` has: a zero-initialised bias or gain is measured
+        against it, so its ratio is a finite number, not ‖Δw‖/0 (kept on the device, built once per layout)."""
+        sizes = tuple(t.numel() for t in samples)
+        if self.floor_key != (sizes, device):
+            self.floor_key = (sizes, device)
+            numel = self.torch.tensor(sizes, dtype=self.torch.float32, device=device)
+            self.floor = FLOOR_RMS * numel.clamp_min(1).sqrt()
+        return self.floor
 
     def _layout(self, key: str, names: list) -> None:
         """Send a vector's layout when it is new or changed (before the record that uses it)."""
@@ -258,7 +257,7 @@ class LayerSignals:
             first = torch.tensor(-1.0, device=dev)
         w_bad = (~torch.isfinite(wnorm.sum())).float()
         names = acts[0] if acts is not None else []
-        step = self.step_now()
+        step = self.clock.step
         if dev.type != "cuda":
             # On the CPU reading is free, so the optimizer state (still as before this step) is checked only
             # when something is already bad: nothing extra while healthy.
@@ -291,7 +290,7 @@ class LayerSignals:
         return (~self.torch.isfinite(fused_norms(self.torch, state).sum())).float().to(dev)
 
     def _scale_t(self, dev):
-        scale = _scale_of(self.scaler)
+        scale = loss_scale(self.scaler)
         if scale is None:
             return self.torch.tensor(math.nan, device=dev)
         return scale.to(dev, self.torch.float32).reshape(())
@@ -357,10 +356,3 @@ def provenance_event(step, names, first, weights_bad, state_bad, scale) -> dict:
 
 def _is_float_tensor(torch, value) -> bool:
     return isinstance(value, torch.Tensor) and value.is_floating_point() and value.dim() > 0
-
-
-def _scale_of(scaler):
-    """A GradScaler's scale tensor (no host copy), or None; see watcher._loss_scale for why it is private."""
-    if scaler is None or not getattr(scaler, "_enabled", True):
-        return None
-    return getattr(scaler, "_scale", None)

@@ -11,38 +11,38 @@ from __future__ import annotations
 
 import time
 
-STEP_TIME = "perf/step_time"
-DATA_WAIT = "perf/data_wait"
-SAMPLES = "perf/samples_per_sec"
+from gradwatch.contract import keys
+from gradwatch.step_clock import clock_of
+
+STEP_TIME = keys.STEP_TIME
+DATA_WAIT = keys.DATA_WAIT
+SAMPLES = keys.SAMPLES_PER_SEC
 
 
 class StepTimer:
-    """Times a training loop through hooks on ``model`` (forward pre-hook) and ``optimizer`` (step post-hook).
+    """Times a training loop through a forward pre-hook on ``model`` and the run's step clock.
 
     Args:
         recorder: the run's ``Recorder``.
-        model, optimizer: what ``Run.watch`` was given.
+        model: what ``Run.watch`` was given.
         batch_size: samples per optimizer step, for ``perf/samples_per_sec`` (None: not recorded).
-        step_now: the step a time is recorded at (default: the run's next one; frameworks give their own).
+        optimizer: time only this optimizer's steps (default: every step of the clock).
+
+    A time is recorded at the step the clock says is being taken (a framework's, when it pins one).
     """
 
-    def __init__(
-        self, recorder, model, optimizer, batch_size: int | None = None, clock=time.perf_counter, step_now=None
-    ):
+    def __init__(self, recorder, model, batch_size: int | None = None, clock=time.perf_counter, optimizer=None):
         self.recorder, self.batch_size, self.clock = recorder, batch_size, clock
-        self.step_now = step_now or recorder.current_step
         self.last_end: float | None = None
         self.wait: float | None = None
-        self.handles = [
-            model.register_forward_pre_hook(self._on_forward),
-            optimizer.register_step_post_hook(self._on_step),
-        ]
+        self.handle = model.register_forward_pre_hook(self._on_forward)
+        self.subscription = clock_of(recorder).on_after(self._on_step, optimizer=optimizer)
 
     def _on_forward(self, module, args) -> None:
         if self.last_end is not None and self.wait is None:  # the first forward after a step (not eval passes)
             self.wait = self.clock() - self.last_end
 
-    def _on_step(self, optimizer, args, kwargs) -> None:
+    def _on_step(self, step: int) -> None:
         now = self.clock()
         if self.last_end is not None:
             took = now - self.last_end
@@ -51,11 +51,10 @@ class StepTimer:
                 scalars[DATA_WAIT] = self.wait
             if self.batch_size and took > 0:
                 scalars[SAMPLES] = self.batch_size / took
-            self.recorder.guarded(lambda: self.recorder.put_record(self.step_now(), scalars, {}))
+            self.recorder.put_record(step, scalars, {})
         self.last_end, self.wait = now, None
 
     def remove(self) -> None:
         """Detach the hooks."""
-        for h in self.handles:
-            h.remove()
-        self.handles.clear()
+        self.handle.remove()
+        self.subscription.remove()

@@ -13,6 +13,9 @@ import os
 import threading
 import time
 
+from gradwatch.contract import keys
+from gradwatch.step_clock import clock_of
+
 INTERVAL = 5.0  # seconds between samples
 
 
@@ -37,7 +40,7 @@ def _nvml():
 
 
 def gpu_sample(nvml, handles) -> dict:
-    """Per-GPU counters as ``system/gpu<i>/<name>``; each one that fails is left out."""
+    """Per-GPU counters as ``keys.gpu_key(i, name)`` (``system/gpu<i>/<name>``); each one that fails is left out."""
     out: dict = {}
     for i, h in enumerate(handles):
         reads = {
@@ -54,7 +57,7 @@ def gpu_sample(nvml, handles) -> dict:
         }
         for name, read in reads.items():
             try:
-                out[f"system/gpu{i}/{name}"] = float(read())
+                out[keys.gpu_key(i, name)] = float(read())
             except Exception:  # not supported on this GPU (ECC on consumer cards, power on some)
                 pass
     return out
@@ -70,6 +73,7 @@ class SystemMetrics:
 
     def __init__(self, recorder, interval: float = INTERVAL):
         self.recorder, self.interval = recorder, float(interval)
+        self.clock = clock_of(recorder)  # samples go to the latest step logged or taken
         self.psutil = _psutil()
         self.nvml, self.handles = (None, []) if os.environ.get("GRADWATCH_NO_NVML") else _nvml()
         self.process = self.psutil.Process() if self.psutil else None
@@ -93,11 +97,11 @@ class SystemMetrics:
     def _host(self) -> dict:
         ps = self.psutil
         out = {
-            "system/cpu_percent": float(ps.cpu_percent(None)),
-            "system/ram_percent": float(ps.virtual_memory().percent),
+            keys.CPU_PERCENT: float(ps.cpu_percent(None)),
+            keys.RAM_PERCENT: float(ps.virtual_memory().percent),
         }
         try:
-            out["system/process_rss"] = float(self.process.memory_info().rss)
+            out[keys.PROCESS_RSS] = float(self.process.memory_info().rss)
         except Exception:
             pass
         now = time.monotonic()
@@ -106,11 +110,11 @@ class SystemMetrics:
             then, d0, n0 = self.last
             dt = max(now - then, 1e-6)
             if disk and d0:
-                out["system/disk_read_bps"] = (disk.read_bytes - d0.read_bytes) / dt
-                out["system/disk_write_bps"] = (disk.write_bytes - d0.write_bytes) / dt
+                out[keys.DISK_READ_BPS] = (disk.read_bytes - d0.read_bytes) / dt
+                out[keys.DISK_WRITE_BPS] = (disk.write_bytes - d0.write_bytes) / dt
             if net and n0:
-                out["system/net_sent_bps"] = (net.bytes_sent - n0.bytes_sent) / dt
-                out["system/net_recv_bps"] = (net.bytes_recv - n0.bytes_recv) / dt
+                out[keys.NET_SENT_BPS] = (net.bytes_sent - n0.bytes_sent) / dt
+                out[keys.NET_RECV_BPS] = (net.bytes_recv - n0.bytes_recv) / dt
         self.last = (now, disk, net)
         return out
 
@@ -118,7 +122,7 @@ class SystemMetrics:
         while not self.stop_event.wait(self.interval):
             values = self.sample()
             if values and not getattr(self.recorder, "finished", False):
-                self.recorder.guarded(lambda v=values: self.recorder.put_record(self.recorder.current_step(), v, {}))
+                self.recorder.guarded(lambda v=values: self.recorder.put_record(self.clock.recent(), v, {}))
 
     def stop(self) -> None:
         """End the thread (it exits at its next wake-up at the latest)."""

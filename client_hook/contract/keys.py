@@ -110,6 +110,21 @@ def is_system_key(key: str) -> bool:
     return family(key) is not None
 
 
+# -- appended by the client (issue #27: clipping, AMP skipped steps, several models per run) ------------
+CLIP_THRESHOLD = "grad/clip_threshold"  # the max_norm clip_grad_norm_ was called with, when the client saw it
+AMP_SKIPPED = "amp/skipped"  # 1.0 at a step GradScaler skipped (non-finite gradients); absent otherwise
+MODEL_NORM_PREFIX = "grad/global_norm/"  # grad/global_norm/<model>: one model's norm, when a run watches several
+
+
+def model_norm_key(model: str) -> str:
+    """The global gradient norm of one of several models watched in one run (``grad/global_norm/D``)."""
+    return MODEL_NORM_PREFIX + model
+
+
+GRAD_SCALARS = (*GRAD_SCALARS, CLIP_THRESHOLD)
+KEYS.update(CLIP_THRESHOLD=CLIP_THRESHOLD, AMP_SKIPPED=AMP_SKIPPED)
+
+
 # -- losses ----------------------------------------------------------------------------------------
 def is_loss_key(key: str) -> bool:
     """Keys whose last path part mentions 'loss' are the ones watched for NaN/inf and spikes."""

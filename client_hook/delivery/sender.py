@@ -142,6 +142,26 @@ class Sender(threading.Thread):
         """Wait until everything put so far is acked; True on success."""
         return self.deliver(patience=timeout, grace=timeout, cap=timeout)
 
+    def settle(self, timeout: float = 10.0) -> bool:
+        """Wait until everything put so far is acked, or kept on disk while the server cannot be reached.
+
+        Returns True when it got there within ``timeout`` seconds (then nothing put so far can be lost
+        by this process dying), False otherwise.
+        """
+        start = time.monotonic()
+        if self.deliver(patience=timeout, grace=min(timeout, 1.0), cap=timeout):
+            return True
+        if self.connected or self.fatal or not self.is_alive():
+            return False
+        wanted = self._put_count
+        while self._taken_count < wanted and time.monotonic() - start < timeout:  # into batches first
+            self._wake.set()
+            time.sleep(0.01)
+        if self._taken_count < wanted:
+            return False
+        _kept, lost = self.outbox.spill_all()  # the server is away: on disk, sent from there later
+        return lost == 0
+
     def deliver(self, patience: float, grace: float, cap: float | None = None, progress: bool = False) -> bool:
         """Wait while delivery progresses; True once everything put so far is acked.
 

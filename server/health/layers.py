@@ -10,6 +10,7 @@ import statistics
 
 import numpy as np
 
+from gradwatch.contract.keys import GLOBAL_NORM_CLIPPED
 from gradwatch_server.health.common import GLOBAL, GRAD_VECTOR, Alert, Observation, episode, healthy_run, names
 from gradwatch_server.health.rule import Columns, Rule
 
@@ -99,13 +100,23 @@ def streaks(state: dict, obs: Observation, bad, patience: float, cooldown: float
 
 def check_zero_gradients(state: dict, obs: Observation, th: dict) -> list[Alert]:
     """Parameters whose gradient is exactly zero for many consecutive steps (dead or disconnected)."""
+    # What reached the weights counts: clipping to a zero norm (grad/global_norm_clipped 0) zeroes every layer.
+    reached = obs.scalars.get(GLOBAL_NORM_CLIPPED, obs.scalars.get(GLOBAL))
+    if obs.scalars.get(GLOBAL_NORM_CLIPPED) == 0.0:
+        obs = Observation(obs.step, obs.scalars, obs.layers, [None if v is None else 0.0 for v in obs.norms])
     newly = streaks(
         state, obs, lambda v: v == 0.0, th["zero_gradients.patience"], th["zero_gradients.cooldown"], 0.0 in obs.norms
     )
     if not newly:
         return []
     patience = int(th["zero_gradients.patience"])
-    if obs.scalars.get(GLOBAL) == 0.0:
+    if reached == 0.0 and (obs.scalars.get(GLOBAL) or 0.0) > 0.0:
+        severity, message = (
+            "critical",
+            f"Gradient clipping has zeroed every update for {patience} steps (backward produced a non-zero "
+            "gradient, the optimizer got 0): check clip_grad_norm_'s max_norm.",
+        )
+    elif reached == 0.0:
         severity, message = (
             "critical",
             (
@@ -198,7 +209,10 @@ def _streak_free(state: dict, grad, bad) -> bool:
 
 
 def bulk_zero_gradients(state: dict, cols: Columns) -> bool:
-    """No exactly-zero gradient in the batch and no streak open."""
+    """No exactly-zero gradient in the batch (none clipped to zero either) and no streak open."""
+    clipped = cols.scalars.get(GLOBAL_NORM_CLIPPED)
+    if clipped is not None and (clipped[1] == 0.0).any():
+        return False
     return _streak_free(state, cols.grad, lambda v, p: p & (v == 0.0))
 
 
@@ -221,7 +235,7 @@ RULES = (
         "zero_gradients",
         check_zero_gradients,
         bulk_zero_gradients,
-        reads=frozenset({GLOBAL}),
+        reads=frozenset({GLOBAL, GLOBAL_NORM_CLIPPED}),
         needs_grads=True,
     ),
     Rule("missing", "missing_gradients", check_missing_gradients, bulk_missing_gradients, needs_grads=True),

@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from itertools import cycle
 
+from gradwatch.contract import keys
+
 SKIP_START = 5  # the first points' slopes are mostly noise and EMA warm-up
 
 
@@ -92,18 +94,20 @@ def lr_find(
         )
         found = suggest(lrs, smoothed, diverged_at, diverge_factor)
         _record(run, found, lrs, smoothed, diverged_at)
-        return LRSuggestion(found[0], found[1], lrs, losses, smoothed, run.url)
+        result = LRSuggestion(found[0], found[1], lrs, losses, smoothed)
     finally:
         model.load_state_dict(saved[0])
         optimizer.load_state_dict(saved[1])
         model.train(saved[2])
         torch.set_rng_state(saved[3])
         run.finish()
+    result.run_url = run.url  # after finish: a sweep faster than the server's first answer knows its page too
+    return result
 
 
 def _open_run(model, optimizer, project, name, sweep: dict, init_kwargs: dict):
     """The sweep's own run (not the current ``gradwatch.run``); a no-op run on ranks other than 0."""
-    from gradwatch.distributed import NoopRun, rank_and_world
+    from gradwatch.integrations.distributed import NoopRun, rank_and_world
     from gradwatch.run import Run
 
     config = {"lr_find": sweep, "model": type(model).__name__, "optimizer": type(optimizer).__name__}
@@ -139,7 +143,7 @@ def _sweep(run, model, optimizer, loader, loss_fn, start_lr, end_lr, num_steps, 
             break
         best = min(best, smooth)
         lrs.append(lr), losses.append(value), smoothed.append(smooth)
-        run.log({"lr": lr, "loss": value, "lr_find/smoothed_loss": smooth}, step=step)
+        run.log({keys.LR: lr, "loss": value, "lr_find/smoothed_loss": smooth}, step=step)
     return lrs, losses, smoothed, diverged_at
 
 
@@ -204,7 +208,7 @@ def _record(run, found: tuple, lrs: list, smoothed: list, diverged_at: float | N
                 "kind": "lr_suggestion",
                 "severity": "info",
                 "step": step,
-                "key": "lr",
+                "key": keys.LR,
                 "value": lr,
                 "message": (f"Suggested learning rate {lr:.2e}: " if lr is not None else "No learning rate suggested: ")
                 + reason,

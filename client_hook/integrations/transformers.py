@@ -1,6 +1,6 @@
 """Hugging Face Transformers integration: ``Trainer(..., callbacks=[GradwatchCallback(project="p")])``.
 
-This module is ``gradwatch.transformers``; ``import transformers`` below is the real library
+This module is ``gradwatch.transformers`` (``gradwatch.integrations.transformers``); ``import transformers`` below is the real library
 (absolute imports). It is imported only when this module is (``import gradwatch`` stays light).
 """
 
@@ -86,7 +86,7 @@ class GradwatchCallback(TrainerCallback):
             return
         self._loss_hook = model.register_forward_hook(self._on_forward, with_kwargs=True)
         if self.watch_gradients:
-            from gradwatch.step_watcher import StepWatcher
+            from gradwatch.integrations.step_watcher import StepWatcher
 
             clipping = bool(args.max_grad_norm and args.max_grad_norm > 0)
             self._watcher = StepWatcher(

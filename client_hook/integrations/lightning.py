@@ -60,6 +60,8 @@ class GradwatchCallback(pl.Callback):
         self._watcher = None
         self._seen: dict = {}
         self._batch_step = 0
+        self._steps: int | None = None  # training steps: batches that stepped an optimizer (docs/gradients.md)
+        self._global_at_start = 0
         self._resume_uid: str | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -72,16 +74,19 @@ class GradwatchCallback(pl.Callback):
         self._resume_uid = getattr(self.run, "uid", None)  # None: a NoopRun (another rank)
 
     def state_dict(self) -> dict:
-        """Saved in every checkpoint: the run's uid, so a fit resumed from it continues the same run."""
-        return {"uid": self._resume_uid} if self._resume_uid else {}
+        """Saved in every checkpoint: the run's uid (a fit resumed from it continues the same run) and its step."""
+        return {"uid": self._resume_uid, "steps": self._steps} if self._resume_uid else {}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._resume_uid = state_dict.get("uid")
+        self._steps = state_dict.get("steps")
 
     def on_train_start(self, trainer, pl_module) -> None:
+        if self._steps is None:
+            self._steps = trainer.global_step
         if self.run is None or not self.watch_gradients or self.run.recorder is None:  # None: a NoopRun
             return
-        from gradwatch.step_watcher import StepWatcher
+        from gradwatch.integrations.step_watcher import StepWatcher
 
         scaler = getattr(trainer.precision_plugin, "scaler", None)
         self._watcher = StepWatcher(
@@ -110,17 +115,27 @@ class GradwatchCallback(pl.Callback):
 
     # -- gradients --------------------------------------------------------------------------
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self._batch_step = trainer.global_step  # the optimizer step this batch contributes to
+        # The training step this batch contributes to: with several optimizers stepped in one batch (manual
+        # optimization) it is one step, not one per optimizer (Lightning's global_step counts each).
+        self._batch_step, self._global_at_start = self._steps or 0, trainer.global_step
+
+    def _several(self, trainer, pl_module) -> bool:
+        return not pl_module.automatic_optimization and len(trainer.optimizers) > 1
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if self._watcher is not None:
-            self._watcher.capture_at(trainer.global_step)
+        if self._watcher is not None and not self._several(trainer, pl_module):
+            self._watcher.capture_at(self._batch_step)
 
     # -- metrics ----------------------------------------------------------------------------
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        stepped = trainer.global_step != self._global_at_start
+        if stepped:
+            self._steps = self._batch_step + 1
         # Like Lightning's own loggers: step metrics go out on the batch that stepped the optimizer.
-        if self.run is None or trainer.global_step == self._batch_step and pl_module.automatic_optimization:
+        if self.run is None or not stepped and pl_module.automatic_optimization:
             return
+        if self._watcher is not None and self._several(trainer, pl_module):
+            self._watcher.capture_at(self._batch_step)  # every optimizer stepped: each net's fresh gradients
         if self._watcher is not None and trainer.gradient_clip_val:  # the gradients the optimizer just used
             self._watcher.record_clipped(self._batch_step)
         self._log(_fresh_metrics(trainer, True, self._seen), self._batch_step)
@@ -131,11 +146,11 @@ class GradwatchCallback(pl.Callback):
         if self.run is not None:
             metrics = _fresh_metrics(trainer, False, self._seen)
             metrics["epoch"] = float(trainer.current_epoch)
-            self._log(metrics, max(trainer.global_step - 1, 0))
+            self._log(metrics, max((self._steps or 0) - 1, 0))
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self.run is not None and not trainer.sanity_checking:
-            self._log(_fresh_metrics(trainer, False, self._seen), trainer.global_step)
+            self._log(_fresh_metrics(trainer, False, self._seen), self._steps or 0)
             if getattr(self.run, "should_stop", False):
                 trainer.should_stop = True
 
