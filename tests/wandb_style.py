@@ -50,21 +50,21 @@ for step in range(args.steps):
     opt.step()
     wandb.log({"train/loss": loss, "lr": opt.param_groups[0]["lr"]}, commit=False)
     wandb.log({"grads": wandb.Histogram(model[0].weight.grad), "extra": {"a": 1.0, "b": {"c": 2.0}}})
-    table.add_data(step, float(loss), "x")
+    table.add_data(step, loss.item(), "x")
     if step % 4 == 3:
         epoch = step // 4
         sample = (torch.rand(3, 12, 12) * (epoch + 1) / 4).clamp(0, 1)
         wandb.log(
             {
                 "epoch": epoch,
-                "val/loss": float(loss) * 1.1,
+                "val/loss": loss.item() * 1.1,
                 "samples": [wandb.Image(sample, caption=f"epoch {epoch}"), wandb.Image(np.zeros((6, 6)))],
                 "note": f"epoch {epoch} done",
                 "weights_np": np.random.randn(100),
             }
         )
 run.summary["best_val"] = 0.25
-wandb.summary.update({"final_loss": float(loss)})
+wandb.summary.update({"final_loss": loss.item()})
 wandb.log({"predictions": table})
 wandb.alert(title="done training", text=f"{args.steps} steps", level="INFO")
 wandb.save("*.pt")

@@ -17,7 +17,7 @@ class Config(dict):
     """
 
     def __init__(self, initial: Mapping | None = None, on_change: Callable[[dict], None] | None = None):
-        super().__init__(_as_mapping(initial))
+        super().__init__(as_mapping(initial))
         object.__setattr__(self, "_on_change", on_change)
 
     def __getattr__(self, name: str):
@@ -38,13 +38,13 @@ class Config(dict):
 
     def update(self, other=None, allow_val_change: bool | None = None, **kwargs) -> None:
         """Merge keys in (a dict, an ``argparse.Namespace``, or keyword arguments); ``allow_val_change`` is accepted."""
-        changes = {**_as_mapping(other), **kwargs}
+        changes = {**as_mapping(other), **kwargs}
         super().update(changes)
         self._changed(changes)
 
     def setdefaults(self, other=None, **kwargs) -> None:
         """Set only the keys not set yet (W&B's ``config.setdefaults``)."""
-        changes = {k: v for k, v in {**_as_mapping(other), **kwargs}.items() if k not in self}
+        changes = {k: v for k, v in {**as_mapping(other), **kwargs}.items() if k not in self}
         super().update(changes)
         self._changed(changes)
 
@@ -65,7 +65,7 @@ class Config(dict):
             callback(dict(changes))
 
 
-def _as_mapping(value) -> dict:
+def as_mapping(value) -> dict:
     if value is None:
         return {}
     if isinstance(value, Mapping):

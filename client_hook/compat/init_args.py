@@ -44,7 +44,7 @@ def mode_of(mode: str | None) -> str:
 def split(kwargs: dict, known: set) -> tuple[dict, dict, list]:
     """(the run's own options, the W&B metadata to keep, the names ignored) from ``init``'s keyword arguments.
 
-    ``notes`` becomes the run's notes in its metadata; ``tags`` a list; ``id``/``resume`` pass through
+    ``notes`` is kept in the run's metadata; ``tags`` may be a tuple; ``id``/``resume`` pass through
     (``resume=True`` is "allow", ``"never"`` is none).
     """
     run, meta, ignored = {}, {}, []
@@ -56,8 +56,8 @@ def split(kwargs: dict, known: set) -> tuple[dict, dict, list]:
                 meta[name] = str(value)[:2000]
         else:
             ignored.append(name)
-    if "tags" in run and run["tags"] is not None:
-        run["tags"] = [str(t) for t in run["tags"]]
+    if isinstance(run.get("tags"), tuple):  # W&B takes a tuple too; anything else is checked by the run
+        run["tags"] = list(run["tags"])
     if "resume" in run:
         run["resume"] = {True: "allow", False: None, "never": None, "auto": "allow"}.get(run["resume"], run["resume"])
     return run, meta, ignored

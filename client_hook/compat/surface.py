@@ -23,6 +23,21 @@ class WandbRunMixin:
         self.metric_definitions: dict[str, dict] = {}
         self.pending_log: dict = {}
         self.pending_step: int | None = None
+        self.layer_histograms: list = []
+
+    def watch_histograms(self, model, which: str | None, every: int) -> None:
+        """Per-parameter gradient/weight histograms of a model (or a list of them) every ``every``-th backward."""
+        from gradwatch.media.layer_histograms import LayerHistograms
+
+        if not which:
+            return
+        for one in model if isinstance(model, (list, tuple)) else [model]:
+            self.layer_histograms.append(LayerHistograms(self.recorder, one, which, every))
+
+    def unwatch_histograms(self) -> None:
+        for hooks in self.layer_histograms:
+            hooks.remove()
+        self.layer_histograms = []
 
     def _put_run_event(self, kind: str, change: dict) -> None:
         from gradwatch.delivery import hello
