@@ -30,8 +30,9 @@ class CountSyncs(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.name().split(".")[0]
-        if name in SYNCING:
-            self.syncs.append(name)
+        masked = name == "aten::index" and any(getattr(i, "dtype", None) == torch.bool for i in args[1])
+        if name in SYNCING or masked:  # boolean-mask indexing needs the count of True values: a sync
+            self.syncs.append("aten::nonzero" if masked else name)
         return func(*args, **(kwargs or {}))
 
 
@@ -148,3 +149,40 @@ def test_step_budget_refuses_what_is_over_it():
 def test_an_older_server_without_media_gets_a_gap_not_an_error():
     entries, events, _ = encode([(0, "h", Histogram([1.0, 2.0]))], features=("columns",))
     assert entries == [] and "older gradwatch server" in events[0]["message"]
+
+
+def test_the_sync_counter_sees_a_sync():
+    x = torch.randn(10)
+    with CountSyncs() as mode:
+        x.sum().item()
+        x[x > 0]  # noqa: B018
+    assert "aten::_local_scalar_dense" in mode.syncs and "aten::nonzero" in mode.syncs
+
+
+def watched_loop_syncs(tmp_path, histograms):
+    """Syncs a CPU training loop's thread would make on a device, watched with or without histograms."""
+    import gradwatch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    spool = str(tmp_path / f"s{histograms}")
+    run = gradwatch.init(project="m", server="http://127.0.0.1:9", mode="offline", spool_dir=spool)
+    run.watch(model, opt, every=2, histograms=histograms, system_every=None)
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    with CountSyncs() as mode:
+        for _ in range(6):
+            loss = ((model(x) - y) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    outbound = run.recorder.sender.encoder.media
+    run.finish()
+    return mode.syncs, outbound
+
+
+def test_watch_histograms_add_no_sync_on_the_training_thread(tmp_path):
+    without, _ = watched_loop_syncs(tmp_path, None)
+    with_histograms, outbound = watched_loop_syncs(tmp_path, "all")
+    assert with_histograms == without  # what watch() itself reads is its own business (its tests count it)
+    assert outbound.put_count == 3 * 4 * 2 and not outbound.refusals  # steps 0, 2, 4 x 4 parameters x (grad, weight)

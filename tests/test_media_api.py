@@ -112,12 +112,14 @@ def test_a_batch_with_bad_media_stores_the_rest(server, api):
         welcome = json.loads(ws.recv())
         assert protocol.MEDIA in welcome["features"]
         entries = [
-            {"step": 0, "t": 1.0, "key": "good", "kind": "text", "value": {"text": "kept"}},
+            {"step": 0, "t": 1.0, "key": "good", "kind": "text", "value": {"text": "replaced"}},
+            {"step": 0, "t": 1.0, "key": "good", "kind": "text", "value": {"text": "kept"}},  # same key and step: last
             {"step": 0, "t": 1.0, "key": "bad", "kind": "image", "value": {"images": [{"png": "!!"}]}},
         ]
         ws.send(protocol.dumps(protocol.batch(1, [], media=entries)))
         ack = json.loads(ws.recv())
-    assert ack["seq"] == 1 and "media 1" in ack["refused"]
+    assert ack["seq"] == 1 and "media 2" in ack["refused"]
     run_id = welcome["run_id"]
     assert [m["key"] for m in api.get(f"/api/runs/{run_id}/media")] == ["good"]
+    assert api.get(f"/api/runs/{run_id}/tables?key=good")["text"] == "kept"
     assert any(a["kind"] == "data_refused" for a in api.get(f"/api/runs/{run_id}/alerts"))

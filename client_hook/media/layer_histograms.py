@@ -42,6 +42,7 @@ class LayerHistograms:
             named = sorted(named, key=lambda item: -item[1].numel())[:MAX_PARAMETERS]
         self.handles = []
         self.passes: dict[str, int] = {}
+        self.taken: dict[str, int] = {}  # the step each parameter was last captured at: once per step
         for name, param in named:
             self.passes[name] = 0
             self.handles.append(param.register_post_accumulate_grad_hook(self._hook(name)))
@@ -54,11 +55,15 @@ class LayerHistograms:
             self.passes[name] = seen + 1
             if seen % self.every:
                 return
-            self.recorder.guarded(lambda: self._capture(param, grad_key, param_key))
+            step = self.recorder.current_step()
+            if self.taken.get(name) == step:  # a second backward in the same step (accumulation): the first counts
+                return
+            self.taken[name] = step
+            self.recorder.guarded(lambda: self._capture(param, grad_key, param_key, step))
 
         return on_grad
 
-    def _capture(self, param, grad_key: str, param_key: str) -> None:
+    def _capture(self, param, grad_key: str, param_key: str, step: int) -> None:
         if self.recorder.finished:
             return
         media = {}
@@ -66,7 +71,7 @@ class LayerHistograms:
             media[grad_key] = Histogram(param.grad, num_bins=self.bins)
         if "param" in self.which:
             media[param_key] = Histogram(param, num_bins=self.bins)
-        route.put(self.recorder, self.recorder.current_step(), media)
+        route.put(self.recorder, step, media)
 
     def remove(self) -> None:
         """Unhook every parameter."""

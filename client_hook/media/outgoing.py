@@ -38,6 +38,7 @@ class Outbound:
 
     def __init__(self):
         self.put_bytes = 0  # written by the training thread only
+        self.put_count = 0  # values handed over (refusals included)
         self.taken_bytes = 0  # written by the sender thread only
         self.sent_bytes = 0
         self._step = None
@@ -64,6 +65,7 @@ class Outbound:
             value, size = Refused("the sender fell behind with media values (queue over its memory bound)"), 0
         self._step_bytes += size
         self.put_bytes += size
+        self.put_count += 1
         return ("media", step, time.time() if wall is None else wall, key, value, size)
 
     # -- sender thread ------------------------------------------------------------------------

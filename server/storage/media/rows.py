@@ -20,8 +20,10 @@ from gradwatch_server.storage.store import NotFound
 def store(conn, run_id: int, rows: list[dict]) -> None:
     """Insert media rows ({key, kind, step, idx, wall, meta, body}); a key logged again at a step replaces it."""
     m = db.media.c
-    for row in rows:
-        conn.execute(delete(db.media).where(m.run_id == run_id, m.key == row["key"], m.step == row["step"]))
+    latest = {(r["key"], r["step"], r["idx"]): r for r in rows}  # the same key twice at a step in one batch: the last
+    rows = list(latest.values())
+    for key, step in {(r["key"], r["step"]) for r in rows}:
+        conn.execute(delete(db.media).where(m.run_id == run_id, m.key == key, m.step == step))
     if rows:
         conn.execute(db.media.insert(), [{"run_id": run_id, "nbytes": len(r["body"]), **r} for r in rows])
 
