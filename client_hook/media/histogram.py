@@ -27,6 +27,8 @@ class Histogram(MediaValue):
         sequence: a tensor (any device), numpy array or list of numbers.
         np_histogram: ``(counts, edges)`` as ``numpy.histogram`` returns them, instead of values.
         num_bins: bins between the smallest and largest finite value (1-512, default 64).
+        sample: bin an evenly strided sample of at most this many values of a bigger tensor, counts
+            scaled back to its size (what ``watch(histograms=)`` does: a view, no copy of the rest).
 
     Over ``gradwatch.media.limits.MAX_HISTOGRAM_VALUES`` values, or of a dtype that is not a number,
     the histogram is not kept: one warning line and a counted gap when logged.
@@ -34,8 +36,11 @@ class Histogram(MediaValue):
 
     kind = "histogram"
 
-    def __init__(self, sequence=None, np_histogram=None, num_bins: int = limits.DEFAULT_BINS):
+    def __init__(
+        self, sequence=None, np_histogram=None, num_bins: int = limits.DEFAULT_BINS, sample: int | None = None
+    ):
         self.num_bins = max(1, min(int(num_bins), limits.MAX_BINS)) if isinstance(num_bins, (int, float)) else 64
+        self.sample, self.scale = sample, 1
         self._binned = None  # a Deferred device vector: lo, hi, nan, inf, -inf, counts
         self._host = None  # a CPU tensor copy or a numpy array / list, binned on the sender thread
         self._given = None  # (counts, edges) from np_histogram
@@ -64,6 +69,9 @@ class Histogram(MediaValue):
         self._host = [float(v) for v in data]
 
     def _capture_tensor(self, torch, tensor) -> None:
+        if self.sample and tensor.numel() > self.sample:
+            self.scale = -(-tensor.numel() // self.sample)
+            tensor = tensor.detach().reshape(-1)[:: self.scale]
         _check_count(tensor.numel())
         if tensor.is_complex() or not (tensor.is_floating_point() or tensor.dtype in _int_dtypes(torch)):
             raise MediaRefused(f"cannot bin values of dtype {tensor.dtype}")
@@ -96,14 +104,18 @@ class Histogram(MediaValue):
         lo, hi, nan, inf, ninf = row[:HEAD]
         if not math.isfinite(lo):  # nothing finite to bin
             lo, hi = 0.0, 1.0
-        return {
+        k = self.scale  # a strided sample's counts, scaled back to the tensor's size
+        out = {
             "lo": lo,
             "hi": hi if hi > lo else lo + 1.0,
-            "counts": [int(c) for c in row[HEAD:]],
-            "nan": int(nan),
-            "inf": int(inf),
-            "ninf": int(ninf),
+            "counts": [int(c) * k for c in row[HEAD:]],
+            "nan": int(nan) * k,
+            "inf": int(inf) * k,
+            "ninf": int(ninf) * k,
         }
+        if k > 1:
+            out["sampled"] = k
+        return out
 
 
 def _check_count(n: int) -> None:
@@ -125,8 +137,9 @@ def bin_tensor(torch, tensor, bins: int):
     hi = torch.where(finite, x, -inf).amax()
     base = torch.where(finite.any(), lo, torch.zeros_like(lo))
     width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
-    index = ((x - base) * (bins / width)).floor().clamp_(0, bins - 1)
-    index = torch.where(finite, index, torch.full_like(index, bins)).long()  # non-finite: the slot past the last
+    # Clamped to [0, bins - 1] first, truncation is floor (and ~1000x cheaper than .floor() on some CPU builds).
+    scaled = ((x - base) * (bins / width)).clamp_(0, bins - 1)
+    index = torch.where(finite, scaled, torch.full_like(scaled, bins)).long()  # non-finite: the slot past the last
     counts = torch.zeros(bins + 1, dtype=torch.int64, device=x.device)
     counts.scatter_add_(0, index, torch.ones(1, dtype=torch.int64, device=x.device).expand_as(index))
     head = torch.stack(

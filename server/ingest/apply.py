@@ -52,6 +52,7 @@ class RunState:
     rollups: rollup_writes.Cache = field(default_factory=rollup_writes.Cache)
     tails: dict = field(default_factory=dict)
     alerts: AlertBook | None = None
+    media_bytes: int | None = None  # media the run holds (ingest/media.py), summed on first use
 
 
 def load_state(conn, run_id: int) -> RunState:
@@ -163,7 +164,7 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
     summaries.record(conn, state.run_id, stored)  # last/min/max per key, one upsert per batch
     new_alerts = _observe(state, batch) + state.monitor.take_updates()  # alerts follow their open episodes
     run_changes: dict = {"updated_at": now}  # last_seq: written by claim_seq, in this same transaction
-    media_ingest.apply(conn, state.run_id, batch, limits.media)  # histograms, images, tables; summary and config events
+    media_ingest.apply(conn, state, batch, limits.media)  # histograms, images, tables; summary and config events
     for ev in cap_alert_events(batch.events, state.alerts.rows, batch.problems):
         try:
             new_alerts += _apply_event(state, ev, run_changes)

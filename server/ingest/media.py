@@ -39,8 +39,13 @@ class MediaLimits:
     bins: int = client_limits.MAX_BINS
 
 
-def apply(conn, run_id: int, batch, limits: MediaLimits) -> None:
-    """Store the batch's media rows and run events; what is refused goes to ``batch.problems``."""
+def apply(conn, state, batch, limits: MediaLimits) -> None:
+    """Store the batch's media rows and run events; what is refused goes to ``batch.problems``.
+
+    ``state``: the writer's ``RunState`` of the run; ``state.media_bytes`` caches the bytes of media it
+    holds (summed once, then kept; a rebuilt state sums again).
+    """
+    run_id = state.run_id
     events = [e for e in batch.events if isinstance(e, dict) and e.get("type") in RUN_EVENTS]
     if events:
         batch.events = [e for e in batch.events if not (isinstance(e, dict) and e.get("type") in RUN_EVENTS)]
@@ -51,7 +56,10 @@ def apply(conn, run_id: int, batch, limits: MediaLimits) -> None:
                 batch.problems.append(f"{ev.get('type')} event: {exc}")
     if not batch.media:
         return
-    budget = limits.run_bytes - media_store.run_bytes(conn, run_id)
+    held = state.media_bytes
+    if held is None:
+        held = media_store.run_bytes(conn, run_id)
+    budget = limits.run_bytes - held
     rows = []
     for i, entry in enumerate(batch.media):
         try:
@@ -66,6 +74,7 @@ def apply(conn, run_id: int, batch, limits: MediaLimits) -> None:
         budget -= size
         rows += new
     media_store.store(conn, run_id, rows)
+    state.media_bytes = limits.run_bytes - budget  # a replaced value counts twice until the state is rebuilt
 
 
 def rows_of(entry, limits: MediaLimits) -> list[dict]:

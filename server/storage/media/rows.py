@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, tuple_
 
 from gradwatch_server.storage import db
 from gradwatch_server.storage.store import NotFound
@@ -22,8 +22,9 @@ def store(conn, run_id: int, rows: list[dict]) -> None:
     m = db.media.c
     latest = {(r["key"], r["step"], r["idx"]): r for r in rows}  # the same key twice at a step in one batch: the last
     rows = list(latest.values())
-    for key, step in {(r["key"], r["step"]) for r in rows}:
-        conn.execute(delete(db.media).where(m.run_id == run_id, m.key == key, m.step == step))
+    pairs = sorted({(r["key"], r["step"]) for r in rows})
+    for i in range(0, len(pairs), 400):  # one statement per 400 (key, step) pairs, not one per row
+        conn.execute(delete(db.media).where(m.run_id == run_id, tuple_(m.key, m.step).in_(pairs[i : i + 400])))
     if rows:
         conn.execute(db.media.insert(), [{"run_id": run_id, "nbytes": len(r["body"]), **r} for r in rows])
 
