@@ -20,7 +20,6 @@ from gradwatch.delivery import pending as delivery
 from gradwatch.delivery import resume as resuming
 from gradwatch.delivery.sender import Sender
 from gradwatch.integrations import distributed
-from gradwatch.media import route
 from gradwatch.recorder import Recorder
 from gradwatch.run_options import ON_NAN_MODES, RunOptions
 from gradwatch.values import to_value
@@ -416,34 +415,10 @@ class Run(WandbRunMixin):
                 continue
             if is_loss and type(scalars[key]) is float and not math.isfinite(scalars[key]):
                 self._check_loss(step, key, scalars[key])
-        if other is not None:  # nested dicts' numbers; histograms, images, tables, text
-            for key, value in other[0].items():
-                try:
-                    is_loss = self._is_loss(key)
-                    scalars[key] = to_value(value)
-                except (TypeError, ValueError, protocol.ProtocolError) as exc:
-                    self._not_logging(key, exc)
-                    continue
-                if is_loss and type(scalars[key]) is float and not math.isfinite(scalars[key]):
-                    self._check_loss(step, key, scalars[key])
-            route.put(self.recorder, step, other[1])
+        if other is not None:  # nested dicts' numbers; histograms, images, tables, text (compat/surface.py)
+            self.log_other(step, other, scalars)
         if scalars:
             self.recorder.put_record(step, scalars, {})
-
-    def _not_a_number(self, key, value, exc: Exception, other: tuple | None) -> tuple | None:
-        """A value ``to_value`` refused: set apart when it is media or a nested dict, else one warning line."""
-        flat, media = route.split({key: value}) if not isinstance(exc, protocol.ProtocolError) else ({key: value}, {})
-        if media or list(flat) != [key]:
-            other = other or ({}, {})
-            other[0].update(flat)
-            other[1].update(media)
-        else:
-            self._not_logging(key, exc)
-        return other
-
-    def _not_logging(self, key, exc: Exception) -> None:
-        shown = repr(key) if len(repr(key)) <= 60 else repr(key)[:40] + "..."
-        self.recorder.warn_once(f"key:{key}", f"gradwatch: not logging {shown}: {exc}")
 
     def _is_loss(self, key) -> bool:
         """Whether a key is a loss (the usual names, or the run's declared ``loss_key``); checks the key once."""

@@ -179,4 +179,6 @@ def test_watch_reads_wandb_arguments_in_either_form():
     assert translate(None, None, 1, {"log_freq": 10})[3] == "gradients"  # W&B's default log
     assert translate(None, None, 1, {"log": None, "log_freq": 10})[3] is None
     assert translate(None, None, 5, {})[3] is None  # gradwatch's own watch(): no histograms unless asked
+    with pytest.raises(TypeError):
+        translate(None, None, 1, {"evrey": 10})  # a typo is still an error, as before
     del model, opt

@@ -3,18 +3,23 @@
 
 from __future__ import annotations
 
+import math
 import time
 
+from gradwatch import protocol
 from gradwatch.compat import stubs
 from gradwatch.compat.config import Config
 from gradwatch.compat.summary import Summary
+from gradwatch.media import route
+from gradwatch.values import to_value
 
 LEVELS = {"INFO": "info", "WARN": "warning", "WARNING": "warning", "ERROR": "critical", "CRITICAL": "critical"}
 SUMMARIES = ("min", "max", "mean", "last", "best", "first", "none", "copy")
 
 
 class WandbRunMixin:
-    """Mixed into ``Run``: needs ``self.recorder`` and ``self.config`` (a mapping) when ``setup_wandb`` runs."""
+    """Mixed into ``Run``: needs ``self.recorder`` and ``self.config`` (a mapping) when ``setup_wandb`` runs, and
+    the run's ``_is_loss``/``_check_loss`` for the numbers nested dicts carry."""
 
     def setup_wandb(self) -> None:
         """Make ``config`` live and give the run a ``summary`` (called once the recorder exists)."""
@@ -73,6 +78,35 @@ class WandbRunMixin:
         held, step = self.pending_log, self.pending_step
         self.pending_log, self.pending_step = {}, None
         return held, step
+
+    # -- log() values that are not numbers (W&B's rules) ----------------------------------------
+    def _not_a_number(self, key, value, exc: Exception, other: tuple | None) -> tuple | None:
+        """A value ``to_value`` refused: set apart when it is media or a nested dict, else one warning line."""
+        flat, media = route.split({key: value}) if not isinstance(exc, protocol.ProtocolError) else ({key: value}, {})
+        if media or list(flat) != [key]:
+            other = other or ({}, {})
+            other[0].update(flat)
+            other[1].update(media)
+        else:
+            self._not_logging(key, exc)
+        return other
+
+    def _not_logging(self, key, exc: Exception) -> None:
+        shown = repr(key) if len(repr(key)) <= 60 else repr(key)[:40] + "..."
+        self.recorder.warn_once(f"key:{key}", f"gradwatch: not logging {shown}: {exc}")
+
+    def log_other(self, step: int, other: tuple, scalars: dict) -> None:
+        """Nested dicts' numbers into ``scalars`` (checked like log()'s own); media values to the sender."""
+        for key, value in other[0].items():
+            try:
+                is_loss = self._is_loss(key)
+                scalars[key] = to_value(value)
+            except (TypeError, ValueError, protocol.ProtocolError) as exc:
+                self._not_logging(key, exc)
+                continue
+            if is_loss and type(scalars[key]) is float and not math.isfinite(scalars[key]):
+                self._check_loss(step, key, scalars[key])
+        route.put(self.recorder, step, other[1])
 
     def define_metric(
         self, name: str, step_metric: str | None = None, summary: str | None = None, goal: str | None = None, **_ignored

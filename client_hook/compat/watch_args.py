@@ -4,6 +4,7 @@ gradwatch's ``watch(model, optimizer, scaler, every, histograms=..., histograms_
 from __future__ import annotations
 
 WANDB_LOG = ("gradients", "parameters", "all")
+WANDB_ARGS = frozenset({"log", "log_freq", "criterion", "idx", "log_graph"})  # W&B's watch() keywords
 
 
 def translate(optimizer, scaler, every, wandb: dict) -> tuple:
@@ -12,6 +13,9 @@ def translate(optimizer, scaler, every, wandb: dict) -> tuple:
     W&B's positional ``criterion`` (a loss module) lands where gradwatch takes the optimizer and its ``log``
     where the scaler goes: both are recognised and moved. ``wandb`` holds the W&B keyword arguments given.
     """
+    unknown = sorted(set(wandb) - WANDB_ARGS)
+    if unknown:
+        raise TypeError(f"watch() got unexpected keyword argument(s): {', '.join(unknown)}")
     log, log_freq = wandb.get("log", "unset"), wandb.get("log_freq")
     if isinstance(scaler, str) or scaler is None and log == "unset" and isinstance(every, str):
         log, scaler = scaler if isinstance(scaler, str) else every, None
