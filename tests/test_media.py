@@ -186,3 +186,13 @@ def test_watch_histograms_add_no_sync_on_the_training_thread(tmp_path):
     with_histograms, outbound = watched_loop_syncs(tmp_path, "all")
     assert with_histograms == without  # what watch() itself reads is its own business (its tests count it)
     assert outbound.put_count == 3 * 4 * 2 and not outbound.refusals  # steps 0, 2, 4 x 4 parameters x (grad, weight)
+
+
+def test_small_cpu_histograms_binned_together_match_one_by_one():
+    from gradwatch.media.histogram import bin_many, bin_tensor
+
+    tensors = [torch.randn(100), torch.randn(4096) * 3, torch.tensor([1.0, float("nan"), float("inf"), -2.0])]
+    for t, row in zip(tensors, bin_many(torch, tensors, 16)):
+        one = bin_tensor(torch, t, 16).tolist()
+        assert row[:5] == pytest.approx(one[:5]) and sum(row[5:]) == sum(one[5:])
+        assert sum(abs(a - b) for a, b in zip(row[5:], one[5:])) <= 2  # float32 rounding at bin edges only
