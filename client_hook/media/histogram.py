@@ -164,7 +164,7 @@ def bin_many(torch, tensors: list, bins: int) -> list[list]:
     """``bin_tensor`` of many small CPU tensors at once, in numpy (rows padded with NaN, not counted).
 
     numpy, not torch: on the CPU builds measured here torch's elementwise ops on small tensors cost
-    ~20-300x numpy's (docs/wandb.md), and this runs every ``every``-th step for hundreds of parameters.
+    ~20-300x numpy's, and this runs every ``every``-th step for hundreds of parameters.
     """
     np = sys.modules.get("numpy")
     if np is None:
