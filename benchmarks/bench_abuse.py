@@ -12,6 +12,21 @@ resident memory (from /proc) before and at its peak.
 3. a chunked POST to the open /login route, 200 MiB offered.
 4. slowloris: many connections that never finish their headers.
 5. a heatmap read of a very wide vector (20,000 layers x 400 steps; --quick: 2,000 x 100).
+
+Issue #30's findings, each beside the witness (a run in another project) and the /healthz probe:
+
+6. custom rules: a project with the costliest rules its budget accepts (10 n_of_m over m=10,000), fed
+   one-record and 2,000-record batches from 8 connections.
+7. replay: the costliest accepted proposal (10 n_of_m m=10,000) over 10 runs x 10k steps (--quick: 10 x 2k):
+   it answers (complete, or stopped at its budget or deadline) within 10 s.
+8. channel tests against a tarpit (accepts, never answers), 6 projects at once (--quick: 4), while a run
+   edit and a login are timed (they have their own pools).
+9. SSRF: channels to the metadata address, a private one and this machine's loopback listener (the bench
+   server allows 127.0.0.1 for its tarpit, so the listener case uses a second loopback name): refused.
+10. mail relay: a test notification to 2,500 recipients: refused at PUT (50 a project), then 1 a minute.
+11. rebuild depth: patience 1e7 on a 100k-step run (--quick: 20k), then its next batch.
+12. a 12 MB hello (refused before it is parsed) and 5 MB batch frames (parsed off the event loop).
+13. the runs language 400 deep and 70 summary keys wide (400s), and a trickling request body (408).
 """
 
 from __future__ import annotations
@@ -28,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from server_process import ServerProcess, rss_mib  # noqa: E402
 from websockets.sync.client import connect  # noqa: E402
@@ -42,9 +58,9 @@ def ws_url(url: str, path: str) -> str:
     return "ws" + url[len("http") :] + path
 
 
-def hello(url: str, uid: str, **run):
+def hello(url: str, uid: str, project: str = "abuse", **run):
     ws = connect(ws_url(url, protocol.INGEST_PATH), max_size=None)
-    body = {"uid": uid, "project": "abuse", "name": uid, "secret": "s-" + uid, **run}
+    body = {"uid": uid, "project": project, "name": uid, "secret": "s-" + uid, **run}
     ws.send(json.dumps({"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "run": body}))
     reply = json.loads(ws.recv(timeout=30))
     assert reply["type"] == "welcome", reply
@@ -59,7 +75,7 @@ class Witness:
     """The well-behaved run and a /healthz prober, timing every answer while a case runs."""
 
     def __init__(self, srv: ServerProcess, uid: str):
-        self.srv, self.ws = srv, hello(srv.url, uid)
+        self.srv, self.ws = srv, hello(srv.url, uid, project="witness")  # another project than the abuse
         self.acks: list[float] = []
         self.health: list[float] = []
         self.peak = rss_mib(srv.pid)
@@ -87,9 +103,16 @@ class Witness:
         self.ws.close()
         return {
             "good_ack_max_ms": round(max(self.acks, default=0) * 1000, 1),
+            "good_ack_p99_ms": round(p99(self.acks) * 1000, 1),
             "healthz_max_ms": round(max(self.health, default=0) * 1000, 1),
+            "healthz_p99_ms": round(p99(self.health) * 1000, 1),
             "rss_peak_mb": round(self.peak, 1),
         }
+
+
+def p99(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
 
 
 def sink() -> tuple[HTTPServer, list]:
@@ -239,6 +262,8 @@ def main() -> dict:
             "2",
             "--max-connections-per-client",
             "1000",
+            "--notify-allow-hosts",
+            "127.0.0.1",  # the tarpit channel's receiver (case 8); metadata and private addresses stay refused
         )
         try:
             results = {
@@ -249,6 +274,10 @@ def main() -> dict:
                 "heatmap": case_heatmap(srv, 2000 if QUICK else 20000, 100 if QUICK else 400),
             }
             results["webhook_posts"] = len(posts)
+            from abuse_team import CASES  # issue #30's cases, on the same server
+
+            for name, case in CASES.items():
+                results[name] = case(srv)
         finally:
             srv.stop()
             httpd.shutdown()

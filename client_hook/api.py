@@ -28,13 +28,32 @@ class ApiError(RuntimeError):
         self.reason, self.status = reason or message, status
 
 
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Redirects followed, but the token only to the same scheme, host and port (never https -> http, never
+    another host: a redirect must not hand the server's token to whoever it names)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and not _same_origin(req.full_url, new.full_url):
+            new.remove_header("Authorization")
+        return new
+
+
+def _same_origin(old: str, new: str) -> bool:
+    a, b = urllib.parse.urlsplit(old), urllib.parse.urlsplit(new)
+    return (a.scheme, a.hostname, a.port) == (b.scheme, b.hostname, b.port)
+
+
+_OPENER = urllib.request.build_opener(_Redirects)
+
+
 def call(server: str, token: str | None, method: str, path: str, timeout: float = 60.0, **query):
     """One JSON API call with the token (query values None are left out); ApiError says why it failed."""
     query = {k: v for k, v in query.items() if v is not None}
     url = server + path + ("?" + urllib.parse.urlencode(query) if query else "")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, method=method, headers=headers), timeout=timeout) as r:
+        with _OPENER.open(urllib.request.Request(url, method=method, headers=headers), timeout=timeout) as r:
             return json.loads(r.read() or b"null")
     except urllib.error.HTTPError as err:
         try:

@@ -16,8 +16,9 @@ from gradwatch_server.services import Services
 from gradwatch_server.settings import Settings, from_env
 from gradwatch_server.storage import retention
 from gradwatch_server.storage.store import NotFound
-from gradwatch_server.web import routes
-from gradwatch_server.web.security import Auth, Guard
+from gradwatch_server.web import audit, authorize, routes
+from gradwatch_server.web.identify import Auth
+from gradwatch_server.web.security import Guard
 from gradwatch_server.web.sessions import Sessions
 
 
@@ -41,10 +42,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     docs = {} if settings.api_docs else {"docs_url": None, "redoc_url": None}  # CDN scripts: opt in
     app = FastAPI(title="gradwatch", version=VERSION, lifespan=lifespan, **docs)
     app.state.services = services
-    app.state.auth = Auth(settings.token, Sessions(services.engine, services.writer, settings.session_days))
-    # Outermost of our layers: Host/Origin/token/connection checks cover every route and both
-    # websockets before any of them runs.
-    app.add_middleware(Guard, settings=settings, auth=app.state.auth)
+    app.state.auth = Auth(
+        settings.token, Sessions(services.engine, services.writer, settings.session_days), services.engine
+    )
+    app.state.auth.start()
+
+    def audited(identity, scope, status) -> None:
+        action = f"{scope.get('method')} {scope.get('path')}"
+        audit.note(services.writer, identity, action, status, authorize.project_in(scope))
+
+    # Outermost of our layers: Host/Origin/token/role/connection checks cover every route and both
+    # websockets before any of them runs; every write is recorded in the audit log.
+    app.add_middleware(Guard, settings=settings, auth=app.state.auth, audit=audited)
 
     @app.exception_handler(NotFound)
     async def not_found(_request: Request, exc: NotFound):

@@ -32,7 +32,8 @@ def _server(settings: Settings):
     config = uvicorn.Config(
         create_app(settings),
         http=protocol_class(settings.header_timeout),
-        forwarded_allow_ips=settings.trusted_proxy or None,  # None: uvicorn's default, 127.0.0.1
+        proxy_headers=bool(settings.trusted_proxy),  # X-Forwarded-* believed only from a --trusted-proxy
+        forwarded_allow_ips=settings.trusted_proxy or None,
         log_level=settings.log_level,
         ws_max_size=settings.max_frame_bytes,
         ws_ping_interval=20,
@@ -114,6 +115,7 @@ def serve_workers(settings: Settings) -> None:
         "gradwatch_server.app:create_app",
         factory=True,
         http="gradwatch_server.web.slow_clients:WorkerProtocol",  # each process builds it from GRADWATCH_*
+        proxy_headers=bool(settings.trusted_proxy),
         forwarded_allow_ips=settings.trusted_proxy or None,
         workers=settings.workers,
         log_level=settings.log_level,

@@ -103,8 +103,14 @@ SETTINGS: list[Setting] = [
         "token",
         "",
         "Shared secret every route, websocket and page requires (Authorization: Bearer <token>, "
-        "or the login page's cookie); /healthz stays open. Empty: no token.",
+        "or the login page's cookie); /healthz stays open. Empty: no token. It is the admin token "
+        "'server-token'; prefer --token-file or the env var (a flag shows in ps).",
         secret=True,  # never in a repr, a log line or --help
+    ),
+    Setting(
+        "token_file",
+        "",
+        "File whose first line is the token (kept out of ps and shell history); used when --token is empty.",
     ),
     Setting(
         "allowed_hosts",
@@ -161,7 +167,13 @@ SETTINGS: list[Setting] = [
         "",
         "Comma-separated addresses of the TLS proxy in front ('*': any), whose X-Forwarded-Proto and "
         "X-Forwarded-For are believed: https there gives Secure cookies, and connection limits count the "
-        "real client. Empty: 127.0.0.1 only.",
+        "real client. Empty: no proxy (X-Forwarded-* headers are ignored, from 127.0.0.1 too).",
+    ),
+    Setting(
+        "notify_allow_hosts",
+        "",
+        "Comma-separated hosts, addresses or networks (CIDR) project channels may post to although they "
+        "are loopback, private, link-local or metadata addresses ('*': any). Empty: public addresses only.",
     ),
     Setting(
         "api_docs",
@@ -249,6 +261,13 @@ class _Settings:
         for name in LIMITS:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.token_file and not self.token:
+            try:
+                self.token = (Path(self.token_file).expanduser().read_text().splitlines() or [""])[0].strip()
+            except OSError as exc:
+                raise ValueError(f"token_file {self.token_file!r} cannot be read: {exc.strerror or exc}") from None
+            if not self.token:
+                raise ValueError(f"token_file {self.token_file!r} is empty")
         if self.token != self.token.strip():
             raise ValueError("token must not start or end with whitespace")
         if self.header_timeout <= 0 or self.session_days <= 0:

@@ -8,6 +8,7 @@ uses and the code it and they call; a test that starts a server or a process wit
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import os
@@ -87,19 +88,28 @@ def _refuse_for(item):
     return refuse
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_protocol(item, nextitem):
+@contextlib.contextmanager
+def _unit_starts_nothing(item):
     """A unit test may start no server and no process of its own: it would slow down the fast lane."""
     if not _unit(item):
-        return (yield)
+        yield
+        return
     with children.refused(_refuse_for(item)):
+        yield
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    # Setup and the call only: a wider-scoped fixture of an earlier test (a PostgreSQL cluster, a module's
+    # server) may end its processes in the teardown that pytest runs after whichever test comes last.
+    with _unit_starts_nothing(item):
         return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
     """What a test's own code started ends when it returns or fails (fixtures end theirs, or exit does)."""
-    with children.owned_by_test():
+    with _unit_starts_nothing(item), children.owned_by_test():
         return (yield)
 
 

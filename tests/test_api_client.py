@@ -85,3 +85,56 @@ def test_without_pandas_history_says_how_to_get_it(server):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "pip install 'gradwatch[pandas]'" in out.stdout, out.stderr
     assert isinstance(pd.DataFrame(), pd.DataFrame)
+
+
+def test_the_token_never_follows_a_redirect_to_another_host(server):
+    """A server (or a proxy) that redirects elsewhere does not get the token sent there; the same origin does."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: dict[str, str | None] = {}
+
+    def serve(handler):
+        http = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=http.serve_forever, daemon=True).start()
+        return http, f"http://127.0.0.1:{http.server_address[1]}"
+
+    class Other(BaseHTTPRequestHandler):  # another host: records what it was sent
+        def do_GET(self):  # noqa: N802
+            seen[self.path] = self.headers.get("Authorization")
+            if self.path.startswith("/again"):
+                self.send_response(302)
+                self.send_header("Location", "/api/runs")
+                self.end_headers()
+                return
+            body = json.dumps([]).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    other, other_url = serve(Other)
+
+    class Redirector(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(307)
+            self.send_header("Location", other_url + "/api/runs")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    redirector, redirector_url = serve(Redirector)
+    try:
+        assert gradwatch.Api(redirector_url, token="tok-secret").runs() == []
+        assert seen["/api/runs"] is None  # dropped on the way to another host
+        seen.clear()
+        gradwatch.Api(other_url, token="tok-secret").get("/again")
+        assert seen["/again"] == seen["/api/runs"] == "Bearer tok-secret"  # same origin: kept
+    finally:
+        other.shutdown()
+        redirector.shutdown()

@@ -176,7 +176,7 @@ def test_every_key_the_client_writes_is_in_the_vocabulary():
 def test_no_option_list_retyped_in_the_pages_or_the_server():
     from gradwatch.contract import options
 
-    pages = "".join(p.read_text() for p in (ROOT / "frontend").glob("*.js") if p.name != "channels.js")
+    pages = "".join(p.read_text() for p in (ROOT / "frontend").rglob("*.js") if p.name != "channels.js")
     server = "".join(p.read_text() for p in (ROOT / "server").rglob("*.py"))
     for values in (options.SEVERITIES, options.CUSTOM_RULE_TYPES, options.AGGREGATIONS, options.BANDS):
         listed = json.dumps(list(values))[1:-1]  # '"info", "warning", "critical"', as both languages format it
@@ -205,7 +205,7 @@ def test_page_envelope_keeps_the_same_points_as_the_server(tmp_path):
     (tmp_path / "cases.json").write_text(json.dumps(wire))
     kept = node(
         tmp_path,
-        page_modules(),  # contract + common.js, exactly as the report inlines them
+        page_modules(),  # contract + the lib modules, exactly as the report inlines them
         """
 import { readFileSync } from "node:fs";
 const cases = JSON.parse(readFileSync(new URL("./cases.json", import.meta.url)));
@@ -230,12 +230,12 @@ def test_report_inlines_the_modules_without_imports():
 
 def test_no_hand_copy_of_the_contract_in_the_frontend():
     frontend = ROOT / "frontend"
-    texts = {p.name: p.read_text() for p in [*frontend.glob("*.js"), *frontend.glob("*.html")]}
+    texts = {str(p.relative_to(frontend)): p.read_text() for p in [*frontend.rglob("*.js"), *frontend.glob("*.html")]}
     statuses = "|".join(contract.STATUSES)
     for name, text in texts.items():
         assert not re.search(rf"<option>({statuses})</option>", text), name  # status lists come from STATUSES
         assert not re.search(rf'"({statuses})",\s*"({statuses})"', text), name
         assert 'toLowerCase().includes("loss")' not in text, name  # isLossKey comes from /contract.js
         assert '"-Infinity"' not in text and '"Infinity" ?' not in text, name  # so does the float codec
-    assert 'from "/contract.js"' in texts["common.js"]
-    assert 'from "/contract.js"' not in "".join(t for n, t in texts.items() if n != "common.js")  # one importer
+    assert 'from "/contract.js"' in texts["lib/contract.js"]
+    assert 'from "/contract.js"' not in "".join(t for n, t in texts.items() if n != "lib/contract.js")  # one importer

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from sqlalchemy import select
+
 from gradwatch import protocol
 from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.storage import database, db
+from gradwatch_server.storage import database, db, store
 
 LAYERS = ["in.weight", "in.bias", "out.weight", "out.bias"]
 
@@ -155,3 +157,23 @@ def test_many_live_links_share_a_frame_budget_and_a_lone_link_is_never_delayed(t
         assert services.pipeline.preferred_gap(received=100.10, run_id=2) == 0.15  # its group ticks 50 ms later
     finally:
         services.close()
+
+
+def test_a_run_that_ends_leaves_each_key_one_compressed_small_row(tmp_path):
+    from gradwatch_server.storage.blocks import codec
+
+    engine, run_id = _setup(tmp_path)
+    state = _restart(engine, run_id)
+    for seq in range(1, 40):  # live-shaped: a step a batch, each a raw small row
+        _apply(engine, state, _batch(seq, [seq], 1.0, [1.0, 2.0, 3.0, float(seq)]))
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM chunks").scalar() > 39
+    end = _batch(40, [40], 1.0, [1.0] * 4)
+    end.events.append({"type": "status", "status": "finished"})
+    _apply(engine, state, end)
+    with engine.connect() as conn:
+        rows = conn.execute(select(db.chunks.c.key_id, db.chunks.c.data, db.chunks.c.n)).all()
+        grad = store.get_series(conn, run_id, "grad/out.bias")
+    assert sorted(r.key_id for r in rows) == sorted({r.key_id for r in rows})  # one row a key
+    assert all(codec.is_encoded(r.data) and r.n == 40 for r in rows)
+    assert grad["steps"] == list(range(1, 41)) and grad["values"] == [float(s) for s in range(1, 40)] + [1.0]

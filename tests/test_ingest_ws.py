@@ -300,6 +300,7 @@ class _StubSocket:
 
         self.frames, self.sent, self.read, self.closed = list(frames), [], 0, None
         self.app = types.SimpleNamespace(state=types.SimpleNamespace(services=services))
+        self.scope = {}  # no middleware ran: the open identity (web/roles.identity_of)
 
     async def accept(self):
         pass
@@ -358,6 +359,7 @@ def _stub_route(frames, **settings):
     pipeline = _StubPipeline()
     services = types.SimpleNamespace(
         pipeline=pipeline,
+        engine=None,  # the open identity may write any run: the route never asks the database who made it
         liveness=types.SimpleNamespace(connect=lambda run_id: None, disconnect=lambda run_id: None),
         settings=types.SimpleNamespace(max_buffered_bytes=64 << 20, max_frame_bytes=1 << 20, **settings),
     )
@@ -384,8 +386,10 @@ async def _full_queue_scenario():
     # The writer answered nothing yet: the route read no more than the queue, the batch being answered and
     # the one waiting for room (back-pressure), however far ahead the client is.
     assert len(pipeline.pending) <= IN_FLIGHT + 2 and ws.read <= IN_FLIGHT + 3
-    done = 0
+    done, deadline = 0, asyncio.get_running_loop().time() + 60
     while done < len(frames):
+        assert not task.done(), task.result()  # the route must keep reading while answers come
+        assert asyncio.get_running_loop().time() < deadline, f"only {done} of {len(frames)} batches read"
         for future in pipeline.pending[done:]:
             future.set_result({"stored": 1})
         done = len(pipeline.pending)
@@ -409,6 +413,10 @@ async def _answers_stop_scenario():
     frames = [protocol.dumps({"type": "batch", "seq": seq}) for seq in range(1, 61)]
     ws, pipeline, route = _stub_route(frames)
     task = asyncio.ensure_future(route)
+    deadline = asyncio.get_running_loop().time() + 60
+    while not pipeline.pending:  # a loaded machine may take a while to read the first batch
+        assert asyncio.get_running_loop().time() < deadline and not task.done()
+        await asyncio.sleep(0.01)
     await asyncio.sleep(0.05)  # the reading side waits for room in the reply queue
     pipeline.pending[0].set_exception(OSError("disk full"))  # the answering side refuses and ends
     await asyncio.wait_for(task, 5)  # ... and so does the connection, without waiting for the client

@@ -54,6 +54,7 @@ def test_nan_alert_appears_live_with_marker(server, page):
     assert "nan-run" in page.locator("#attention .alert").first.inner_text()
     assert page.locator("tr[data-run='1'] .badge").inner_text() == "1"
     page.goto(server.url + "/runs/1")
+    page.click("#incident-bar:not([hidden]) > #incident-line", timeout=20000)  # the bar opens to its cards
     page.wait_for_selector(".alert[data-kind='nan_loss']", timeout=20000)
     t.join()
     text = page.locator(".alert[data-kind='nan_loss']").inner_text()
@@ -101,7 +102,7 @@ LAST_X = "(id) => { const x = document.getElementById(id).data[0].x; return x[x.
 
 
 def test_charts_out_of_view_skip_live_redraws_and_catch_up(server, page):
-    page.set_viewport_size({"width": 1400, "height": 700})  # keeps the metric charts below the fold
+    page.set_viewport_size({"width": 1400, "height": 460})  # keeps the metric charts below the fold
     stop = threading.Event()
     t = threading.Thread(target=_log_live, args=(server.url, 2000, stop))
     t.start()
@@ -233,7 +234,7 @@ def test_alerts_group_by_kind_and_updates_replace(server, page):
     page.goto(server.url + "/runs/1")
     page.wait_for_selector("#run-name:has-text('a')")
     out = page.evaluate("""async () => {
-        const A = await import('/static/alerts.js');
+        const A = await import('/static/lib/alerts.js');
         const alerts = [], div = document.createElement('div');
         A.upsert(alerts, { id: 1, kind: 'exploding_gradients', step: 10, message: 'first cause', severity: 'warning' });
         A.upsert(alerts, { id: 2, kind: 'nan_loss', step: 30, count: 3, last_step: 50, message: 'nan', severity: 'critical' });
@@ -267,7 +268,7 @@ def test_heatmap_says_when_its_request_failed(server, page):
 def test_out_of_order_points_are_held_back_the_same_way_everywhere(server, page):
     page.goto(server.url + "/")
     out = page.evaluate("""async () => {
-        const { appendPoints } = await import('/static/common.js');
+        const { appendPoints } = await import('/static/lib/series.js');
         const s = { steps: [1, 2], values: [1, 1], walls: [0, 0] };
         const a = appendPoints(s, { steps: [2, 3, 1, 4], values: [9, 3, 9, 'NaN'], wall_times: [0, 0, 0, 0] });
         return [a.from, a.late, s.steps, Number.isNaN(s.values[3])];

@@ -83,7 +83,7 @@ def test_compare_overlays_runs_diffs_configs_shares_and_appends_live(server, pag
             ".map(t => [t.name, t.line.color])"
         )
         colors = page.evaluate(
-            "async () => { const m = await import('/static/common.js'); return [m.colorFor(1), m.colorFor(2)]; }"
+            "async () => { const m = await import('/static/lib/plot.js'); return [m.colorFor(1), m.colorFor(2)]; }"
         )
         assert {tuple(x) for x in lines} == {("lr-1e-3 #1", colors[0]), ("lr-1e-2 #2", colors[1])}
         differs = page.locator("#diff tr.differs td:first-child").all_inner_texts()
@@ -194,6 +194,7 @@ def test_run_page_screenshots_follow_colour_scheme(server, browser, scheme, widt
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
         page.goto(server.url + "/runs/1")
+        page.click("#incident-bar:not([hidden]) > #incident-line")  # the bar opens to its cards
         page.wait_for_selector(".alert[data-kind='nan_loss']")
         page.wait_for_function("() => document.getElementById('chart-loss').data")
         bg = page.evaluate("() => getComputedStyle(document.body).backgroundColor")
@@ -233,7 +234,7 @@ def test_long_live_session_stays_bounded_and_keeps_the_spike(server, page, api):
     assert 17_000 in markers
     # The fold itself, on a known series: the spike, the dip, the NaN and both ends survive.
     kept = page.evaluate("""async () => {
-        const GW = await import('/static/common.js');
+        const GW = await import('/static/lib/series.js');
         const n = 50000, s = { steps: [], values: [], walls: [] };
         for (let i = 0; i < n; i++) { s.steps.push(i); s.values.push(i === 123 ? 1e9 : i === 40000 ? -5 : i === 777 ? NaN : 1); s.walls.push(i); }
         const c = GW.compact(s, 400);
@@ -284,6 +285,7 @@ def test_show_step_on_an_alert_zooms_every_chart_to_it(server, page):
 
     _logged_run(server.url, "to-diagnose", 6_000, values=value)
     page.goto(server.url + "/runs/1")
+    page.click("#incident-bar:not([hidden]) > #incident-line")  # the bar opens to its cards
     page.wait_for_selector(".alert[data-kind='nan_loss'] button.zoom-to")
     page.click(".alert[data-kind='nan_loss'] button.zoom-to")
     page.wait_for_function(
@@ -318,11 +320,14 @@ def test_compare_grid_of_shared_metrics_summary_markers_and_missing_ids(server, 
         assert keys == ["loss", "acc"]  # every shared metric, loss first; val/only-here is not shared
         page.wait_for_function("() => (document.getElementById('chart-0').layout || {}).shapes?.length > 0")
         colors = page.evaluate(
-            "async () => { const m = await import('/static/common.js'); return [m.colorFor(1), m.colorFor(2)]; }"
+            "async () => { const m = await import('/static/lib/plot.js'); return [m.colorFor(1), m.colorFor(2)]; }"
         )
         shapes = page.evaluate("() => document.getElementById('chart-0').layout.shapes.map(s => [s.x0, s.line.color])")
         assert [30, colors[1]] in shapes  # the NaN alert, in the diverging run's colour
-        assert page.evaluate("() => document.getElementById('chart-0').layout.yaxis.type") == "log"  # spans 12 decades
+        # 12 decades for one run, under 2 for the other: a log axis would squeeze the steady one flat, so
+        # the axis stays linear, fitted to the run in range (the one blowing up leaves it where it does).
+        yaxis = page.evaluate("() => document.getElementById('chart-0').layout.yaxis")
+        assert yaxis["type"] == "linear" and yaxis["range"][1] < 2
         row = page.locator("#summary tr[data-run='1']")
         assert row.locator(".best-loss").inner_text() == "0.025" and row.locator(".last-loss").inner_text() == "0.025"
         assert page.locator("#summary tr[data-run='2'] .alert-total").inner_text() != "0"
@@ -348,7 +353,7 @@ def test_runs_list_neutral_colours_disabled_compare_and_loss_sparklines(server, 
     assert cursor == "not-allowed" and background != "rgb(47, 111, 237)"  # not the enabled blue
     page.locator("tr[data-run='1'] input[type=checkbox]").check()
     assert button.is_enabled() and page.evaluate(style)[0] == "pointer"
-    hues = page.evaluate("""async () => (await import('/static/common.js')).PALETTE.map(c => {
+    hues = page.evaluate("""async () => (await import('/static/lib/plot.js')).PALETTE.map(c => {
         const [r, g, b] = [1, 3, 5].map(i => parseInt(c.slice(i, i + 2), 16) / 255), max = Math.max(r, g, b), min = Math.min(r, g, b);
         if (max - min < 0.15) return -1;  // a grey
         const h = max === r ? ((g - b) / (max - min)) % 6 : max === g ? (b - r) / (max - min) + 2 : (r - g) / (max - min) + 4;
@@ -368,6 +373,7 @@ def test_a_real_recurring_nan_shows_as_one_card_with_its_count(server, page, api
     alerts = [a for a in api.get("/api/runs/1/alerts") if a["kind"] == "nan_loss"]
     assert len(alerts) == 1 and alerts[0]["count"] == 2 and alerts[0]["step"] == 100 and alerts[0]["last_step"] == 400
     page.goto(server.url + "/runs/1")
+    page.click("#incident-bar:not([hidden]) > #incident-line")  # the bar opens to its cards
     card = page.locator(".alert[data-kind='nan_loss']")
     card.wait_for()
     assert card.count() == 1 and card.get_attribute("data-count") == "2"

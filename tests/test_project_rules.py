@@ -45,10 +45,10 @@ def test_rules_are_validated_stored_and_logged(server, api):
     }
     status, body = api.request("PUT", "/api/projects/p/rules", doc)
     assert status == 200, body
-    assert body["updated_by"] == "ana" and body["disabled"] == ["loss_spike"]
+    assert body["updated_by"] == "anonymous" and body["disabled"] == ["loss_spike"]  # the token's name, not "by"
     lines = body["history"][0]["changes"]
     assert "loss_spike: off" in lines and "thresholds.exploding_gradients.factor: default -> 50.0" in lines
-    assert body["history"][0]["by"] == "ana" and body["custom"][0]["window"] == 50
+    assert body["history"][0]["by"] == "anonymous" and body["custom"][0]["window"] == 50
 
 
 def test_a_running_run_applies_new_rules_from_its_next_batch(server, api):
@@ -187,3 +187,122 @@ def test_the_replay_fires_exactly_as_the_monitor_did():
             assert by_step(backtest.replay(steps, cols, doc, own, kinds)) == old, (seed, raw)
             compared, fired = compared + 1, fired + len(old)
     assert compared == 144 and fired > 500  # the corpus does fire: the comparison is not of empty lists
+
+
+# --- issue #30: custom rules cost O(batch + window), a budget per project, GET's answer accepted back ------
+
+
+def _direct_bad(spec: dict, values: np.ndarray) -> np.ndarray:
+    """The definition, value by value: what the rule means (the window before each value, NaN left out)."""
+    out = np.zeros(len(values), dtype=bool)
+    for i, v in enumerate(values):
+        if spec["type"] == "n_of_m":  # counted over the last m steps, this one included (NaN never counts)
+            last = values[max(0, i - spec["m"] + 1) : i + 1]
+            flags = np.isfinite(last) & ((last > spec["value"]) if spec["op"] == ">" else (last < spec["value"]))
+            out[i] = flags.sum() >= spec["n"]
+            continue
+        before = values[max(0, i - spec["window"]) : i]
+        if not np.isfinite(v) or i < max(2, spec["min_history"]) or not np.isfinite(before).any():
+            continue
+        if spec["type"] == "relative":
+            limit = spec["factor"] * np.nanmedian(before)
+            out[i] = v > limit if spec["op"] == ">" else v < limit
+        else:
+            mean, sd = np.nanmean(before), np.nanstd(before)
+            z = (v - mean) / sd if sd > 0 else 0.0
+            out[i] = z > spec["z"] if spec["op"] == ">" else z < -spec["z"]
+    return out
+
+
+def test_custom_rules_judge_each_value_as_defined_batch_after_batch():
+    """Running sums and a sorted window give what the definition gives, however the values come in batches."""
+    from gradwatch_server.rules.custom import CustomRule
+
+    rng = np.random.default_rng(3)
+    values = rng.normal(1.0, 0.4, 1500) + 100.0
+    values[rng.random(1500) < 0.05] = np.nan
+    base = {"name": "r", "key": "k", "cooldown": 0, "min_history": 10, "severity": "warning"}
+    for extra in (
+        {"type": "n_of_m", "op": ">", "value": 100.5, "n": 4, "m": 9},
+        {"type": "relative", "op": ">", "factor": 1.004, "window": 40},
+        {"type": "relative", "op": "<", "factor": 0.996, "window": 101},
+        {"type": "zscore", "op": ">", "z": 1.8, "window": 60},
+    ):
+        spec = {**base, **extra}
+        rule, got, at = CustomRule(policy.check_custom(0, spec)), [], 0
+        while at < len(values):
+            size = int(rng.integers(1, 200))
+            got.append(rule.bad(values[at : at + size]))
+            at += size
+        want = _direct_bad(policy.check_custom(0, spec), values)
+        assert want.sum() > 5, extra  # the case is not vacuous
+        assert (np.concatenate(got) == want).mean() > 0.999, extra  # float sums may differ on a borderline
+
+
+def test_rules_over_the_projects_budget_are_refused_naming_it(server, api):
+    rule = {"key": "acc", "type": "n_of_m", "op": ">", "value": 2, "n": 5, "m": 10000}
+    many = [{**rule, "name": f"r{i}"} for i in range(policy.RULES_BUDGET // 10000 + 1)]
+    status, body = api.request("PUT", "/api/projects/p/rules", {"custom": many})
+    assert status == 400 and "rules budget" in body["error"] and f"{policy.RULES_BUDGET:,}" in body["error"]
+    status, body = api.request("POST", "/api/projects/p/rules/backtest", {"custom": many})
+    assert status == 400 and "rules budget" in body["error"]
+    assert api.request("PUT", "/api/projects/p/rules", {"custom": many[:-1]})[0] == 200
+
+
+def test_what_get_rules_returns_is_accepted_back_by_put_and_backtest(server, api):
+    doc = {
+        "thresholds": {"loss_spike.factor": 8},
+        "custom": [{"name": "a", "key": "acc", "type": "threshold", "value": 1}],
+    }
+    assert api.request("PUT", "/api/projects/p/rules", doc)[0] == 200
+    got = api.get("/api/projects/p/rules")
+    got["thresholds"]["loss_spike.factor"] = 9  # a script that edits one threshold and sends it all back
+    status, body = api.request("PUT", "/api/projects/p/rules", got)
+    assert status == 200, body
+    assert body["thresholds"]["loss_spike.factor"] == 9.0 and body["custom"] == got["custom"]
+    assert api.request("POST", "/api/projects/p/rules/backtest", got)[0] == 200
+
+
+def test_a_replay_stops_at_its_budget_its_deadline_and_when_the_client_leaves(server, api, monkeypatch):
+    import threading
+
+    from gradwatch_server.rules import backtest
+
+    for name in ("a", "b", "c"):
+        run = gradwatch.init(project="big", name=name, server=server.url)
+        for step in range(300):
+            run.log({"loss": 1.0, "acc": 0.9}, step=step)
+        run.finish()
+    proposed = {"custom": [{"name": "acc", "key": "acc", "type": "relative", "op": "<", "factor": 0.5}]}
+    status, out = api.request("POST", "/api/projects/big/rules/backtest", proposed)
+    assert status == 200 and out["complete"] and out["stopped"] is None and len(out["runs"]) == 3
+    monkeypatch.setattr(backtest, "POINTS_BUDGET", 700)  # two runs' 300 acc points fit, not three
+    status, out = api.request("POST", "/api/projects/big/rules/backtest", proposed)
+    assert status == 200 and not out["complete"] and len(out["runs"]) == 2
+    assert "budget of 700 points x rules" in out["stopped"]
+    monkeypatch.undo()
+    engine = database.make_engine(server.settings.db_url)
+    try:
+        with engine.connect() as conn:
+            current = {k: v for k, v in policy.EMPTY.items()}
+            done = backtest.backtest(conn, "big", current, policy.validate(proposed), limits=backtest.Limits(0.0))
+            assert not done["complete"] and "deadline" in done["stopped"] and done["runs"] == []
+            gone = threading.Event()
+            gone.set()
+            left = backtest.backtest(conn, "big", current, policy.validate(proposed), limits=backtest.Limits(stop=gone))
+            assert "client left" in left["stopped"]
+    finally:
+        engine.dispose()
+
+
+def test_one_replay_at_a_time_per_project(server, api):
+    from gradwatch_server.web.routes import rules
+
+    rules.REPLAYING.add("busy")  # a replay of "busy" is running
+    try:
+        status, body = api.request("POST", "/api/projects/busy/rules/backtest", {})
+        assert status == 429 and "one at a time" in body["error"]
+        assert api.request("POST", "/api/projects/other/rules/backtest", {})[0] == 200
+    finally:
+        rules.REPLAYING.discard("busy")
+    assert api.request("POST", "/api/projects/busy/rules/backtest", {})[0] == 200

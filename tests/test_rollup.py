@@ -78,8 +78,9 @@ def test_heat_is_the_summary_maxima_and_which_non_finite_kinds_occurred():
     present[:, 2] = [False, True, False, False, True, False]  # layer 2: only the -inf steps had a value
     _, _, data = rollup.summarise(steps, steps, values, present, np.zeros(6, dtype=np.int64))
     heat = rollup.heat_of(data[0])
-    maxima, flags = np.frombuffer(heat[:24], "<f8"), np.frombuffer(heat[24:], np.uint8)
-    assert len(heat) == 9 * 3 and maxima.tolist() == [2.0, 5.0, -math.inf]
+    maxima, flags = rollup.heat_arrays(heat, 3)
+    assert rollup.heat_arrays(heat, 4) is None  # another layout's heat is not read as this one's
+    assert maxima.tolist() == [2.0, 5.0, -math.inf]
     assert flags.tolist() == [rollup.FLAG_PINF, rollup.FLAG_NAN, rollup.FLAG_NINF]
     assert (rollup.flags_of(data) == flags).all()
 
@@ -99,3 +100,17 @@ def test_folding_one_point_equals_summarising_and_merging_it(seed):
         rollup.merge_into(block_a.data, data[0])
         rollup.fold_point(block_b.data, step, _wall(step), values, present)
         assert np.array_equal(block_a.data, block_b.data)
+
+
+@pytest.mark.parametrize("slots", [5, 13, 300])
+def test_a_0_2_heat_row_is_told_from_an_encoded_one_when_its_length_looks_encoded(slots):
+    rng = np.random.default_rng(slots)
+    maxima, flags = rng.normal(size=slots), rng.integers(0, 8, slots).astype(np.uint8)
+    raw = maxima.astype("<f8").tobytes() + flags.tobytes()  # 9 bytes a slot: 5 modulo 8 for 5 and 13 slots
+    assert rollup.heat_is_raw(raw, slots)
+    got = rollup.heat_arrays(raw, slots)
+    assert got[0].tolist() == maxima.tolist() and got[1].tolist() == flags.tolist()
+    data = rollup.empty(slots).data
+    data[rollup.MAX_V] = maxima
+    encoded = rollup.heat_of(data)
+    assert not rollup.heat_is_raw(encoded, slots) and rollup.heat_arrays(encoded, slots)[0].tolist() == maxima.tolist()

@@ -131,7 +131,8 @@ def test_live_steps_inside_one_block_write_no_rollup_rows(tmp_path):
         with engine.connect() as conn:
             return conn.execute(select(func.count()).select_from(db.rollups)).scalar()
 
-    for step in range(63):  # the finest scalar block is steps 0..63
+    fine = rollup.levels_for(1)[0]
+    for step in range(fine - 1):  # the finest scalar block is steps 0..fine-1
         with engine.begin() as conn:
             msg = {
                 "type": "batch",
@@ -140,8 +141,9 @@ def test_live_steps_inside_one_block_write_no_rollup_rows(tmp_path):
             }
             apply_batch(conn, state, decode(msg))
     assert rows() == 0
-    with engine.begin() as conn:  # step 63 completes block 0 of level 64: that one row, and no other
-        msg = {"type": "batch", "seq": 64, "columns": protocol.encode_columns([(63, _wall(63), {"loss": 0.5}, {})])}
+    with engine.begin() as conn:  # its last step completes block 0 of the finest level: that one row, and no other
+        last = [(fine - 1, _wall(fine - 1), {"loss": 0.5}, {})]
+        msg = {"type": "batch", "seq": fine, "columns": protocol.encode_columns(last)}
         apply_batch(conn, state, decode(msg))
     assert rows() == 1
     with engine.connect() as conn:

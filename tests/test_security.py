@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -164,7 +165,7 @@ def test_api_needs_the_token(token_server):
     status, _, data = raw(url, "GET", "/api/runs", {"Authorization": f"Bearer {TOKEN}"})
     assert status == 200 and json.loads(data) == []
     assert raw(url, "GET", "/openapi.json")[0] == 401
-    assert raw(url, "GET", "/static/common.js")[0] == 401
+    assert raw(url, "GET", "/static/lib/dom.js")[0] == 401
     # a forged cookie (the raw token) is not a session
     assert raw(url, "GET", "/api/runs", {"Cookie": f"gradwatch_session={TOKEN}"})[0] == 401
 
@@ -503,6 +504,11 @@ def test_secure_cookie_only_through_a_trusted_proxy(settings):
         assert "Secure" not in _login(srv.url, https)[1]  # 127.0.0.1 is not the trusted proxy here
     finally:
         srv.stop()
+    srv = BackgroundServer(dataclasses.replace(settings, token=TOKEN)).start()
+    try:
+        assert "Secure" not in _login(srv.url, https)[1]  # no --trusted-proxy: not even 127.0.0.1 is believed
+    finally:
+        srv.stop()
     srv = BackgroundServer(dataclasses.replace(settings, token=TOKEN, trusted_proxy="127.0.0.1")).start()
     try:
         assert "Secure" in _login(srv.url, https)[1]
@@ -541,5 +547,34 @@ def test_api_docs_are_off_unless_asked_for(settings):
     srv = BackgroundServer(dataclasses.replace(settings, api_docs=True)).start()
     try:
         assert raw(srv.url, "GET", "/docs")[0] == 200
+    finally:
+        srv.stop()
+
+
+def test_the_runs_language_has_depth_and_width_limits_answered_as_400s(server, api):
+    """400-deep parentheses and 70 summary keys were a 500 with a traceback; now one line each, a 400."""
+    from urllib.parse import quote
+
+    deep = "(" * 400 + "config.lr < 1" + ")" * 400
+    status, body = api.request("GET", "/api/runs?where=" + quote(deep))
+    assert status == 400 and "nests parentheses 400 deep" in body["error"]
+    wide = " or ".join(f"summary.k{i}.min < 1" for i in range(70))
+    status, body = api.request("GET", "/api/runs?where=" + quote(wide))
+    assert status == 400 and "70 config/summary fields" in body["error"]
+    ok = " or ".join(f"summary.k{i}.min < 1" for i in range(30))
+    assert api.request("GET", "/api/runs?where=" + quote(ok))[0] == 200
+
+
+def test_a_trickling_request_body_is_cut_off(settings):
+    """A slow POST (headers in time, then a byte now and then) no longer holds its slot forever: a 408."""
+    srv = BackgroundServer(dataclasses.replace(settings, header_timeout=1.0)).start()
+    try:
+        port = int(srv.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=15) as sock:
+            head = f"PUT /api/projects/p/rules HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Length: 100000\r\n"
+            sock.sendall((head + "Content-Type: application/json\r\n\r\n{").encode())
+            t0 = time.monotonic()
+            answer = sock.recv(4096).decode()
+            assert answer.startswith("HTTP/1.1 408") and time.monotonic() - t0 < 10
     finally:
         srv.stop()

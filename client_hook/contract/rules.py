@@ -35,14 +35,48 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "level": (0.0, math.inf, False),
 }
 INTEGERS = ("window", "min_history", "patience", "cooldown", "skips")  # settings that count steps
+# What a setting is measured in, by name (a threshold may say otherwise: throughput_drop.min_delta is seconds).
+UNITS = {
+    "window": "steps",
+    "min_history": "steps",
+    "patience": "steps",
+    "cooldown": "steps",
+    "skips": "skipped steps",
+    "factor": "×",
+    "early_factor": "×",
+    "ceiling": "gradient norm",
+    "min_delta": "loss units",
+    "min_norm": "gradient norm",
+    "ratio": "ratio",
+    "fraction": "fraction of 1",
+    "level": "ratio",
+}
+# What a setting means when its rule does not say more (the common bookkeeping of every rule).
+DOCS = {
+    "window": "recent values the rule compares against",
+    "min_history": "values seen before the rule may alert",
+    "patience": "steps in a row before it alerts",
+    "cooldown": "quiet steps that end an episode (a new one alerts again)",
+}
 
 
 class Threshold(NamedTuple):
-    """One setting of a rule: its name after the dot, default and what it means; its range is by name."""
+    """One setting of a rule: its name after the dot, default, what it means and its unit; its range is by name."""
 
     setting: str
     default: float
     doc: str = ""
+    unit: str = ""
+
+    @property
+    def meaning(self) -> str:
+        """Its one-line meaning: its own doc, else the common one of its setting."""
+        return self.doc or DOCS.get(self.setting, "")
+
+    @property
+    def units(self) -> str:
+        """What it is measured in: its own unit, else its setting's."""
+        return self.unit or UNITS.get(self.setting, "")
 
 
 class RuleSpec:
@@ -50,6 +84,7 @@ class RuleSpec:
 
     Args:
         kind: the alert kind it raises; its thresholds are named ``<kind>.<setting>``.
+        title: what happened, as words for the pages ("Loss spike"); by default the kind spelled out.
         severity: the severity of its alerts (a few raise the other one in a worse case).
         doc: what it detects and why, in one line.
         thresholds: its settings with their defaults.
@@ -57,9 +92,11 @@ class RuleSpec:
         nonfinite_value: its alert value may be NaN/inf, and that is the point: keep it.
     """
 
-    __slots__ = ("kind", "severity", "doc", "thresholds", "worse", "nonfinite_value")
+    __slots__ = ("kind", "severity", "doc", "thresholds", "worse", "nonfinite_value", "title")
 
-    def __init__(self, kind: str, severity: str, doc: str, thresholds=(), worse="larger", nonfinite_value=False):
+    def __init__(
+        self, kind: str, severity: str, doc: str, thresholds=(), worse="larger", nonfinite_value=False, title=""
+    ):
         if severity not in SEVERITIES:
             raise ValueError(f"rule {kind!r}: severity must be one of {SEVERITIES}, got {severity!r}")
         if worse not in ("larger", "smaller"):
@@ -70,6 +107,7 @@ class RuleSpec:
         self.kind, self.severity, self.doc = kind, severity, doc
         self.thresholds: tuple[Threshold, ...] = tuple(thresholds)
         self.worse, self.nonfinite_value = worse, bool(nonfinite_value)
+        self.title = title or spelled(kind)
 
     def __repr__(self) -> str:
         return f"RuleSpec({self.kind!r}, {self.severity!r}, thresholds={len(self.thresholds)})"
@@ -85,8 +123,13 @@ class RuleSpec:
         return {f"{self.kind}.{t.setting}": t.default for t in self.thresholds}
 
 
-def _t(setting: str, default: float, doc: str = "") -> Threshold:
-    return Threshold(setting, default, doc)
+def spelled(kind: str) -> str:
+    """A kind as words: "loss_spike" -> "Loss spike"."""
+    return kind.replace("_", " ").capitalize()
+
+
+def _t(setting: str, default: float, doc: str = "", unit: str = "") -> Threshold:
+    return Threshold(setting, default, doc, unit)
 
 
 BUILT_IN: tuple[RuleSpec, ...] = (
@@ -96,18 +139,20 @@ BUILT_IN: tuple[RuleSpec, ...] = (
         "A loss that is NaN or +/-inf: training has diverged at this exact step.",
         (_t("cooldown", 10, "finite-loss steps that end a NaN episode"),),
         nonfinite_value=True,
+        title="Loss is NaN",
     ),
     RuleSpec(
         "loss_spike",
         "warning",
         "A finite loss far outside its recent robust spread (median + factor x MAD).",
         (
-            _t("factor", 10.0, "robust z-score (median / MAD) over the window"),
+            _t("factor", 10.0, "robust z-score (median / MAD) over the window", "MADs"),
             _t("window", 100),
             _t("min_history", 20),
             _t("cooldown", 20, "steps back in range before a new spike episode"),
             _t("min_delta", 1e-4, "absolute floor: a rise smaller than this over the median is never a spike"),
         ),
+        title="Loss spike",
     ),
     RuleSpec(
         "loss_divergence",
@@ -118,6 +163,7 @@ BUILT_IN: tuple[RuleSpec, ...] = (
             _t("window", 10, "recent values whose median is the short-term reference"),
             _t("cooldown", 20, "steps back under factor x the first loss to end it"),
         ),
+        title="Loss diverged",
     ),
     RuleSpec(
         "nonfinite_gradients",
@@ -125,6 +171,7 @@ BUILT_IN: tuple[RuleSpec, ...] = (
         "NaN/inf inside gradients, naming the first parameters (input side) affected, or the loss if it went first.",
         (_t("cooldown", 10, "finite-gradient steps that end an episode"),),
         nonfinite_value=True,
+        title="NaN/inf gradients",
     ),
     RuleSpec(
         "exploding_gradients",
@@ -139,6 +186,7 @@ BUILT_IN: tuple[RuleSpec, ...] = (
             _t("cooldown", 20, "healthy steps in a row that end an episode"),
             _t("min_norm", 0.1, "absolute floor: a global norm below this is never relatively exploding"),
         ),
+        title="Exploding gradients",
     ),
     RuleSpec(
         "vanishing_gradients",
@@ -150,6 +198,7 @@ BUILT_IN: tuple[RuleSpec, ...] = (
             _t("cooldown", 20),
         ),
         worse="smaller",
+        title="Vanishing gradients",
     ),
     RuleSpec(
         "zero_gradients",
@@ -157,24 +206,28 @@ BUILT_IN: tuple[RuleSpec, ...] = (
         "Parameters whose gradient is exactly zero for many consecutive steps (dead or disconnected).",
         (_t("patience", 20, "consecutive steps with an exactly-zero gradient"), _t("cooldown", 10)),
         worse="smaller",
+        title="Zero gradients",
     ),
     RuleSpec(
         "missing_gradients",
         "warning",
         "Parameters that require grad but get no gradient at all (.grad is None) step after step.",
         (_t("patience", 5, "consecutive steps with .grad None"), _t("cooldown", 5)),
+        title="Missing gradients",
     ),
     RuleSpec(
         "memory_pressure",
         "warning",
         "CUDA memory reserved close to the device's capacity: an OOM is near.",
         (_t("fraction", 0.95, "CUDA reserved / device total"), _t("cooldown", 20)),
+        title="Memory pressure",
     ),
     RuleSpec(
         "amp_overflow",
         "warning",
         "GradScaler keeps skipping steps (loss scale keeps dropping): fp16 overflow every few steps.",
         (_t("skips", 5, "skipped AMP steps ..."), _t("window", 100, "... within this many scaler updates")),
+        title="AMP overflow",
     ),
     RuleSpec(
         "loss_plateau",
@@ -184,6 +237,7 @@ BUILT_IN: tuple[RuleSpec, ...] = (
             _t("patience", 200, "finite values of a loss after which it must have fallen"),
             _t("ratio", 0.99, "... below this x its start (medians of its first and latest values)"),
         ),
+        title="Loss plateau",
     ),
     RuleSpec(
         "instability_warning",
@@ -196,6 +250,7 @@ BUILT_IN: tuple[RuleSpec, ...] = (
             _t("min_history", 60, "update ratios seen before the rule may warn"),
             _t("cooldown", 50, "quiet steps that end a warning episode"),
         ),
+        title="Instability ahead",
     ),
     RuleSpec(
         "throughput_drop",
@@ -207,8 +262,9 @@ BUILT_IN: tuple[RuleSpec, ...] = (
             _t("window", 200, "the run's median step time over this many healthy steps"),
             _t("min_history", 50, "step times seen before the rule may alert"),
             _t("cooldown", 50, "normal-pace steps that end an episode"),
-            _t("min_delta", 0.01, "seconds: a slowdown smaller than this per step is never a drop"),
+            _t("min_delta", 0.01, "a slowdown smaller than this per step is never a drop", "seconds"),
         ),
+        title="Throughput drop",
     ),
 )
 
@@ -256,6 +312,16 @@ for _spec in BUILT_IN:
     declare(_spec)
 
 RULE_KINDS = tuple(s.kind for s in BUILT_IN)  # the built-in rules' kinds
+# What the pages call the kinds no RuleSpec raises (a spec's own title names the others).
+OTHER_TITLES = {
+    "data_gap": "Data gap",
+    "data_refused": "Data refused",
+    "stalled": "Stalled",
+    "custom_rule": "Custom rule",
+    "straggler": "Straggler rank",
+    "lr_suggestion": "LR suggestion",
+    "nan_provenance": "Where the NaN was born",
+}
 # raised by the server about the data itself; custom_rule: a project's own rule on any metric (server/rules/)
 SERVER_KINDS = ("data_gap", "data_refused", "stalled", "custom_rule", "straggler")
 # sent by the client as alert events (missing_gradients: parameters left out of the optimizer;
@@ -328,13 +394,40 @@ def of(kind: str) -> dict[str, float]:
     return dict(found.defaults) if found else {}
 
 
+def title(kind: str) -> str:
+    """What the pages call an alert kind: its spec's title, the server's or client's name, else the kind spelled out."""
+    found = SPECS.get(kind)
+    return found.title if found else OTHER_TITLES.get(kind) or spelled(kind)
+
+
+def _threshold_js(t: Threshold) -> dict:
+    low, high, inclusive = RANGES[t.setting]
+    return {
+        "default": t.default,
+        "doc": t.meaning,
+        "unit": t.units,
+        "min": low,
+        "max": high if high < math.inf else None,
+        "inclusive": inclusive,
+        "integer": t.setting in INTEGERS,
+    }
+
+
 def shared() -> dict:
     """What /contract.js carries about the rules, by JavaScript name."""
     return {
         "RULE_KINDS": list(kinds()),
         "RULE_SPECS": {
-            s.kind: {"severity": s.severity, "doc": s.doc, "worse": s.worse, "thresholds": s.defaults}
+            s.kind: {
+                "title": s.title,
+                "severity": s.severity,
+                "doc": s.doc,
+                "worse": s.worse,
+                "thresholds": s.defaults,
+                "settings": {f"{s.kind}.{t.setting}": _threshold_js(t) for t in s.thresholds},
+            }
             for s in SPECS.values()
         },
+        "KIND_TITLES": {kind: title(kind) for kind in alert_kinds()},
         "THRESHOLD_DEFAULTS": dict(DEFAULTS),
     }

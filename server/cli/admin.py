@@ -11,7 +11,7 @@ import contextlib
 import sys
 import time
 
-from gradwatch_server.cli.launch import need_server_extra, redacted
+from gradwatch_server.cli.serve import need_server_extra, redacted
 from gradwatch_server.cli.source import printable
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from gradwatch_server.cli import db, demo, export, gc, import_tb, report, runs, serve, sync
+from gradwatch_server.cli import audit, db, demo, export, gc, import_tb, report, runs, serve, sync, token
 
 
 class Command(NamedTuple):
@@ -30,4 +30,6 @@ COMMANDS = (
     Command(export.add_parser, export.run_export),
     Command(import_tb.add_parser, import_tb.run_import),
     Command(report.add_parser, report.run_report),
+    Command(token.add_parser, token.run),
+    Command(audit.add_parser, audit.run),
 )

@@ -1,4 +1,4 @@
-"""``gradwatch db upgrade|status|wait``: the database schema, checked or brought up to date without a server."""
+"""``gradwatch db upgrade|status|wait|compact|stats``: the schema checked or brought up to date, blocks compacted, disk use."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import sys
 import time
 
 from gradwatch_server.cli.admin import database_url, db_flag, first_line, reporting
-from gradwatch_server.cli.launch import redacted
+from gradwatch_server.cli.serve import redacted
+from gradwatch_server.storage.blocks import command
 
 EXIT_NEEDS_UPGRADE = 3  # `gradwatch db status`: reachable, but older than this release
 
@@ -14,7 +15,7 @@ EXIT_NEEDS_UPGRADE = 3  # `gradwatch db status`: reachable, but older than this 
 def add_parser(sub) -> None:
     dbp = sub.add_parser(
         "db",
-        help="database schema: upgrade, status, wait",
+        help="database: schema upgrade, status, wait; compact, stats",
         description="The database schema. `gradwatch serve` upgrades an older database by itself "
         "at start; these do it (or check it) without starting a server.",
     )
@@ -29,12 +30,13 @@ def add_parser(sub) -> None:
     wait = actions.add_parser("wait", help="wait until the database answers (used by the Docker image)")
     db_flag(wait)
     wait.add_argument("--timeout", type=float, default=60.0, help="give up after this many seconds [60]")
+    command.add_parsers(actions, db_flag)  # compact and stats: their logic and flags live with the blocks
 
 
 def run(args) -> int:
     url = database_url(args)
     with reporting(url):
-        return {"upgrade": upgrade, "status": status, "wait": wait}[args.db_command](args, url)
+        return {"upgrade": upgrade, "status": status, "wait": wait, **command.ACTIONS}[args.db_command](args, url)
 
 
 def upgrade(args, url: str) -> int:

@@ -10,12 +10,14 @@ metric charts have something to show. The demo writes to a database of its own.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
-from gradwatch_server.cli.launch import launch
+from gradwatch_server.cli.serve import launch
 from gradwatch_server.settings import add_arguments, default_db_url
 
 RUNS = (  # name, optimizer, lr, schedule
@@ -139,6 +141,11 @@ def train(
             loss.backward()
             opt.step()
             metrics = {"loss": loss}
+            if not math.isfinite(loss.item()) and _flagged(server, run.id, token, step):
+                # Past here the ramp only overflows (torch raises on the next steps): stop, and say why.
+                run.log(metrics)
+                print(f"gradwatch demo: {name!r} went non-finite at step {step} and is flagged: stopped.", flush=True)
+                break
             if step % 20 == 0:
                 metrics["train/accuracy"] = _evaluate(model, x, y)[1]
                 metrics["train/samples_per_s"] = 128 * (step + 1) / (time.perf_counter() - started)
@@ -146,6 +153,32 @@ def train(
                 metrics["val/loss"], metrics["val/accuracy"] = _evaluate(model, vx, vy)
             run.log(metrics)
             time.sleep(delay)
+
+
+_CHECKED: dict[int, int] = {}  # run id -> the step its alerts were last asked for
+
+
+def _flagged(server: str, run_id: int, token: str, step: int) -> bool:
+    """Whether the server has raised an alert on the run (asked at most every 10 steps)."""
+    if step - _CHECKED.get(run_id, -100) < 10:
+        return False
+    _CHECKED[run_id] = step
+    request = urllib.request.Request(f"{server}/api/runs/{run_id}/alerts")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return bool(json.load(resp))
+    except OSError:
+        return False  # the server is busy or gone: keep training, ask again later
+
+
+def train_quietly(name: str, *args, **kwargs) -> None:
+    """train(), with a failure as one line on the terminal instead of a thread's traceback."""
+    try:
+        train(*args, **kwargs)
+    except Exception as exc:  # the demo's own runs: say what stopped one, keep the others going
+        print(f"gradwatch demo: {name!r} stopped: {type(exc).__name__}: {exc}", flush=True)
 
 
 def _database(settings):
@@ -170,11 +203,13 @@ def run_demo(settings, steps: int = 6000, delay: float = 0.05, keep_serving: boo
     stagger = min(4.0, steps * delay / 10)  # seconds between run starts: a newcomer sees runs appear
     # Models are built here, one after the other, because weight init draws from torch's global RNG;
     # building them inside the threads made the runs (and whether the bad one diverged) a race.
+    # Daemon threads: Ctrl-C never waits on a training step or a slow flush to end the process.
     threads = [
         threading.Thread(
-            target=train,
-            args=(server.url, name, opt, lr, sched, steps, delay, make_model(), stop),
+            target=train_quietly,
+            args=(name, server.url, name, opt, lr, sched, steps, delay, make_model(), stop),
             kwargs={"token": settings.token},
+            daemon=True,
         )
         for name, opt, lr, sched in RUNS
     ]
@@ -191,10 +226,14 @@ def run_demo(settings, steps: int = 6000, delay: float = 0.05, keep_serving: boo
             while True:
                 time.sleep(3600)
     except KeyboardInterrupt:
-        print("\ngradwatch demo: stopping (finishing the runs)...", flush=True)
+        print("\ngradwatch demo: stopping...", flush=True)
         stop.set()
-        for t in threads:
-            if t.is_alive():
-                t.join(timeout=30)
+        deadline = time.monotonic() + 3  # the runs get a moment to say they finished, not more
+        try:
+            for t in threads:
+                if t.ident is not None:  # started (Ctrl-C may come before the last run starts)
+                    t.join(timeout=max(0.0, deadline - time.monotonic()))
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: stop now
     finally:
         server.stop()

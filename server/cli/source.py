@@ -48,6 +48,9 @@ class HttpSource:
     def alerts(self, run_id: int):
         return self._call("GET", f"/api/runs/{run_id}/alerts")
 
+    def incidents(self, run_id: int):
+        return self._call("GET", f"/api/runs/{run_id}/incidents")
+
     def delete(self, run_id: int):
         return self._call("DELETE", f"/api/runs/{run_id}")
 
@@ -100,6 +103,11 @@ class DbSource:
         from gradwatch_server.storage import store
 
         return self._read(store.get_alerts, run_id)
+
+    def incidents(self, run_id: int):
+        from gradwatch_server.health import incidents
+
+        return self._read(incidents.list_incidents, run_id)
 
     def delete(self, run_id: int):
         from gradwatch_server.storage import edits, store

@@ -18,6 +18,7 @@ import numpy as np
 from sqlalchemy import bindparam, select, update
 
 from gradwatch import contract, protocol
+from gradwatch import thresholds as th_rules
 from gradwatch_server.health import monitor as health
 from gradwatch_server.health.alerts import AlertBook
 from gradwatch_server.health.diagnose import diagnose, with_incident
@@ -82,6 +83,9 @@ def _loads(text) -> dict:
     return value if isinstance(value, dict) else {}
 
 
+REPLAY_DEPTH = 2 * th_rules.MAX_WINDOW  # most steps a rebuilt run state replays (docs/security.md, "Limits")
+
+
 def _replay_recent(conn, state: RunState) -> None:
     """Warm the health rules with the run's latest steps (after a restart), dropping their alerts.
 
@@ -89,7 +93,11 @@ def _replay_recent(conn, state: RunState) -> None:
     server neither misses an explosion for lack of history nor repeats an alert already raised.
     """
     th = state.monitor.th
-    depth = int(max(v for k, v in th.items() if k.endswith((".window", ".patience", ".min_history")))) + 1
+    # capped: a patience or min_history of 1e7 must not make every rules change replay a whole run on the writer
+    depth = (
+        min(REPLAY_DEPTH, int(max(v for k, v in th.items() if k.endswith((".window", ".patience", ".min_history")))))
+        + 1
+    )
     steps: dict = {}
     for key, key_id in state.key_ids.items():
         if key in state.layouts or not health.relevant(key):
@@ -172,10 +180,13 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
             batch.problems.append(f"event: {exc}")
     if batch.problems:
         new_alerts.append(refused_alert(batch))
-    if run_changes.get("status") in contract.CLIENT_ENDINGS:  # its newest rollup blocks are final now
-        pending = rollup_writes.Writes()
+    if run_changes.get("status") in contract.CLIENT_ENDINGS:  # its newest blocks are final now
+        pending, tails = rollup_writes.Writes(), chunks.Writes()
         rollup_writes.write_pending(conn, state.rollups, pending)
         pending.flush(conn)
+        for tail in state.tails.values():
+            chunks.seal(tails, tail)
+        tails.flush(conn)
     changed = [state.alerts.record(conn, a, now) for a in new_alerts]
     if "error" in run_changes:  # a crash right after a divergence (even in the same batch) is told as part of it
         run_changes["error"] = with_incident(run_changes["error"], state.alerts.incidents.rows)

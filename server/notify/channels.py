@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.parse
 
 from sqlalchemy import select
 
@@ -12,6 +13,8 @@ from gradwatch_server.notify import kinds
 from gradwatch_server.storage import db
 
 MAX_CHANNELS = 20
+MAX_RECIPIENTS = 50  # email addresses over all of a project's channels (a test would mail each of them)
+MASK = "…"  # a secret option as the API shows it: its start, this, its last 4 characters
 
 
 def check(i: int, ch) -> dict:
@@ -29,11 +32,43 @@ def check(i: int, ch) -> dict:
     return {**kind.stored, **kind.check(where, ch), "min_severity": severity}
 
 
-def validate(body) -> list[dict]:
+def validate(body, stored: list[dict] | None = None) -> list[dict]:
+    """The channels of a PUT body, normalised; a secret sent back masked (as GET shows it) keeps its stored value."""
     chans = body.get("channels") if isinstance(body, dict) else None
     if not isinstance(chans, list) or len(chans) > MAX_CHANNELS:
         raise ValueError(f"channels must be a list of at most {MAX_CHANNELS}")
-    return [check(i, c) for i, c in enumerate(chans)]
+    known = {masked_value(v): v for ch in stored or [] for v in _secrets(ch).values()}
+    chans = [_unmasked(c, known) if isinstance(c, dict) else c for c in chans]
+    out = [check(i, c) for i, c in enumerate(chans)]
+    recipients = sum(len(c.get("to", ())) for c in out)
+    if recipients > MAX_RECIPIENTS:
+        raise ValueError(f"at most {MAX_RECIPIENTS} email recipients over all channels, got {recipients}")
+    return out
+
+
+def _secrets(ch: dict) -> dict:
+    """The channel's secret options (a webhook's URL): name -> value."""
+    try:
+        kind = kinds.of(ch)
+    except ValueError:
+        return {}
+    return {o.name: ch[o.name] for o in kind.options if o.secret and isinstance(ch.get(o.name), str)}
+
+
+def _unmasked(ch: dict, known: dict) -> dict:
+    return {**ch, **{name: known[v] for name, v in _secrets(ch).items() if v in known}}
+
+
+def masked_value(value: str) -> str:
+    """``https://hooks.slack.com/…abcd``: enough to tell channels apart, not enough to post to one."""
+    parts = urllib.parse.urlsplit(value)
+    head = f"{parts.scheme}://{parts.netloc}/" if parts.scheme else ""
+    return f"{head}{MASK}{value[-4:]}"
+
+
+def masked(chans: list[dict]) -> list[dict]:
+    """Channels as the API shows them: secrets write-only (masked)."""
+    return [{**ch, **{name: masked_value(v) for name, v in _secrets(ch).items()}} for ch in chans]
 
 
 def load(conn, project: str) -> list[dict]:

@@ -17,21 +17,51 @@ import queue
 import threading
 import time
 from collections import deque
+from typing import NamedTuple
 
 from sqlalchemy import select
 
 from gradwatch import contract
 from gradwatch_server.health import incidents
-from gradwatch_server.notify import channels, kinds
+from gradwatch_server.notify import channels, egress, kinds
 from gradwatch_server.storage import db, store
 
 log = logging.getLogger("gradwatch.server")
 RANK = {s: i for i, s in enumerate(contract.SEVERITIES)}
+TEST_INTERVAL = 60.0  # seconds between two test notifications of one project
+TEST_TIMEOUT = 5.0  # seconds a test waits on each channel (one try: a test shows what happens now)
+
+
+class Context(NamedTuple):
+    """What a channel kind may read of the server's settings when it sends."""
+
+    smtp_url: str
+    allow_hosts: frozenset
+    timeout: float
+
+
+class TooSoon(Exception):
+    """A test notification of this project was sent less than TEST_INTERVAL ago; ``wait`` seconds remain."""
+
+    def __init__(self, wait: float):
+        super().__init__(f"one test notification a minute per project: try again in {wait:.0f} s")
+        self.wait = wait
 
 
 def server_webhook(url: str) -> list[dict]:
     """The ``webhook`` setting as channels (none when unset): Slack text, every severity, for every project."""
-    return [{"kind": "webhook", "url": url, "format": "slack", "min_severity": "info"}] if url else []
+    return [{"kind": "webhook", "url": url, "format": "slack", "min_severity": "info", "server": True}] if url else []
+
+
+def generic(exc: BaseException) -> str:
+    """What the caller (and the deliveries list) is told of a failure: an HTTP status, or one generic line.
+
+    A channel's URL is the caller's: the text a non-HTTP service answers, or "refused" against "timed out",
+    would tell it what listens where. The detail goes to the server log."""
+    text = str(exc)
+    if isinstance(exc, OSError) and text.startswith("HTTP "):
+        return text
+    return "delivery failed: no valid answer from the receiver (details in the server log)"
 
 
 class Notifier:
@@ -42,11 +72,13 @@ class Notifier:
         self.smtp_url, self.base_url = settings.smtp_url, settings.base_url.rstrip("/")
         self.alert_email = [a.strip() for a in settings.alert_email.split(",") if a.strip()]
         self.webhook = server_webhook(settings.webhook)  # the server-wide webhook, for every project
+        self.allow_hosts = egress.allowed_hosts(settings.notify_allow_hosts)  # what project channels may reach
         self.per_run, self.retries, self.backoff = settings.webhook_per_run, retries, backoff
         self.grace = grace  # seconds a root waits for what its step brought along (the story, the worst severity)
         self.queue: queue.Queue = queue.Queue(maxsize=1000)
         self.dropped = 0
         self.sent: dict[tuple, deque] = {}  # (run id, channel) -> times of its recent notifications
+        self.tested: dict[str, float] = {}  # project -> when its last test notification went
         self.thread: threading.Thread | None = None
 
     def offer(self, run_id: int, alert: dict) -> None:
@@ -127,22 +159,26 @@ class Notifier:
         }
 
     def _send(self, note: dict, ch: dict) -> None:
-        kinds.of(ch).send(ch, note, self)  # the kind reads what it needs of the server's (smtp_url)
+        # the kind reads what it needs of the server's: smtp_url, allow_hosts, timeout
+        kinds.of(ch).send(
+            ch, note, Context(self.smtp_url, self.allow_hosts, TEST_TIMEOUT if note.get("test") else 10.0)
+        )
 
     def _deliver(self, note: dict, ch: dict) -> dict:
-        """Send with retries and backoff; record and return the outcome."""
-        error = None
-        for attempt in range(1, self.retries + 1):
+        """Send with retries and backoff (a test: one try); record and return the outcome."""
+        error, retries = None, 1 if note.get("test") else self.retries
+        for attempt in range(1, retries + 1):
             try:
                 self._send(note, ch)
                 return self._record(note, ch, "delivered", None, attempt)
             except ValueError as exc:  # not worth retrying
                 return self._record(note, ch, "failed", exc, attempt)
             except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                if attempt < self.retries:
+                error = generic(exc)
+                log.warning("gradwatch: notification to %s failed: %r", channels.describe(ch), exc)
+                if attempt < retries:
                     time.sleep(self.backoff * 2 ** (attempt - 1))
-        return self._record(note, ch, "failed", error, self.retries)
+        return self._record(note, ch, "failed", error, retries)
 
     def _record(self, note: dict, ch: dict, status: str, reason, attempts: int) -> dict:
         inc = note.get("incident") or {}
@@ -165,7 +201,14 @@ class Notifier:
         return out
 
     def test(self, project: str) -> list[dict]:
-        """'Send a test notification': every channel of the project now, each outcome returned and recorded."""
+        """'Send a test notification': every channel of the project now, each outcome returned and recorded.
+
+        At most one a minute per project (TooSoon with the seconds to wait)."""
+        now = time.monotonic()
+        last = self.tested.get(project)
+        if last is not None and now - last < TEST_INTERVAL:
+            raise TooSoon(TEST_INTERVAL - (now - last))
+        self.tested[project] = now
         with self.engine.connect() as conn:
             chans = channels.load(conn, project)
         alert = {"kind": "test", "step": 0, "severity": "critical", "message": "A test notification from gradwatch."}

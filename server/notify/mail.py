@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import smtplib
 import ssl
 import urllib.parse
 from email.message import EmailMessage
+
+CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
 
 
 def check_url(url: str) -> urllib.parse.SplitResult:
@@ -23,7 +26,7 @@ def send(url: str, to: list[str], subject: str, body: str, sender: str = "", tim
     msg = EmailMessage()
     msg["From"] = sender or f"gradwatch@{parts.hostname}"
     msg["To"] = ", ".join(to)
-    msg["Subject"] = subject[:200]
+    msg["Subject"] = CONTROL.sub(" ", subject)[:200]  # a run named "a\r\nBcc: x" still mails, on one line
     msg.set_content(body)
     context = ssl.create_default_context()
     if parts.scheme == "smtps":

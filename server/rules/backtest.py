@@ -8,14 +8,18 @@ read are read from the chunks once per run. The loss rules replay each loss seri
 other kinds and the custom rules go through a Monitor with every other rule off, through ``observe_batch``
 in large batches (the rules' numpy bulk checks make a healthy stretch cost a few array operations).
 Per-layer vectors are not replayed: a per-layer rule's changes show as its alerts kept or dropped.
+
+Bounded (docs/security.md, "Limits"): runs are read and replayed one at a time, newest first, never all held
+at once; a replay stops, answering what it has with ``complete: false`` and why, at ``POINTS_BUDGET`` points
+x rules, at its deadline, or when ``stop`` is set (the client left). The route runs one replay per project
+at a time, on the replays' own thread pool (never the writer's thread, never the pool the API reads on).
 """
 
 from __future__ import annotations
 
 import json
-import os
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from sqlalchemy import select
@@ -30,8 +34,29 @@ from gradwatch_server.storage import chunks, db
 
 BATCH = 2048  # records per observe_batch call after the first
 FIRST = 256
-WORKERS = min(8, os.cpu_count() or 1)  # replays run in parallel where numpy lets go of the GIL
 MAX_RUNS = 100
+POINTS_BUDGET = 20_000_000  # points x rules one replay may judge (rules: the replayed kinds + the custom rules)
+DEADLINE = 8.0  # seconds a replay may run before it answers with what it has
+
+
+class Stopped(Exception):
+    """The replay must end now: the reason it gives (the deadline passed, the client left)."""
+
+
+class Limits:
+    """When a replay stops: its deadline, a stop event the route sets when the client leaves."""
+
+    def __init__(self, deadline: float = DEADLINE, stop: threading.Event | None = None):
+        self.until, self.stop = time.monotonic() + deadline, stop or threading.Event()
+        self.deadline = deadline
+
+    def check(self) -> None:
+        if self.stop.is_set():
+            raise Stopped("the client left")
+        if time.monotonic() > self.until:
+            raise Stopped(f"the replay's deadline of {self.deadline:g} s passed")
+
+
 LOSS_KINDS = {r.kind: i for i, r in enumerate(loss.RULES)}  # replayed whole series at a time, in rule order
 
 
@@ -93,7 +118,9 @@ def affected(current: dict, proposed: dict) -> set:
     return out & kinds
 
 
-def replay(steps: np.ndarray, cols: dict, doc: dict, run_alerts: dict, kinds: set) -> list:
+def replay(
+    steps: np.ndarray, cols: dict, doc: dict, run_alerts: dict, kinds: set, limits: Limits | None = None
+) -> list:
     """Where the rules of ``doc`` for ``kinds`` (and its custom rules) fire on one run, in step order."""
     th = health.thresholds({**doc["thresholds"], **run_alerts})
     on = kinds - set(doc["disabled"])
@@ -101,7 +128,7 @@ def replay(steps: np.ndarray, cols: dict, doc: dict, run_alerts: dict, kinds: se
     policy = Policy({**{k: doc[k] for k in EMPTY}, "disabled": sorted(set(registry.kinds()) - rest)})
     fired = _loss_alerts(steps, cols, th, on & set(LOSS_KINDS), doc["severity"])
     if rest or policy.custom:
-        fired += _monitor(steps, cols, th, policy)
+        fired += _monitor(steps, cols, th, policy, limits or Limits(float("inf")))
     return [_brief(a.kind, a.step, a.value, a.key, a.layer, a.severity) for a in fired]
 
 
@@ -121,11 +148,12 @@ def _loss_alerts(steps: np.ndarray, cols: dict, th: dict, kinds: set, severity: 
     return [a for _, a in found]
 
 
-def _monitor(steps: np.ndarray, cols: dict, th: dict, policy: Policy) -> list:
+def _monitor(steps: np.ndarray, cols: dict, th: dict, policy: Policy, limits: Limits) -> list:
     """The other replayed kinds and the custom rules: a Monitor fed the run in large batches."""
     monitor = health.Monitor(th, policy=policy)
     fired, lo = [], 0
     while lo < len(steps):
+        limits.check()
         hi = min(lo + (FIRST if lo == 0 else BATCH), len(steps))  # a short first batch: rules warming up go
         part = {}  # record by record until their history is full, and that costs per record
         for key, (rows, values) in cols.items():
@@ -150,37 +178,56 @@ def stored(conn, run_id: int) -> list[dict]:
     ]
 
 
-def backtest(conn, project: str, current: dict, proposed: dict, limit: int = MAX_RUNS) -> dict:
+def backtest(
+    conn, project: str, current: dict, proposed: dict, limit: int = MAX_RUNS, limits: Limits | None = None
+) -> dict:
     """Per run of the project's ``limit`` newest: where the current rules fired (its alerts) and where the
-    proposed ones would have (the kinds the proposal changes and its custom rules replayed, the rest as fired)."""
-    t0 = time.perf_counter()
+    proposed ones would have (the kinds the proposal changes and its custom rules replayed, the rest as fired).
+    Stops early (``complete`` false, ``stopped`` says why) at the budget, the deadline or the client's leaving."""
+    t0, limits = time.perf_counter(), limits or Limits()
     kinds = affected(current, proposed)
     keys = {r["key"] for r in proposed["custom"]}
     wanted = reads(kinds, keys)
-    rows = conn.execute(
-        select(db.runs.c.id, db.runs.c.name, db.runs.c.alert_config)
-        .where(db.runs.c.project == project)
-        .order_by(db.runs.c.id.desc())
-        .limit(limit)
-    ).all()
-    jobs = []  # reads on this connection, in order; the replays (numpy, most of the time) on a thread pool
-    for r in rows:
-        fired = stored(conn, r.id)
-        cols = run_columns(conn, r.id, wanted) if kinds or keys else None
-        jobs.append((r, fired, cols))
-    with ThreadPoolExecutor(max_workers=WORKERS) as pool:
-        out = list(pool.map(lambda job: _one(job, proposed, kinds), jobs))
-    points = sum(sum(len(v) for _, v in job[2][1].values()) for job in jobs if job[2] is not None)
+    rules = max(1, len(kinds) + len(proposed["custom"]))
+    ids = conn.execute(
+        select(db.runs.c.id).where(db.runs.c.project == project).order_by(db.runs.c.id.desc()).limit(limit)
+    ).scalars()
+    out, points, stopped = [], 0, None
+    for run_id in list(ids):  # one run read and replayed at a time: memory is one run's keys, not the project's
+        try:
+            limits.check()
+            r = conn.execute(
+                select(db.runs.c.id, db.runs.c.name, db.runs.c.alert_config).where(db.runs.c.id == run_id)
+            ).first()
+            if r is None:
+                continue  # deleted meanwhile
+            fired = stored(conn, r.id)
+            cols = run_columns(conn, r.id, wanted) if kinds or keys else None
+            size = 0 if cols is None else sum(len(v) for _, v in cols[1].values())
+            if (points + size) * rules > POINTS_BUDGET:
+                stopped = (
+                    f"the replay budget of {POINTS_BUDGET:,} points x rules was reached after {len(out)} run(s) "
+                    f"({rules} rule(s) replayed)"
+                )
+                break
+            out.append(_one((r, fired, cols), proposed, kinds, limits))
+            points += size
+        except Stopped as exc:
+            stopped = f"{exc} after {len(out)} run(s)"
+            break
     return {
         "project": project,
         "replayed": sorted(kinds) + (["custom_rule"] if keys else []),
         "runs": out,
         "points": points,
+        "complete": stopped is None,
+        "stopped": stopped,
+        "budget": {"points_x_rules": POINTS_BUDGET, "seconds": limits.deadline},
         "seconds": round(time.perf_counter() - t0, 3),
     }
 
 
-def _one(job, proposed: dict, kinds: set) -> dict:
+def _one(job, proposed: dict, kinds: set, limits: Limits | None = None) -> dict:
     """One run's answer: its alerts, and the proposal's (kept where unchanged, replayed where changed)."""
     r, fired, cols = job
     kept = [
@@ -189,7 +236,7 @@ def _one(job, proposed: dict, kinds: set) -> dict:
         if a["kind"] not in kinds and a["kind"] != "custom_rule" and a["kind"] not in proposed["disabled"]
     ]
     if cols is not None:
-        new = replay(*cols, proposed, _own_alerts(r.alert_config), kinds)
+        new = replay(*cols, proposed, _own_alerts(r.alert_config), kinds, limits)
         for a in new:
             a["value"] = contract.encode_float(a["value"]) if a["value"] is not None else None
         kept = sorted(kept + new, key=lambda a: a["step"] if a["step"] is not None else -1)

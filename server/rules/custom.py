@@ -1,12 +1,19 @@
 """Custom rules on any metric: a threshold, relative to a recent window, a z-score, or N of the last M steps.
 
-Each rule follows one scalar key. A batch is judged at numpy speed: every value against the ``window``
-values before it (all of them, bad ones too), or, for ``n_of_m``, counted over the last ``m`` steps. An
-episode alerts once (``custom_rule``, ``layer`` = the rule's name) at its first bad value and ends after
-``cooldown`` good values in a row, like the built-in rules; the state carries across batches.
+Each rule follows one scalar key. A batch is judged against the ``window`` values before each value (all of
+them, bad ones too), or, for ``n_of_m``, counted over the last ``m`` steps. An episode alerts once
+(``custom_rule``, ``layer`` = the rule's name) at its first bad value and ends after ``cooldown`` good values
+in a row, like the built-in rules; the state carries across batches.
+
+The cost of a batch of k values is O(k + window) for every type, never O(k x window): ``n_of_m`` counts with
+a running sum over the kept flags, ``zscore`` with running sums, ``relative`` keeps the window sorted
+(one insertion and one removal per value). docs/security.md has the measurements.
 """
 
 from __future__ import annotations
+
+import bisect
+from collections import deque
 
 import numpy as np
 
@@ -22,7 +29,7 @@ class CustomRule:
 
     def __init__(self, spec: dict):
         self.spec = spec
-        self.tail = np.empty(0)  # the latest values (the window the next batch is judged against)
+        self.tail = np.empty(0)  # the latest values (the window the next batch is judged against; zscore)
         self.flags = np.empty(0, dtype=bool)  # the latest m-1 beyond-limit flags (n_of_m)
         self.good = None  # good values in a row since the last bad one (None: no episode open)
         self.count = 0  # values seen so far (min_history)
@@ -36,30 +43,67 @@ class CustomRule:
         if kind == "threshold":
             return self._beyond(values, s["value"]) & np.isfinite(values)
         if kind == "n_of_m":
-            flags = np.concatenate([self.flags, self._beyond(values, s["value"]) & np.isfinite(values)])
-            # the flags of the last m steps up to each value (fewer at the run's start: what there is)
-            hits = np.convolve(flags, np.ones(s["m"], dtype=int))[: len(flags)][len(self.flags) :]
-            self.flags = flags[-(s["m"] - 1) :] if s["m"] > 1 else flags[:0]
-            return hits >= s["n"]
-        w = s["window"]
-        seen = np.concatenate([self.tail, values])
-        before = len(self.tail)
-        counted = self.count + np.arange(len(values))  # values the run had before each of these
+            return self._n_of_m(values)
+        ok = self.count + np.arange(len(values)) >= max(2, s["min_history"])  # the run's values before each
         self.count += len(values)
-        self.tail = seen[-w:]
-        ok = counted >= max(2, s["min_history"])
-        out = np.zeros(len(values), dtype=bool)
-        if not ok.any():
-            return out
-        pad = np.concatenate([np.full(w, np.nan), seen])
-        wins = np.lib.stride_tricks.sliding_window_view(pad, w)[before + np.flatnonzero(ok)]  # the w values before
         if kind == "relative":
-            out[ok] = self._beyond(values[ok], s["factor"] * np.nanmedian(wins, axis=1))
-        else:
-            mean, sd = np.nanmean(wins, axis=1), np.nanstd(wins, axis=1)
-            z = np.where(sd > 0, (values[ok] - mean) / np.where(sd > 0, sd, 1.0), 0.0)
-            out[ok] = z > s["z"] if s["op"] == ">" else z < -s["z"]
+            medians = self._medians(values)
+            out = np.zeros(len(values), dtype=bool)
+            out[ok] = self._beyond(values[ok], s["factor"] * medians[ok])
+            return out & np.isfinite(values)
+        out = self._zscores(values, ok)
+        self.tail = np.concatenate([self.tail, values])[-s["window"] :]
         return out & np.isfinite(values)
+
+    def _n_of_m(self, values: np.ndarray) -> np.ndarray:
+        """Beyond-limit flags counted over the last m steps up to each value (fewer at the run's start)."""
+        m = self.spec["m"]
+        flags = np.concatenate([self.flags, self._beyond(values, self.spec["value"]) & np.isfinite(values)])
+        sums = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])
+        at = np.arange(len(self.flags), len(flags))  # the new values' places
+        hits = sums[at + 1] - sums[np.maximum(0, at + 1 - m)]
+        self.flags = flags[-(m - 1) :] if m > 1 else flags[:0]
+        return hits >= self.spec["n"]
+
+    def _medians(self, values: np.ndarray) -> np.ndarray:
+        """The median (NaN left out, as numpy's nanmedian) of the ``window`` values before each value."""
+        if not hasattr(self, "sorted"):
+            self.sorted, self.recent = [], deque()  # the window's non-NaN values sorted; the window in order
+        w, ordered, recent = self.spec["window"], self.sorted, self.recent
+        out = np.empty(len(values))
+        for i, v in enumerate(values.tolist()):
+            n = len(ordered)
+            out[i] = np.nan if n == 0 else (ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2)
+            recent.append(v)
+            if v == v:
+                bisect.insort(ordered, v)
+            if len(recent) > w:
+                old = recent.popleft()
+                if old == old:
+                    del ordered[bisect.bisect_left(ordered, old)]
+        return out
+
+    def _zscores(self, values: np.ndarray, ok: np.ndarray) -> np.ndarray:
+        """z-scores against the ``window`` values before each value (running sums; a window with inf: 0)."""
+        s, w = self.spec, self.spec["window"]
+        seen = np.concatenate([self.tail, values])
+        finite = np.isfinite(seen)
+        shift = seen[finite][0] if finite.any() else 0.0  # sums of (x - shift): no cancellation on big offsets
+        x = np.where(finite, seen - shift, 0.0)
+        c = lambda a: np.concatenate([[0], np.cumsum(a)])  # noqa: E731
+        count, total, squares = c(finite), c(x), c(x * x)
+        infs = c(np.isinf(seen))
+        at = np.arange(len(self.tail), len(seen))  # each new value's place; its window is [at - w, at)
+        lo = np.maximum(0, at - w)
+        n = count[at] - count[lo]
+        mean = np.where(n > 0, (total[at] - total[lo]) / np.maximum(n, 1), np.nan)
+        var = np.where(n > 0, (squares[at] - squares[lo]) / np.maximum(n, 1) - mean * mean, np.nan)
+        sd = np.sqrt(np.maximum(var, 0.0))
+        sd[(infs[at] - infs[lo]) > 0] = np.nan  # numpy's nanstd of a window holding inf is NaN: z = 0
+        good = ok & (sd > 0) & (n > 0)
+        z = np.zeros(len(values))
+        z[good] = (values[good] - shift - mean[good]) / sd[good]
+        return z > s["z"] if s["op"] == ">" else z < -s["z"]
 
     def check(self, steps: np.ndarray, values: np.ndarray) -> list[Alert]:
         """A batch of the rule's key: an Alert for each episode that opens."""

@@ -25,6 +25,11 @@ from gradwatch_server.storage import db
 
 EMPTY = {"disabled": [], "thresholds": {}, "severity": {}, "custom": []}
 MAX_CUSTOM = 50
+# Steps of state all of a project's custom rules keep (window, or m for n_of_m, per rule): what one batch of
+# the project may cost the writer, whatever the rules (docs/security.md, "Limits").
+RULES_BUDGET = 100_000
+# What GET .../rules answers besides the document: sent back to PUT or .../backtest, ignored (not a 400).
+READ_ONLY = frozenset({"by", "updated_at", "updated_by", "history", "defaults", "kinds", "project"})
 _NEEDS = {"threshold": ("value",), "relative": ("factor",), "zscore": ("z",), "n_of_m": ("value", "n", "m")}
 
 
@@ -72,7 +77,7 @@ def validate(doc) -> dict:
     """The rules document normalised, or ValueError saying what is wrong (the first problem)."""
     if not isinstance(doc, dict):
         raise ValueError("rules must be an object")
-    unknown = set(doc) - set(EMPTY) - {"by"}
+    unknown = set(doc) - set(EMPTY) - READ_ONLY
     if unknown:
         raise ValueError(f"unknown fields {sorted(unknown)}; known: {sorted(EMPTY)}")
     kinds = set(registry.kinds())
@@ -95,7 +100,18 @@ def validate(doc) -> dict:
     names = [r["name"] for r in rules]
     if len(set(names)) != len(names):
         raise ValueError("custom rule names must be unique")
+    cost = sum(cost_of(r) for r in rules)
+    if cost > RULES_BUDGET:
+        raise ValueError(
+            f"custom rules over the project's rules budget: their windows (m for n_of_m) add up to {cost:,} "
+            f"steps, the budget is {RULES_BUDGET:,} (fewer rules or smaller windows)"
+        )
     return {"disabled": sorted(set(disabled)), "thresholds": checked, "severity": dict(severity), "custom": rules}
+
+
+def cost_of(rule: dict) -> int:
+    """Steps of state one custom rule keeps (what the rules budget counts)."""
+    return {"threshold": 1, "n_of_m": rule.get("m", 1)}.get(rule["type"], rule["window"])
 
 
 class Policy:

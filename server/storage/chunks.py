@@ -9,13 +9,17 @@ they are merged into one (each point is written about twice, never rewritten in 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
 from sqlalchemy import delete, func, select
 
 from gradwatch_server.storage import db
+from gradwatch_server.storage.blocks import codec
 from gradwatch_server.storage.prepared import Prepared
+
+log = logging.getLogger("gradwatch.server")
 
 CHUNK_VALUES = 2048  # values (steps x slots) per full chunk: 48 KiB for a scalar key
 
@@ -66,20 +70,30 @@ class Tail:
     parts: list = field(default_factory=list)
     n: int = 0
     slots: int | None = None
+    key_id: int | None = None
+    sealed: bool = False  # its rows are one compressed row (``seal``)
 
 
-def _row(key_id: int, p: Points) -> dict:
+def _row(key_id: int, p: Points, packed: bool = False) -> dict:
+    """A chunk row: ``packed``, one compressed blob in ``data`` (codec.py; steps and walls empty),
+    else the raw arrays (a live batch's small row: cheapest to write, merged away soon)."""
     missing = p.missing if p.missing is not None and p.missing.any() else None
+    row = {"key_id": key_id, "first_step": int(p.steps.min()), "last_step": int(p.steps.max()), "n": len(p)}
+    if packed:
+        blob = codec.encode_chunk(p.steps, p.walls, p.values, missing)
+        return {**row, "steps": b"", "walls": b"", "data": blob, "missing": None}
     return {
-        "key_id": key_id,
-        "first_step": int(p.steps.min()),
-        "last_step": int(p.steps.max()),
-        "n": len(p),
+        **row,
         "steps": np.ascontiguousarray(p.steps, dtype="<i8").tobytes(),
         "walls": f64(p.walls),
         "data": f64(p.values),
         "missing": None if missing is None else missing.astype(np.uint8).tobytes(),
     }
+
+
+def packed_row(key_id: int, p: Points) -> dict:
+    """A compressed chunk row of these points (``gradwatch db compact`` writes these)."""
+    return _row(key_id, p, packed=True)
 
 
 def concat(parts: list[Points]) -> Points:
@@ -133,18 +147,32 @@ def append(writes: Writes, tail: Tail, key_id: int, points: Points) -> None:
     cap = capacity(slots)
     if tail.slots is not None and tail.slots != slots:  # the layout changed: leave the old rows as they are
         tail.ids, tail.parts, tail.n = [], [], 0
-    tail.slots = slots
+    tail.slots, tail.key_id, tail.sealed = slots, key_id, False
     if tail.n + len(points) >= cap:
         if tail.ids:
             writes.deletes += tail.ids
             points = concat(tail.parts + [points])
             tail.ids, tail.parts, tail.n = [], [], 0
         full = (len(points) // cap) * cap
-        writes.full += [_row(key_id, points.take(slice(i, i + cap))) for i in range(0, full, cap)]
+        writes.full += [packed_row(key_id, points.take(slice(i, i + cap))) for i in range(0, full, cap)]
         if full == len(points):
             return
         points = points.take(slice(full, None))
-    writes.small.append((tail, points, _row(key_id, points)))
+    # A live step's row stays raw (cheapest to write, merged away soon); a bulk batch's is compressed.
+    writes.small.append((tail, points, _row(key_id, points, packed=len(points) * slots >= PACK_SMALL)))
+
+
+PACK_SMALL = 64  # values from which a small row is worth compressing
+
+
+def seal(writes: Writes, tail: Tail) -> None:
+    """A key whose run ended: its small rows merged into one compressed row (they would stay raw for good)."""
+    if tail.key_id is None or not tail.ids or tail.sealed:
+        return
+    writes.deletes += tail.ids
+    points = concat(tail.parts)
+    tail.ids, tail.parts, tail.n, tail.sealed = [], [], 0, True
+    writes.small.append((tail, points, packed_row(tail.key_id, points)))
 
 
 def load_tail(conn, key_id: int, slots: int) -> Tail:
@@ -152,14 +180,12 @@ def load_tail(conn, key_id: int, slots: int) -> Tail:
     are merged with the next ones instead of staying small for good."""
     cols = db.chunks.c
     rows = conn.execute(
-        select(cols.id, cols.steps, cols.walls, cols.data, cols.missing)
-        .where(cols.key_id == key_id, cols.n < capacity(slots))
-        .order_by(cols.id)
+        select(*_COLUMNS).where(cols.key_id == key_id, cols.n < capacity(slots)).order_by(cols.id)
     ).all()
     tail = Tail(slots=slots)
     for row in rows:
-        if len(row.data) == slots * len(row.steps):  # (8 bytes a value, 8 a step) written under this layout
-            part = _decode(row, None)
+        part = _decode_or_report(conn, key_id, row, None)
+        if part is not None and part.values.shape[1] == slots:  # written under this layout
             tail.ids.append(row.id)
             tail.parts.append(part)
             tail.n += len(part)
@@ -173,20 +199,74 @@ def append_now(conn, tail: Tail, key_id: int, points: Points) -> None:
     writes.flush(conn)
 
 
+_COLUMNS = (db.chunks.c.id, db.chunks.c.first_step, db.chunks.c.last_step) + tuple(
+    db.chunks.c[name] for name in ("steps", "walls", "data", "missing")
+)
+_reported: set = set()  # corrupt chunk ids already logged by this process
+
+
+def _arrays(row) -> tuple:
+    """(steps, walls, values (n, width), missing or None) of a row in either format; codec.Corrupt if damaged."""
+    if codec.is_encoded(row.data):
+        return codec.decode_chunk(row.data)
+    steps = np.frombuffer(row.steps, dtype="<i8")
+    n = len(steps)
+    if not n or len(row.data) % (8 * n) or len(row.walls) != 8 * n:
+        raise codec.Corrupt(f"raw chunk of {n} steps holds {len(row.data)} value bytes, {len(row.walls)} wall bytes")
+    width = len(row.data) // 8 // n
+    missing = None if row.missing is None else np.frombuffer(row.missing, dtype=np.uint8)
+    if missing is not None and len(missing) != n * width:
+        raise codec.Corrupt("raw chunk's missing mask has the wrong size")
+    return (
+        steps,
+        from_f64(row.walls),
+        from_f64(row.data).reshape(n, width),
+        None if missing is None else missing.reshape(n, width) != 0,
+    )
+
+
+def _decode_or_report(conn, key_id: int, row, slots: int | None, column: int | None = None) -> Points | None:
+    """``_decode``, or None for a damaged row: logged once with its run, key and steps, and left out
+    of the answer, so one bad block costs only its own points, never the request or other keys."""
+    try:
+        return _decode(row, slots, column)
+    except codec.Corrupt as exc:
+        if row.id not in _reported:
+            _reported.add(row.id)
+            k = db.metric_keys.c
+            where = conn.execute(select(k.run_id, k.key).where(k.id == key_id)).first()
+            run, key = (where.run_id, where.key) if where else ("?", f"key id {key_id}")
+            log.error(
+                "gradwatch: corrupt chunk %s of run %s, key %r, steps %s-%s: %s (its points are left out)",
+                row.id,
+                run,
+                key,
+                row.first_step,
+                row.last_step,
+                exc,
+            )
+        return None
+
+
+def decode_row(row) -> Points | None:
+    """A chunk row (either format, as read with all its columns) as Points; None if it is damaged."""
+    try:
+        return _decode(row, None)
+    except codec.Corrupt:
+        return None
+
+
 def _decode(row, slots: int | None, column: int | None = None) -> Points:
     """One chunk row as Points; ``slots`` pads (no value) or cuts rows written under another layout;
     ``column`` keeps only that slot (one layer of a vector), before anything is copied."""
-    steps = np.frombuffer(row.steps, dtype="<i8")
-    n = len(steps)
-    width = len(row.data) // 8 // n if n else 0
-    values = from_f64(row.data).reshape(n, width)
-    missing = None if row.missing is None else np.frombuffer(row.missing, dtype=np.uint8).reshape(n, width) != 0
+    steps, walls, values, missing = _arrays(row)
+    n, width = values.shape
     if column is not None:
         if column >= width:  # written under an older, smaller layout: no value in that slot
-            return Points(steps, from_f64(row.walls), np.full((n, 1), np.nan), np.ones((n, 1), dtype=bool))
+            return Points(steps, walls, np.full((n, 1), np.nan), np.ones((n, 1), dtype=bool))
         values = values[:, column : column + 1]
         missing = None if missing is None else missing[:, column : column + 1]
-        return Points(steps, from_f64(row.walls), values, missing)
+        return Points(steps, walls, values, missing)
     if slots is not None and slots != width:
         padded = np.full((n, slots), np.nan)
         gone = np.ones((n, slots), dtype=bool)
@@ -194,22 +274,22 @@ def _decode(row, slots: int | None, column: int | None = None) -> Points:
         padded[:, :keep] = values[:, :keep]
         gone[:, :keep] = False if missing is None else missing[:, :keep]
         values, missing = padded, gone
-    return Points(steps, from_f64(row.walls), values, missing)
+    return Points(steps, walls, values, missing)
 
 
 def empty(width: int = 1) -> Points:
     return Points(np.zeros(0, np.int64), np.zeros(0), np.zeros((0, width)), None)
 
 
-def _points(rows, slots: int | None, column: int | None) -> Points:
+def _points(conn, key_id: int, rows, slots: int | None, column: int | None) -> Points:
     """Chunk rows decoded to one width (``slots``, one ``column``, else the widest) and concatenated."""
-    if not rows:
+    parts = [p for p in (_decode_or_report(conn, key_id, r, slots, column) for r in rows) if p is not None]
+    if not parts:
         return empty(1 if column is not None else slots or 1)
-    parts = [_decode(r, slots, column) for r in rows]
     if column is None and slots is None:
         width = max(p.values.shape[1] for p in parts)
         if any(p.values.shape[1] != width for p in parts):  # rows from before a layout change
-            parts = [_decode(r, width) for r in rows]
+            parts = [p for p in (_decode_or_report(conn, key_id, r, width) for r in rows) if p is not None]
     return concat(parts)
 
 
@@ -221,12 +301,12 @@ def read(
     if lo is not None and hi is not None and hi < lo:
         return empty(1 if column is not None else slots or 1)
     cols = db.chunks.c
-    query = select(cols.steps, cols.walls, cols.data, cols.missing).where(cols.key_id == key_id)
+    query = select(*_COLUMNS).where(cols.key_id == key_id)
     if lo is not None:
         query = query.where(cols.last_step >= lo)
     if hi is not None:
         query = query.where(cols.first_step <= hi)
-    points = _points(conn.execute(query.order_by(cols.id)).all(), slots, column)
+    points = _points(conn, key_id, conn.execute(query.order_by(cols.id)).all(), slots, column)
     keep = np.ones(len(points), dtype=bool)
     if lo is not None:
         keep &= points.steps >= lo
@@ -263,12 +343,9 @@ def latest(conn, key_id: int, count: int, slots: int | None = None) -> Points:
     """The ``count`` highest-step points of a key (for warming the health rules after a restart)."""
     cols = db.chunks.c
     rows = conn.execute(
-        select(cols.steps, cols.walls, cols.data, cols.missing)
-        .where(cols.key_id == key_id)
-        .order_by(cols.last_step.desc())
-        .limit(max(4, count))
+        select(*_COLUMNS).where(cols.key_id == key_id).order_by(cols.last_step.desc()).limit(max(4, count))
     ).all()
-    points = _points(rows, slots, None)
+    points = _points(conn, key_id, rows, slots, None)
     return points.take(np.argsort(points.steps, kind="stable")[-count:])
 
 

@@ -41,6 +41,35 @@ sessions = Table(  # browser logins (web/sessions.py): the cookie's SHA-256, nev
     Column("id", String(64), primary_key=True),
     Column("created_at", Float, nullable=False),
     Column("expires_at", Float, nullable=False, index=True),
+    Column("token_digest", String(64)),  # the token that logged in (web/tokens.py): revoking it ends the session
+)
+
+tokens = Table(  # named API tokens with a role (web/tokens.py): the secret's SHA-256, never the secret
+    "tokens",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("digest", String(64), nullable=False, unique=True),
+    Column("role", String(16), nullable=False),
+    Column("projects", Text),  # JSON list of project names; NULL: every project
+    Column("created_at", Float, nullable=False),
+    Column("created_by", String(200)),
+    Column("expires_at", Float),
+    Column("revoked_at", Float),
+    Column("last_used_at", Float),
+)
+
+audit = Table(  # who did what, when (web/audit.py): every write through the API, logins, token changes
+    "audit",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", Float, nullable=False, index=True),
+    Column("who", String(200), nullable=False),
+    Column("role", String(16), nullable=False),
+    Column("action", String(300), nullable=False),
+    Column("status", Integer),
+    Column("project", String(MAX_NAME_LEN)),
+    Column("detail", Text),
 )
 
 runs = Table(
@@ -64,6 +93,7 @@ runs = Table(
     Column("tags", Text, nullable=False, default="[]"),
     Column("notes", Text, nullable=False, default=""),
     Column("error", Text),
+    Column("created_by", String(200)),  # the name of the token whose ingest connection created the run
 )
 
 metric_keys = Table(

@@ -7,7 +7,7 @@ kept too: the first of each kind in every bucket. Compare: striding or reservoir
 (TensorBoard, MLflow, Aim) drop outliers; bucket means (ClearML) flatten them.
 
 This is the one server-side owner of the rule. The pages fold a series that grows live past their
-budget with ``compact`` in frontend/common.js, the one browser-side copy (it works on the points a
+budget with ``compact`` in frontend/lib/series.js, the one browser-side copy (it works on the points a
 page already holds, so no live point is lost to a refetch); tests/test_contract.py runs both on the
 same inputs under node and requires the same kept points.
 """

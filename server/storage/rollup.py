@@ -23,17 +23,20 @@ import numpy as np
 from sqlalchemy import select
 
 from gradwatch_server.storage import db
-from gradwatch_server.storage.chunks import f64, from_f64
+from gradwatch_server.storage.blocks import codec
+from gradwatch_server.storage.chunks import from_f64
 
-# Scalars start at 64: finer blocks would cost more rows than they save (a chart of < 32k steps reads
-# its raw points from chunks in milliseconds). Vectors (300 layers = 2.4 KB a step) also keep 16, so a
-# heatmap never reads more than ~25k steps raw. 262144 keeps a 10M-step chart to a few hundred blocks.
+# Scalars start at 256: a 64-step block cost 1.2 bytes a point compressed (docs/storage.md), more than a
+# point of a constant key, to save reading up to 128k raw points (~60 compressed chunks, milliseconds).
+# Vectors (300 layers = 2.4 KB a step) keep 16, so a heatmap never reads more than ~25k steps raw.
+# 262144 keeps a 10M-step chart to a few hundred blocks.
 LEVELS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 
 
 def levels_for(slots: int) -> tuple:
-    """The rollup levels kept for a key with ``slots`` values per step."""
-    return LEVELS if slots > 1 else LEVELS[1:]
+    """The rollup levels kept for a key with ``slots`` values per step (0.2 also kept 64 for scalars:
+    those rows are no longer read, and ``gradwatch db compact`` deletes them)."""
+    return LEVELS if slots > 1 else LEVELS[2:]
 
 
 MIN_V, MIN_S, MAX_V, MAX_S, NAN_S, PINF_S, NINF_S = range(7)
@@ -143,11 +146,51 @@ def _take(d: np.ndarray, data: np.ndarray, take: np.ndarray, rows: tuple, change
 
 
 def encode(data: np.ndarray) -> bytes:
-    return f64(data)
+    """A (ROWS, slots) summary compressed (codec.encode_array: rows of steps and float32-born
+    extremes as float32, NaN/inf rows that are all NONE shrink to nothing)."""
+    return codec.encode_array(data)
 
 
-def decode(blob: bytes, slots: int) -> np.ndarray:
-    return from_f64(blob).reshape(ROWS, slots).astype(np.float64)
+def blob_width(blob: bytes, rows: int = ROWS) -> int:
+    """The slots a summary blob (either format) was written for; -1 if it cannot be one."""
+    if codec.is_encoded(blob):
+        return codec.width_of(blob)
+    return len(blob) // (8 * rows) if len(blob) % (8 * rows) == 0 else -1
+
+
+def decode(blob: bytes, slots: int) -> np.ndarray | None:
+    """A summary blob (raw float64 as 0.2 wrote it, or encoded) as (ROWS, slots); None if damaged
+    or written under another layout (readers then use the raw points)."""
+    if blob_width(blob) != slots:
+        return None
+    if not codec.is_encoded(blob):
+        return from_f64(blob).reshape(ROWS, slots).astype(np.float64)
+    try:
+        data = codec.decode_array(blob)
+    except codec.Corrupt:
+        return None
+    return data if data.shape == (ROWS, slots) else None
+
+
+def _decode_all(blobs: list, rows: int, slots: int, slot: int | None = None) -> np.ndarray | None:
+    """(k, rows, slots) of summary blobs in either format (codec.decode_arrays for the encoded ones);
+    with ``slot``, (k, rows, 1) of that slot only."""
+    encoded = [i for i, b in enumerate(blobs) if codec.is_encoded(b)]
+    if len(encoded) == len(blobs):
+        return codec.decode_arrays(blobs, rows, slots, slot)
+    out = np.empty((len(blobs), rows, slots if slot is None else 1))
+    if encoded:
+        part = codec.decode_arrays([blobs[i] for i in encoded], rows, slots, slot)
+        if part is None:
+            return None
+        out[encoded] = part
+    for i, blob in enumerate(blobs):
+        if not codec.is_encoded(blob):
+            if len(blob) != rows * slots * 8:
+                return None
+            data = from_f64(blob).reshape(rows, slots)
+            out[i] = data if slot is None else data[:, slot : slot + 1]
+    return out
 
 
 def pick_level(width: float, slots: int = 1) -> int | None:
@@ -169,15 +212,20 @@ def read_blocks(conn, key_id: int, level: int, first: int, last: int, slots: int
         )
         .order_by(db.rollups.c.block)
     ).all()
-    width = slots if slot is None else 1
+    cols = slots if slot is None else 1
     if not rows:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, ROWS, width))
-    if any(len(r.data) != ROWS * slots * 8 for r in rows):
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, ROWS, cols))
+    if any(blob_width(r.data) != slots for r in rows):
         return None, None, None  # written under an older layout: the caller reads raw points instead
-    if slot is None:
-        data = from_f64(b"".join(r.data for r in rows)).reshape(len(rows), ROWS, slots).astype(np.float64)
-    else:  # one layer of many: a strided view of each row, not a copy of every slot of every row
-        data = np.stack([from_f64(r.data)[slot::slots] for r in rows]).astype(np.float64)[:, :, None]
+    if not any(codec.is_encoded(r.data) for r in rows):  # as 0.2 wrote them: one view of all rows
+        if slot is None:
+            data = from_f64(b"".join(r.data for r in rows)).reshape(len(rows), ROWS, slots).astype(np.float64)
+        else:  # one layer of many: a strided view of each row, not a copy of every slot of every row
+            data = np.stack([from_f64(r.data)[slot::slots] for r in rows]).astype(np.float64)[:, :, None]
+    else:
+        data = _decode_all([r.data for r in rows], ROWS, slots, slot)
+        if data is None:
+            return None, None, None  # a damaged block: the caller reads raw points instead
     return np.array([r.block for r in rows], dtype=np.int64), np.array([r.n for r in rows], dtype=np.int64), data
 
 
@@ -206,8 +254,31 @@ FLAG_NAN, FLAG_PINF, FLAG_NINF = 1, 2, 4
 
 
 def heat_of(data: np.ndarray) -> bytes:
-    """A block's heat from its (ROWS, slots) summary: the finite maxima (float64), then a flags byte per slot."""
-    return f64(data[MAX_V]) + flags_of(data).tobytes()
+    """A block's heat from its (ROWS, slots) summary, encoded: the finite maxima and the flags (2, slots).
+
+    (0.2 wrote the maxima as float64 then a flags byte per slot: ``heat_arrays`` reads both.)"""
+    return codec.encode_array(np.stack([data[MAX_V], flags_of(data).astype(np.float64)]))
+
+
+def heat_is_raw(blob: bytes, slots: int) -> bool:
+    """Whether a heat blob is 0.2's (9 bytes a slot). That length is 5 modulo 8, like an encoded blob's,
+    when ``slots`` is, so there the header decides: an encoded heat blob names 2 rows of ``slots``."""
+    if len(blob) != 9 * slots:
+        return False
+    return not codec.is_encoded(blob) or not codec.has_header(blob, codec.ARRAY, 2, slots)
+
+
+def heat_arrays(blob: bytes, slots: int) -> tuple | None:
+    """(maxima, flags) of one heat blob in either format; None if damaged or of another layout."""
+    if heat_is_raw(blob, slots):
+        return np.frombuffer(blob[: 8 * slots], "<f8"), np.frombuffer(blob[8 * slots :], np.uint8)
+    if not codec.is_encoded(blob):
+        return None
+    try:
+        data = codec.decode_array(blob)
+    except codec.Corrupt:
+        return None
+    return (data[0], data[1].astype(np.uint8)) if data.shape == (2, slots) else None
 
 
 def flags_of(summaries: np.ndarray) -> np.ndarray:
@@ -223,9 +294,16 @@ def read_heat(conn, key_id: int, level: int, first: int, last: int, slots: int):
     h, r = db.rollup_heat.c, db.rollups.c
     in_range = (h.key_id == key_id, h.level == level, h.block >= first, h.block <= last)
     rows = conn.execute(select(h.block, h.data).where(*in_range).order_by(h.block)).all()
-    if any(len(row.data) != 9 * slots for row in rows):
-        return None
-    heat = np.frombuffer(b"".join(row.data for row in rows), dtype=np.uint8).reshape(len(rows), 9 * slots)
+    blobs = [row.data for row in rows]
+    if not any(heat_is_raw(b, slots) for b in blobs):
+        both = codec.decode_arrays(blobs, 2, slots)
+        if both is None:
+            return None
+        decoded = None
+    else:
+        decoded = [heat_arrays(b, slots) for b in blobs]
+        if any(d is None for d in decoded):
+            return None
     have = np.array([row.block for row in rows], dtype=np.int64)
     # Which blocks exist is the rollups' say (an index-only read): heat rows must match them one for one.
     stored = np.array(
@@ -234,7 +312,12 @@ def read_heat(conn, key_id: int, level: int, first: int, last: int, slots: int):
         .all(),
         dtype=np.int64,
     )
-    maxima, flags = heat[:, : 8 * slots].copy().view("<f8").astype(np.float64), heat[:, 8 * slots :]
+    if decoded is None:
+        maxima, flags = both[:, 0], both[:, 1].astype(np.uint8)
+    elif decoded:
+        maxima, flags = np.stack([d[0] for d in decoded]).astype(np.float64), np.stack([d[1] for d in decoded])
+    else:
+        maxima, flags = np.zeros((0, slots)), np.zeros((0, slots), dtype=np.uint8)
     if len(stored) == len(have) and (stored == have).all():
         return have, maxima, flags
     return _heat_with_derived(conn, key_id, level, slots, stored, have, maxima, flags)

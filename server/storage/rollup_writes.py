@@ -29,7 +29,6 @@ from gradwatch_server.storage import chunks, db
 from gradwatch_server.storage.rollup import (
     HEAT_ROWS,
     LEVELS,
-    ROWS,
     Block,
     decode,
     empty,
@@ -274,11 +273,12 @@ def _read(conn, key_id: int, level: int, b: int, slots: int) -> Block:
     row = conn.execute(_SELECT, {"k": key_id, "lv": level, "b": b}).first()
     if row is None:
         return empty(slots)
-    if len(row.data) != ROWS * slots * 8:  # the layout changed: summarise from here on under the new one
+    data = decode(row.data, slots)
+    if data is None:  # the layout changed (or the row is damaged): summarise from here on under the new one
         block = empty(slots)
         block.stored = True
         return block
-    return Block(decode(row.data, slots), row.n, True)
+    return Block(data, row.n, True)
 
 
 def _prepare(conn, cache: Cache, key_id: int, levels: tuple, slots: int) -> None:
@@ -335,7 +335,8 @@ def _children(conn, key_id: int, level: int, first: int, last: int, slots: int):
     rows = conn.execute(
         select(c.n, c.data).where(c.key_id == key_id, c.level == level, c.block >= first, c.block <= last)
     ).all()
-    return [(row.n, decode(row.data, slots)) for row in rows if len(row.data) == ROWS * slots * 8]
+    decoded = [(row.n, decode(row.data, slots)) for row in rows]
+    return [(n, data) for n, data in decoded if data is not None]
 
 
 def _exists(conn, key_id: int, level: int, b: int) -> bool:

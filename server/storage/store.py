@@ -154,6 +154,7 @@ def get_run(conn, run_id: int) -> dict:
         alert_config=json.loads(row.alert_config or "{}"),
         run_summary=scripted_summary.of_runs(conn, [run_id]).get(run_id, {}),
         **_job(row),
+        created_by=row.created_by,  # the name of the token whose connection created the run (None: before tokens)
     )
     return out
 

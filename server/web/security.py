@@ -1,26 +1,32 @@
-"""Who may talk to the server: Host, Origin, token and connection checks as one ASGI middleware.
+"""Who may talk to the server: Host, Origin, token, role and connection checks as one ASGI middleware.
 
 It wraps the whole app, so every HTTP route, both websockets and the pages are covered without
-any route knowing about it. A refused websocket is answered with a plain HTTP status before the
-upgrade (401 for the token, 403 for Host/Origin, 503 when full, 429 when one client holds too
-many), so a client sees why at once. Request bodies are cut at max_frame_bytes as they are read
-(chunked ones too); /healthz is never refused for load.
+any route knowing about it. It identifies the caller (``identify.Auth``), checks its role and projects
+(``authorize``), puts the identity on the request and records every write in the audit log. A refused
+websocket is answered with a plain HTTP status before the upgrade (401 for the token, 403 for
+Host/Origin or the role, 503 when full, 429 when one client holds too many), so a client sees why at
+once. Request bodies are cut at max_frame_bytes as they are read (chunked ones too) and must keep
+coming (MIN_BODY_RATE); /healthz is never refused for load.
 """
 
 from __future__ import annotations
 
-import hmac
+import asyncio
 import json
 import logging
 import re
-import secrets
+import time
 from urllib.parse import quote, urlsplit
 
 from starlette.exceptions import HTTPException
 
 from gradwatch_server.settings import LOOPBACK_NAMES, Settings, strip_port
+from gradwatch_server.web.authorize import Denied, authorize
+from gradwatch_server.web.identify import Auth
+from gradwatch_server.web.roles import OPEN, Identity
 
-COOKIE = "gradwatch_session"
+NOBODY = Identity("nobody", "viewer", frozenset())  # on the open paths (/login) before logging in
+
 OPEN_PATHS = frozenset({"/healthz", "/login", "/logout"})  # reachable without the token
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
@@ -31,59 +37,6 @@ class Refusal(Exception):
     def __init__(self, status: int, message: str, headers: dict | None = None):
         super().__init__(message)
         self.status, self.message, self.headers = status, message, headers or {}
-
-
-class Auth:
-    """The shared token, browser sessions (``web.sessions``) and the one-time login codes."""
-
-    def __init__(self, token: str, sessions=None):
-        self.token = token
-        self.sessions = sessions  # None: no database (unit tests); only the bearer token then
-        self._once: set[str] = set()
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.token)
-
-    def new_once_code(self) -> str:
-        """A random code that /login?once= exchanges for a session exactly once."""
-        code = secrets.token_urlsafe(24)
-        self._once.add(code)
-        return code
-
-    def redeem(self, code: str) -> bool:
-        """True (and the code is gone) if ``code`` is an unused one-time code."""
-        for known in list(self._once):
-            if hmac.compare_digest(known.encode(), code.encode()):
-                self._once.discard(known)
-                return True
-        return False
-
-    def token_matches(self, candidate: str) -> bool:
-        return hmac.compare_digest(self.token.encode(), candidate.encode())
-
-    async def allows(self, headers: dict) -> bool:
-        """A right bearer token or a live session cookie in the request's headers."""
-        scheme, _, value = headers.get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and self.token_matches(value.strip()):
-            return True
-        if self.sessions is None:
-            return False
-        for candidate in cookie_values(headers.get("cookie", ""), COOKIE)[:4]:
-            if await self.sessions.valid(candidate):
-                return True
-        return False
-
-
-def cookie_values(header: str, name: str) -> list[str]:
-    """Every value of cookie ``name`` in a Cookie header, read leniently: a malformed cookie of some
-    other site or app on this host (the stdlib parser gives up on the whole header) hides nothing."""
-    out = []
-    for part in header.split(";"):
-        key, sep, value = part.strip().partition("=")
-        if sep and key.strip() == name:
-            out.append(value.strip().strip('"'))
-    return out
 
 
 def client_address(scope) -> str:
@@ -145,10 +98,15 @@ def check_size(settings: Settings, headers: dict) -> None:
         raise Refusal(413, f"request body of {length} bytes is over max_frame_bytes ({settings.max_frame_bytes})")
 
 
-async def check_token(auth: Auth, scope, headers: dict) -> None:
-    """With a token set, everything but /healthz and /login needs it; pages go to the login form."""
-    if not auth.enabled or scope.get("path") in OPEN_PATHS or await auth.allows(headers):
-        return
+async def check_token(auth: Auth, scope, headers: dict) -> Identity:
+    """With a token set, everything but /healthz and /login needs one; pages go to the login form."""
+    if not auth.enabled:
+        return OPEN
+    found = await auth.identify(headers)
+    if found is not None:
+        return found
+    if scope.get("path") in OPEN_PATHS:
+        return NOBODY
     path = scope.get("path", "/")
     wants_page = (
         scope["type"] == "http"
@@ -177,11 +135,22 @@ class BodyTooLarge(HTTPException):
         super().__init__(413, message, headers={"connection": "close"})  # the rest is never read
 
 
+MIN_BODY_RATE = 16 << 10  # bytes a second a request body must average (after header_timeout's grace)
+
+
+class BodyTooSlow(HTTPException):
+    """A request body that trickles (a slow POST holding a connection slot): answered 408, not read further."""
+
+    def __init__(self, message: str):
+        super().__init__(408, message, headers={"connection": "close"})
+
+
 class Guard:
     """The middleware: refuses what the checks refuse, counts what it lets through (in all and per client)."""
 
-    def __init__(self, app, settings: Settings, auth: Auth):
+    def __init__(self, app, settings: Settings, auth: Auth, audit=None):
         self.app, self.settings, self.auth = app, settings, auth
+        self.audit = audit  # audit(identity, scope, status): every write through the API is recorded
         self.active = 0
         self.per_client: dict[str, int] = {}
 
@@ -197,22 +166,35 @@ class Guard:
         client = client_address(scope)
         self.active += 1  # counted from here: a session check may wait on the database
         self.per_client[client] = self.per_client.get(client, 0) + 1
-        started = False
+        started, status, identity = False, None, None
 
         async def watched_send(message):
-            nonlocal started
+            nonlocal started, status
             started = started or message["type"] in ("http.response.start", "websocket.accept")
+            if message["type"] == "http.response.start":
+                status = message["status"]
             await send(message)
 
         try:
-            await check_token(self.auth, scope, headers)
+            identity = await check_token(self.auth, scope, headers)
+            if scope.get("path") not in OPEN_PATHS:
+                try:
+                    await authorize(identity, scope, self.auth.engine)
+                except Denied as exc:
+                    raise Refusal(403, str(exc)) from None
+            scope.setdefault("state", {})["identity"] = identity
             await self.app(scope, self.limited(scope, receive), watched_send)
         except Refusal as refusal:
+            status = refusal.status
             await refuse(scope, receive, send, refusal)
-        except BodyTooLarge as exc:
+        except (BodyTooLarge, BodyTooSlow) as exc:
+            status = exc.status_code
             if not started:
-                await refuse(scope, receive, send, Refusal(413, exc.detail, exc.headers))
+                await refuse(scope, receive, send, Refusal(exc.status_code, exc.detail, exc.headers))
         finally:
+            if self.audit and identity is not None and scope.get("method") in UNSAFE_METHODS:
+                if scope.get("path") not in OPEN_PATHS:
+                    self.audit(identity, scope, status)
             self.active -= 1
             self.per_client[client] -= 1
             if not self.per_client[client]:
@@ -222,13 +204,22 @@ class Guard:
         """``receive`` that stops a request body at max_frame_bytes, however it is sent (chunked too)."""
         if scope["type"] != "http":
             return receive  # websocket messages: uvicorn's ws_max_size
-        limit, seen = self.settings.max_frame_bytes, 0
+        limit, seen, reading = self.settings.max_frame_bytes, 0, True
+        start, grace = time.monotonic(), self.settings.header_timeout
 
         async def receive_limited():
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, reading
+            if not reading:  # the body is in: what follows is the disconnect, waited for as long as it takes
+                return await receive()
+            # A body must keep coming: header_timeout, plus a second per MIN_BODY_RATE bytes so far (slow POST)
+            left = start + grace + seen / MIN_BODY_RATE - time.monotonic()
+            try:
+                message = await asyncio.wait_for(receive(), max(left, 0.001))
+            except asyncio.TimeoutError:
+                raise BodyTooSlow(f"request body slower than {MIN_BODY_RATE // 1024} KiB/s; not read further") from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
+                reading = bool(message.get("more_body"))
                 if seen > limit:
                     raise BodyTooLarge(f"request body is over max_frame_bytes ({limit} bytes); not read further")
             return message

@@ -23,7 +23,7 @@ def check(where: str, ch: dict) -> dict:
 def send(ch: dict, note: dict, context) -> None:
     if not context.smtp_url:
         raise ValueError("no smtp_url set on the server")
-    mail.send(context.smtp_url, ch["to"], formats.headline(note), formats.text(note))
+    mail.send(context.smtp_url, ch["to"], formats.headline(note), formats.text(note), timeout=context.timeout)
 
 
 KIND = ChannelKind(

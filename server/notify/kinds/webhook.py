@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import urllib.parse
-import urllib.request
 
+from gradwatch_server.notify import egress
 from gradwatch_server.notify.kinds.base import ChannelKind, Option
 
 URL = Option("url", "Webhook URL", "url", secret=True)
@@ -18,14 +17,9 @@ def check(where: str, ch: dict) -> dict:
     return {"url": url}
 
 
-def post(url: str, body: dict, timeout: float = 10.0) -> None:
-    """One JSON POST; raises on a network error or a non-2xx answer."""
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        if not 200 <= resp.status < 300:
-            raise OSError(f"HTTP {resp.status}")
+def send(ch: dict, body: dict, context) -> None:
+    """POST ``body`` to the channel's URL: to allowed addresses only (egress.py), but the server's own webhook."""
+    egress.post(ch["url"], body, egress.ANY if ch.get("server") else context.allow_hosts, context.timeout)
 
 
 def describe(ch: dict) -> str:
@@ -42,6 +36,6 @@ def kind(name: str, label: str, render) -> ChannelKind:
         stored={"kind": "webhook", "format": name},
         options=(URL,),
         check=check,
-        send=lambda ch, note, context: post(ch["url"], render(note)),
+        send=lambda ch, note, context: send(ch, render(note), context),
         describe=describe,
     )

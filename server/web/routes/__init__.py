@@ -1,6 +1,7 @@
 """One router per concern; ``ALL`` is what the app serves (and what the docs test checks)."""
 
 from gradwatch_server.web.routes import (
+    access,
     api,
     auth,
     channels,
@@ -25,5 +26,6 @@ JSON_API = (
     rules,
     channels,
     media_api,
+    access,
 )  # the JSON API (its OpenAPI schema is what the fuzzer reads)
 ALL = (*JSON_API, metrics, auth, ingest_ws, live_ws, pages)

@@ -8,14 +8,16 @@ from urllib.parse import parse_qs, urlsplit
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
+from gradwatch_server.web import audit
+from gradwatch_server.web.identify import COOKIE, Auth, cookie_values
 from gradwatch_server.web.routes.pages import frontend_dir
-from gradwatch_server.web.security import COOKIE, Auth, cookie_values
 
 router = APIRouter()
 
 MESSAGES = {
     "": "",
     "wrong": "That token is not right.",
+    "ingest": "That token is for training machines (role ingest): it streams runs but cannot log in.",
     "used": "That one-time link was already used or is not valid; enter the token instead.",
 }
 
@@ -42,12 +44,13 @@ def _form(next_path: str, message: str = "", status: int = 200) -> HTMLResponse:
     return HTMLResponse(text, status_code=status, headers={"Cache-Control": "no-store"})
 
 
-async def _logged_in(request: Request, next_path: str) -> RedirectResponse:
-    """Redirect to ``next_path`` with a new session's cookie set."""
+async def _logged_in(request: Request, next_path: str, identity) -> RedirectResponse:
+    """Redirect to ``next_path`` with a new session (bound to ``identity``'s token) in its cookie."""
+    audit.note(request.app.state.services.writer, identity, "login", 303)
     response = RedirectResponse(next_path, status_code=303)
     response.set_cookie(
         COOKIE,
-        await _auth(request).sessions.create(),
+        await _auth(request).sessions.create(identity.digest),
         max_age=int(request.app.state.services.settings.session_days * 86400),
         path="/",
         httponly=True,
@@ -65,8 +68,9 @@ async def login_page(request: Request, next: str | None = None, once: str | None
     if not _auth(request).enabled:
         return RedirectResponse(target, status_code=303)
     if once is not None:
-        if _auth(request).redeem(once):
-            return await _logged_in(request, target)
+        auth = _auth(request)
+        if auth.token and auth.redeem(once):
+            return await _logged_in(request, target, await auth.of_secret(auth.token))
         return _form(target, "used", status=401)
     return _form(target)
 
@@ -76,9 +80,15 @@ async def login(request: Request):
     """The form's post: token=<token>&next=<path>."""
     form = parse_qs((await request.body()).decode("utf-8", "replace"))
     target = safe_next((form.get("next") or ["/"])[0])
-    if _auth(request).enabled and not _auth(request).token_matches((form.get("token") or [""])[0].strip()):
+    auth = _auth(request)
+    if not auth.enabled:
+        return RedirectResponse(target, status_code=303)
+    identity = await auth.of_secret((form.get("token") or [""])[0].strip())
+    if identity is None:
         return _form(target, "wrong", status=401)
-    return await _logged_in(request, target)
+    if not identity.can("read"):
+        return _form(target, "ingest", status=403)
+    return await _logged_in(request, target, identity)
 
 
 @router.post("/logout", include_in_schema=False)

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Body, HTTPException, Request
 
 from gradwatch_server.health import incidents
 from gradwatch_server.storage import store
+from gradwatch_server.web.roles import identity_of
 
 router = APIRouter()
 
@@ -30,17 +31,19 @@ def inbox(request: Request, project: str | None = None, status: str | None = Non
     return _services(request).read(incidents.inbox, project, status)
 
 
-def _checked(body: dict):
+def _checked(request: Request, body: dict):
+    """(status, until, by): ``by`` is the token's name, never what the caller sends (a "by" field is ignored)."""
     try:
-        return incidents.check_status(body)
+        status, until, _claimed = incidents.check_status({k: v for k, v in body.items() if k != "by"})
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
+    return status, until, identity_of(request).name
 
 
 @router.post("/api/incidents/{incident_id}/status")
 async def incident_status(request: Request, incident_id: int, body: dict = Body(...)) -> dict:
     """Acknowledge, snooze (``minutes``; null = mute), resolve or reopen one incident."""
-    status, until, by = _checked(body)
+    status, until, by = _checked(request, body)
     services = _services(request)
     run_id = await services.aread(incidents.incident_run, incident_id)
     await services.write(incidents.set_status, run_id, incident_id, status, until, by)
@@ -51,7 +54,7 @@ async def incident_status(request: Request, incident_id: int, body: dict = Body(
 @router.post("/api/runs/{run_id}/incidents/status")
 async def run_status(request: Request, run_id: int, body: dict = Body(...)) -> dict:
     """The same for every incident of a run (acknowledge all, mute the run with ``minutes`` null)."""
-    status, until, by = _checked(body)
+    status, until, by = _checked(request, body)
     services = _services(request)
     await services.aread(store.get_run, run_id)
     changed = await services.write(incidents.set_status, run_id, None, status, until, by)

@@ -13,13 +13,18 @@ import logging
 import time
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from sqlalchemy import select, update
 
 from gradwatch import protocol
+from gradwatch_server.storage import db
+from gradwatch_server.web import pools
+from gradwatch_server.web.roles import identity_of
 
 router = APIRouter()
 log = logging.getLogger("gradwatch.ingest")
 IN_FLIGHT = 16  # batches of one connection queued for the writer at once (back-pressure beyond)
 BIG_FRAME = 256 << 10  # frames above this are decoded on a worker thread, off the event loop
+MAX_HELLO_BYTES = 4 << 20  # a hello (config, meta, layer names) past this is refused before it is parsed
 
 
 async def _refuse(ws: WebSocket, message: str, code: int, reason: str | None = None) -> None:
@@ -45,10 +50,20 @@ async def ingest(ws: WebSocket) -> None:
     services = ws.app.state.services
     pipeline = services.pipeline
     await ws.accept()
+    identity = identity_of(ws)
     try:
-        hello = protocol.loads(await _receive(ws))
+        text = await _receive(ws)
+        if len(text) > MAX_HELLO_BYTES:
+            raise protocol.ProtocolError(f"hello of {len(text)} bytes is over {MAX_HELLO_BYTES} bytes")
+        hello = await pools.run("decodes", protocol.loads, text) if len(text) > BIG_FRAME else protocol.loads(text)
         info = protocol.check_hello(hello)
+        denied = await pools.run("sessions", _denied, services.engine, identity, info)
+        if denied:
+            await _refuse(ws, denied, 1008, "forbidden")
+            return
         opened = await pipeline.open_run(info, _resume_from(hello), protocol.hello_layouts(hello))
+        if opened.get("created") and identity.digest is not None:
+            services.writer.submit(_created_by, opened["run_id"], identity.name)
     except protocol.ProtocolError as exc:
         code = protocol.CLOSE_PROTOCOL_MISMATCH if "version" in str(exc) else protocol.CLOSE_BAD_MESSAGE
         await _refuse(ws, str(exc), code)
@@ -81,7 +96,7 @@ async def ingest(ws: WebSocket) -> None:
             # (a task and asyncio.wait) only when it has to: most frames find room at once.
             if not budget.try_take(size):
                 await _unless_done(answering, budget.take(size))
-            batch = await asyncio.to_thread(pipeline.decode, text) if size > BIG_FRAME else pipeline.decode(text)
+            batch = await pools.run("decodes", pipeline.decode, text) if size > BIG_FRAME else pipeline.decode(text)
             item = (batch.seq, pipeline.submit(run_id, batch), size, received)
             if replies.full():
                 await _unless_done(answering, replies.put(item))
@@ -120,6 +135,24 @@ def ack_text(seq: int, gap: float = 0.0, refused=None) -> str:
     if refused:
         ack["refused"] = refused
     return protocol.dumps(ack)
+
+
+def _denied(engine, identity, info: dict) -> str | None:
+    """Why this token may not write this run (another project; for ingest tokens, a run another token made)."""
+    project = info.get("project") or "default"
+    if not identity.sees(project):
+        return f"the token {identity.name!r} may not write to the project {project!r}"
+    if identity.role != "ingest":
+        return None
+    with engine.connect() as conn:
+        row = conn.execute(select(db.runs.c.created_by).where(db.runs.c.uid == info["uid"])).first()
+    if row is not None and row.created_by != identity.name:
+        return f"the token {identity.name!r} (role ingest) may write only the runs it created"
+    return None
+
+
+def _created_by(conn, run_id: int, name: str) -> None:
+    conn.execute(update(db.runs).where(db.runs.c.id == run_id, db.runs.c.created_by.is_(None)).values(created_by=name))
 
 
 def _resume_from(hello: dict) -> int | None:

@@ -83,12 +83,14 @@ def contract_js() -> Response:
     return Response(contract.es_module(), media_type="application/javascript", headers={"Cache-Control": "no-cache"})
 
 
-@router.get("/static/{name}", include_in_schema=False)
-def static(name: str) -> FileResponse:
-    path = (frontend_dir() / name).resolve()
-    if path.parent != frontend_dir().resolve() or not path.is_file():
+ASSET_TYPES = {".js": "application/javascript", ".css": "text/css", ".svg": "image/svg+xml", ".html": "text/html"}
+
+
+@router.get("/static/{path:path}", include_in_schema=False)
+def static(path: str) -> FileResponse:
+    """A page asset: frontend/ and its subfolders (lib/ shared modules, pages/ one module per page)."""
+    root = frontend_dir().resolve()
+    file = (root / path).resolve()
+    if not file.is_relative_to(root) or file.suffix not in ASSET_TYPES or not file.is_file():
         raise HTTPException(404, "no such file")
-    types = {".js": "application/javascript", ".css": "text/css", ".svg": "image/svg+xml", ".html": "text/html"}
-    return FileResponse(
-        path, media_type=types.get(path.suffix, "application/octet-stream"), headers={"Cache-Control": "no-cache"}
-    )
+    return FileResponse(file, media_type=ASSET_TYPES[file.suffix], headers={"Cache-Control": "no-cache"})

@@ -10,6 +10,8 @@ from fastapi import APIRouter, Body, HTTPException, Request
 from gradwatch.contract import rules as specs
 from gradwatch_server.health import registry
 from gradwatch_server.rules import backtest, policy
+from gradwatch_server.web import pools
+from gradwatch_server.web.roles import identity_of
 
 router = APIRouter()
 
@@ -42,11 +44,11 @@ def get_rules(request: Request, project: str) -> dict:
 async def put_rules(request: Request, project: str, body: dict = Body(...)) -> dict:
     """Replace the project's rules (validated); running runs apply them from their next batch."""
     doc = _valid(body)
-    by = body.get("by") if isinstance(body.get("by"), str) else None
+    by = identity_of(request).name  # the token's name: never what the caller says (a "by" field is ignored)
     services = _services(request)
 
     def job(conn):
-        saved = policy.save(conn, project, doc, by[:200] if by else None)
+        saved = policy.save(conn, project, doc, by)
         for run_id in policy.project_runs(conn, project):
             services.pipeline.invalidate(run_id)  # its Monitor is rebuilt with these rules at its next batch
         return saved
@@ -55,15 +57,36 @@ async def put_rules(request: Request, project: str, body: dict = Body(...)) -> d
     return await services.aread(_read, project)
 
 
+REPLAYING: set[str] = set()  # projects with a replay running (one at a time each)
+
+
 @router.post("/api/projects/{project}/rules/backtest")
 async def backtest_rules(request: Request, project: str, body: dict = Body(...)) -> dict:
-    """Where the proposed rules (the body) would fire on the project's recent runs, next to the current rules."""
+    """Where the proposed rules (the body) would fire on the project's recent runs, next to the current rules.
+
+    One replay per project at a time (429 while one runs), on the replays' own threads; it stops at its budget
+    or deadline (``complete`` false) and as soon as the client leaves."""
     proposed = _valid(body)
-    services = _services(request)
+    if project in REPLAYING:
+        raise HTTPException(429, f"a replay of project {project!r} is running; one at a time per project: retry")
+    services, limits = _services(request), backtest.Limits()
 
-    def run(conn):
-        stored = policy.load(conn, project)
-        current = {k: stored[k] for k in policy.EMPTY}
-        return backtest.backtest(conn, project, current, proposed)
+    def run():
+        with services.engine.connect() as conn:
+            stored = policy.load(conn, project)
+            current = {k: stored[k] for k in policy.EMPTY}
+            return backtest.backtest(conn, project, current, proposed, limits=limits)
 
-    return await services.aread(run)
+    REPLAYING.add(project)
+    try:
+        job = asyncio.ensure_future(pools.run("replays", run))
+        while not job.done():
+            await asyncio.wait({job}, timeout=0.25)
+            if not job.done() and await request.is_disconnected():
+                limits.stop.set()  # the replay ends at its next check; nobody reads the answer
+        return job.result()
+    except asyncio.CancelledError:
+        limits.stop.set()
+        raise
+    finally:
+        REPLAYING.discard(project)

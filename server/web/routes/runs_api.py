@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
+import re
 
 from fastapi import APIRouter, HTTPException, Query, Request
 from sqlalchemy import select
+from sqlalchemy.exc import SQLAlchemyError
 
 from gradwatch_server.storage import db, store
 from gradwatch_server.storage.query import QueryError
 
 router = APIRouter()
+log = logging.getLogger("gradwatch.server")
 
 
 @router.get("/api/runs")
@@ -26,6 +30,7 @@ def list_runs(
     limit: int | None = Query(None, ge=1, le=100_000),
 ) -> list[dict]:
     """Runs (newest first, or by ``order_by``) with config and the ``columns``' summaries; ``where`` filters."""
+    check_limits(where, order_by, columns)
     try:
         return request.app.state.services.read(
             store.list_runs,
@@ -40,6 +45,29 @@ def list_runs(
         )
     except QueryError as exc:
         raise HTTPException(400, str(exc)) from None
+    except (RecursionError, SQLAlchemyError) as exc:  # what the limits do not foresee: the caller's query, a 400
+        log.warning("runs query refused by the database: %r", exc)
+        raise HTTPException(
+            400, "the database could not run this query (too complex); simplify where/order_by/columns"
+        ) from None
+
+
+MAX_NESTING = 32  # parentheses in the runs language, deepest
+MAX_FIELDS = 32  # config./summary. fields in one query (SQLite joins at most 64 tables)
+FIELD = re.compile(r"\b(?:config|summary)\.[^\s,()<>=!]+")
+
+
+def check_limits(*texts: str | None) -> None:
+    """A 400 for a query deeper or wider than the database can run (docs/security.md, "Limits")."""
+    depth = deepest = 0
+    for ch in "".join(t or "" for t in texts):
+        depth += (ch == "(") - (ch == ")")
+        deepest = max(deepest, depth)
+    if deepest > MAX_NESTING:
+        raise HTTPException(400, f"the query nests parentheses {deepest} deep; at most {MAX_NESTING}")
+    fields = {m.group(0) for t in texts for m in FIELD.finditer(t or "")}
+    if len(fields) > MAX_FIELDS:
+        raise HTTPException(400, f"the query names {len(fields)} config/summary fields; at most {MAX_FIELDS}")
 
 
 def _columns(conn, project: str | None) -> dict:

@@ -1,0 +1,281 @@
+"""Bytes on disk per point: realistic streams stored now, as the previous release stored them, and by TensorBoard.
+
+Run: .venv/bin/python benchmarks/bench_storage.py [--quick] [--steps N] [--vector-steps N] [--no-tensorboard] [--postgres]
+
+One run of 10 scalar keys logged together (float32-born losses with noise, one with NaN bursts, a
+noisy gradient norm, float64 counters, a constant LR, a cosine LR, step times, a memory counter,
+throughput) and one run of 300-layer gradient norms (float32-born, noisy, NaN bursts, one layer
+without gradients), each through the real ingest (``apply_batch``, batches of 200 steps) into a
+fresh SQLite file. Wall times: 0.1 s a step with 1 ms of jitter, shared by a step's keys, as the
+client stamps one record. For each file, in the same run:
+
+- **now**: the file after ``VACUUM``, whole (schema pages included), and blob bytes per key;
+- **0.2**: the same database with every block rewritten as the previous release stored it
+  (``tests/old_format.py``), after ``VACUUM``;
+- TensorBoard: the same scalars through ``torch.utils.tensorboard.SummaryWriter.add_scalar``
+  (and, for the vectors, one ``add_scalar`` per layer, on the first 2,000 steps), the event file's size;
+- with ``--postgres``, the same runs on a throwaway PostgreSQL cluster: the block tables after
+  ``VACUUM FULL`` (heap, TOAST, indexes), now and in the 0.2 form, whose raw blobs PostgreSQL's own
+  TOAST compression (pglz) shrinks.
+
+Every key is read back and compared bit for bit (NaN payloads, infinities) with what was logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from old_format import as_release_0_2, disk_size  # noqa: E402
+
+from gradwatch import protocol  # noqa: E402
+from gradwatch_server.ingest.apply import apply_batch, load_state  # noqa: E402
+from gradwatch_server.ingest.batch import decode  # noqa: E402
+from gradwatch_server.ingest.hello import open_run  # noqa: E402
+from gradwatch_server.storage import chunks, database, db  # noqa: E402
+
+LAYERS = 300
+BATCH = 200
+
+
+def scalar_streams(steps: int, rng) -> dict:
+    """The 10 keys of one run, (steps,) float64 each."""
+    i = np.arange(steps)
+    f32 = lambda a: a.astype(np.float32).astype(np.float64)  # noqa: E731 - values read off float32 tensors
+    loss = f32(2.5 * np.exp(-i / (steps / 3)) + 0.3 + rng.normal(0, 0.05, steps))
+    bursty = f32(loss + rng.normal(0, 0.01, steps))
+    for start in rng.integers(0, steps, max(1, steps // 20000)):
+        bursty[start : start + 50] = np.nan  # a NaN burst of 50 steps
+    return {
+        "loss": loss,
+        "loss_with_nan_bursts": bursty,
+        "grad/global_norm": f32(np.exp(rng.normal(0, 0.3, steps))),
+        "lr": np.full(steps, 3e-4),
+        "lr_cosine": 3e-4 * 0.5 * (1 + np.cos(np.pi * i / steps)),
+        "tokens": (i * 4096).astype(np.float64),
+        "epoch": np.floor(i / max(1, steps // 10)).astype(np.float64),
+        "time/step": 0.1 + rng.exponential(0.002, steps),
+        "mem/allocated": np.where(i < steps // 10, 2.0e9, 2.5e9) + (i % 1000 == 999) * 4096.0,
+        "throughput": 5000 + rng.normal(0, 50, steps),
+    }
+
+
+def vector_stream(steps: int, rng) -> np.ndarray:
+    """(steps, LAYERS) float32-born per-layer norms: a scale per layer, 10 % noise a step, NaN bursts, a dead layer."""
+    scale = np.exp(rng.normal(-2, 1.5, LAYERS))
+    out = (scale * np.exp(rng.normal(0, 0.1, (steps, LAYERS)))).astype(np.float32).astype(np.float64)
+    for start in rng.integers(0, steps, max(1, steps // 5000)):
+        out[start : start + 5, rng.integers(0, LAYERS, 20)] = np.nan
+    out[:, LAYERS - 1] = np.nan  # marked missing below (no gradient)
+    return out
+
+
+def ingest(path, steps: int, walls: np.ndarray, scalars: dict, vectors: np.ndarray | None) -> float:
+    """The streams through apply_batch into a SQLite file (a Path) or a database URL; seconds taken."""
+    engine = database.make_engine(f"sqlite:///{path}" if isinstance(path, Path) else path)
+    layout = [f"layer{j}" for j in range(LAYERS)]
+    start = time.perf_counter()
+    with engine.begin() as conn:
+        run_id = open_run(conn, {"uid": "bench", "project": "bench", "name": "bench"}, {})["run_id"]
+        state = load_state(conn, run_id)
+    for seq, lo in enumerate(range(0, steps, BATCH), start=1):
+        hi = min(lo + BATCH, steps)
+        records = []
+        for i in range(lo, hi):
+            vec = {}
+            if vectors is not None:
+                row = vectors[i].tolist()
+                row[-1] = None
+                vec = {"grad": row}
+            records.append((i, float(walls[i]), {k: float(v[i]) for k, v in scalars.items()}, vec))
+        msg = {"type": "batch", "seq": seq, "columns": protocol.encode_columns(records)}
+        if hi == steps:  # the run ends (its last small rows are sealed into one compressed row)
+            msg["events"] = [{"type": "status", "status": "finished"}]
+        if vectors is not None:
+            msg["layouts"] = {"grad": layout}
+        with engine.begin() as conn:
+            apply_batch(conn, state, decode(msg))
+    seconds = time.perf_counter() - start
+    engine.dispose()
+    return seconds
+
+
+def check_bit_exact(path: Path, steps: int, walls: np.ndarray, scalars: dict, vectors) -> bool:
+    """Every stored key equals what was logged, bit for bit (steps, wall times, values, missing slots)."""
+    engine = database.make_engine(f"sqlite:///{path}")
+    ok = True
+    with engine.connect() as conn:
+        ids = {r.key: r.id for r in conn.execute(db.metric_keys.select())}
+        for key, values in scalars.items():
+            p = chunks.read(conn, ids[key], slots=1)
+            ok &= bool((p.steps == np.arange(steps)).all() and (p.walls.view(np.int64) == walls.view(np.int64)).all())
+            ok &= bool((np.ascontiguousarray(p.values[:, 0]).view(np.int64) == values.view(np.int64)).all())
+        if vectors is not None:
+            p = chunks.read(conn, ids["grad"], slots=LAYERS)
+            got = np.ascontiguousarray(p.values[:, :-1]).view(np.int64)
+            ok &= bool((got == vectors[:, :-1].view(np.int64)).all() and p.missing[:, -1].all())
+            ok &= bool(not p.missing[:, :-1].any())
+    engine.dispose()
+    return ok
+
+
+def per_key_bytes(path: Path) -> dict:
+    """key -> (chunk blob bytes, rollup + heat blob bytes)."""
+    con = sqlite3.connect(path)
+    out = {}
+    for key_id, key in con.execute("SELECT id, key FROM metric_keys"):
+        size = "SUM(length(steps) + length(walls) + length(data) + COALESCE(length(missing), 0))"
+        c = con.execute(f"SELECT COALESCE({size}, 0) FROM chunks WHERE key_id = ?", (key_id,)).fetchone()[0]
+        r = sum(
+            con.execute(f"SELECT COALESCE(SUM(length(data)), 0) FROM {t} WHERE key_id = ?", (key_id,)).fetchone()[0]
+            for t in ("rollups", "rollup_heat")
+        )
+        out[key] = (c, r)
+    con.close()
+    return out
+
+
+def vacuumed(path: Path) -> int:
+    con = sqlite3.connect(path)
+    con.execute("VACUUM")
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    return disk_size(path)
+
+
+TB_VECTOR_STEPS = 2000  # TensorBoard writes a layer value per add_scalar call: its file is measured on these
+
+
+def tensorboard_bytes(tmp: Path, name: str, steps: int, walls, scalars: dict, vectors) -> float | None:
+    """Bytes per value of the event file TensorBoard writes for the same stream (None: not installed).
+    For the vectors only the first TB_VECTOR_STEPS steps are written (the file grows linearly)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        return None
+    if vectors is not None:
+        steps = min(steps, TB_VECTOR_STEPS)
+    logdir = tmp / f"tb-{name}"
+    writer = SummaryWriter(str(logdir), max_queue=10_000, flush_secs=3600)
+    for i in range(steps):
+        for key, values in scalars.items():
+            writer.add_scalar(key, values[i], i, walltime=walls[i])
+        if vectors is not None:
+            for j in range(LAYERS - 1):
+                writer.add_scalar(f"grad/layer{j}", vectors[i, j], i, walltime=walls[i])
+    writer.close()
+    values = steps * (len(scalars) if vectors is None else LAYERS - 1)
+    return sum(f.stat().st_size for f in logdir.rglob("*") if f.is_file()) / values
+
+
+def empty_database(tmp: Path) -> int:
+    path = tmp / "empty.db"
+    database.make_engine(f"sqlite:///{path}").dispose()
+    return vacuumed(path)
+
+
+def measure(tmp: Path, name: str, steps: int, scalars: dict, vectors, walls, tb: bool) -> dict:
+    path = tmp / f"{name}.db"
+    seconds = ingest(path, steps, walls, scalars, vectors)
+    exact = check_bit_exact(path, steps, walls, scalars, vectors)
+    keys = per_key_bytes(path)
+    now = vacuumed(path)
+    as_release_0_2(path)
+    old_keys = per_key_bytes(path)
+    old = vacuumed(path)
+    values = steps * len(scalars) if vectors is None else steps * (LAYERS - 1)
+    board = tensorboard_bytes(tmp, name, steps, walls, scalars, vectors) if tb else None
+    return {"seconds": seconds, "exact": exact, "keys": keys, "old_keys": old_keys, "now": now, "old": old,
+            "values": values, "tensorboard": board}  # fmt: skip
+
+
+BLOCK_TABLES = ("chunks", "rollups", "rollup_heat")
+
+
+def postgres_bytes(url: str) -> int:
+    """The block tables on PostgreSQL after VACUUM FULL: heap, TOAST (pglz-compressed) and indexes."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg2://"), isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        for table in BLOCK_TABLES:
+            conn.execute(text(f"VACUUM FULL {table}"))
+        size = sum(conn.execute(text(f"SELECT pg_total_relation_size('{t}')")).scalar() for t in BLOCK_TABLES)
+    engine.dispose()
+    return size
+
+
+def postgres_rows(steps: int, vector_steps: int, walls, scalars: dict, vectors) -> list:
+    """(label, values, 0.2 bytes with TOAST, now bytes) of the two runs on a throwaway PostgreSQL cluster."""
+    from pg_cluster import cluster, fresh_database
+
+    out = []
+    with cluster() as cluster_url:
+        for label, n, sc, vec, values in (
+            ("scalars", steps, scalars, None, steps * len(scalars)),
+            ("vectors", vector_steps, {}, vectors, vector_steps * (LAYERS - 1)),
+        ):
+            url = fresh_database(cluster_url)
+            ingest(url, n, walls, sc, vec)
+            now = postgres_bytes(url)
+            as_release_0_2(url)
+            out.append((label, values, postgres_bytes(url), now))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (CI keeps the script working)")
+    parser.add_argument("--steps", type=int, default=100_000, help="steps of the 10-scalar run [100,000]")
+    parser.add_argument("--vector-steps", type=int, default=20_000, help="steps of the 300-layer run [20,000]")
+    parser.add_argument("--no-tensorboard", action="store_true", help="skip the TensorBoard event files")
+    parser.add_argument("--postgres", action="store_true", help="also on PostgreSQL: its TOAST beside the codec")
+    args = parser.parse_args()
+    steps, vector_steps = (6_000, 600) if args.quick else (args.steps, args.vector_steps)
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        empty = empty_database(tmp)
+        walls = 1.76e9 + np.arange(max(steps, vector_steps)) * 0.1 + rng.normal(0, 1e-3, max(steps, vector_steps))
+        scalars, vectors = scalar_streams(steps, rng), vector_stream(vector_steps, rng)
+        s = measure(tmp, "scalars", steps, scalars, None, walls, not args.no_tensorboard)
+        v = measure(tmp, "vectors", vector_steps, {}, vectors, walls, not args.no_tensorboard)
+        pg = postgres_rows(steps, vector_steps, walls, scalars, vectors) if args.postgres else []
+    print(f"\nempty database (schema only, after VACUUM): {empty:,} bytes; every figure below read back bit-exact: "
+          f"{s['exact'] and v['exact']}\n")  # fmt: skip
+    print("| run | values | 0.2: whole file, bytes/value | now: whole file, bytes/value | now: without the empty "
+          "schema | ratio 0.2 / now | TensorBoard event file, bytes/value | ingest (s) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
+    for label, r in ((f"{steps:,} steps x 10 scalar keys", s), (f"{vector_steps:,} steps x {LAYERS} layers", v)):
+        board = f"{r['tensorboard']:.1f}" if r["tensorboard"] else "-"
+        print(
+            f"| {label} | {r['values']:,} | {r['old'] / r['values']:.2f} | **{r['now'] / r['values']:.2f}** | "
+            f"{(r['now'] - empty) / r['values']:.2f} | {r['old'] / r['now']:.1f} | {board} | {r['seconds']:.1f} |"
+        )
+    if pg:
+        print("\nPostgreSQL (block tables after VACUUM FULL: heap, TOAST and indexes; 0.2's raw blobs over 2 KB are")
+        print("TOAST-compressed by PostgreSQL itself, pglz):\n")
+        print("| run | 0.2 with TOAST, bytes/value | now, bytes/value | ratio |\n|---|---|---|---|")
+        for label, values, old, now in pg:
+            print(f"| {label} | {old / values:.2f} | **{now / values:.2f}** | {old / now:.1f} |")
+    print("\nPer key, blob bytes per value (row and index overhead not counted): chunks + rollups (and heat rows)\n")
+    print("| key | 0.2: chunks | 0.2: rollups | now: chunks | now: rollups | now: total |\n|---|---|---|---|---|---|")
+    for r, n in ((s, steps), (v, vector_steps * (LAYERS - 1))):
+        for key, (c, roll) in r["keys"].items():
+            oc, oroll = r["old_keys"][key]
+            print(
+                f"| {key} | {oc / n:.2f} | {oroll / n:.2f} | {c / n:.2f} | {roll / n:.2f} | **{(c + roll) / n:.2f}** |"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+// Fetching from the server: JSON with a readable error, and one key of one run as pages hold it.
+
+import { num } from "./contract.js";
+
+export async function getJSON(url, options) {
+  const r = await fetch(url, options);
+  if (!r.ok) {
+    let msg = r.status + " " + r.statusText;
+    try {
+      const body = await r.json();
+      msg = body.error || body.detail || msg;
+    } catch {
+      /* not JSON */
+    }
+    const err = new Error(typeof msg === "string" ? msg : JSON.stringify(msg));
+    err.status = r.status; // 404 means "not there (yet)"; anything else is a failure to say so
+    throw err;
+  }
+  return r.json();
+}
+
+// One key of one run, as the pages hold it: {steps, values (numbers), walls}.
+export async function fetchSeries(runId, key, query = "max_points=4000") {
+  const s = await getJSON(`/api/runs/${runId}/series?key=${encodeURIComponent(key)}&${query}`);
+  return { steps: s.steps, values: s.values.map(num), walls: s.wall_times };
+}

@@ -1,0 +1,305 @@
+"""Compressed, checksummed blocks: a chunk's points or a rollup's summary as one small blob, bit-exact.
+
+The scheme (measured in docs/storage.md, benchmarks/bench_storage.py), vectorised in numpy:
+
+- steps and wall times: delta-of-delta of their int64 bit patterns (wrapping, so exact for any
+  value), zigzag, so a steady step or clock is a run of zeros;
+- values: float32 when every value of the block round-trips bit-exactly through float32 (what a
+  float32 tensor produced), else float64; stored layer-major, each slot's bits either XORed with
+  the previous step's (Gorilla's idea: noise and constants) or as a delta-of-delta (a smooth
+  schedule, a counter), whichever compresses the block smaller;
+- every array byte-shuffled (all first bytes, then all second bytes...: Blosc's idea), then one
+  zstd frame (zlib when ``zstandard`` is not installed; a blob says which it used);
+- a 16-byte header (kind, flags, sizes, CRC-32 of header and body), so a flipped bit or a cut
+  blob is detected (``Corrupt``) before anything is decoded from it.
+
+A raw (0.2-format) blob is always a whole number of 8-byte values; an encoded blob's length is
+padded to 5 modulo 8, so ``is_encoded`` tells them apart without a schema change.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import zlib
+
+import numpy as np
+
+try:  # optional: ~5x faster than zlib at the same size (docs/storage.md); zlib is the fallback
+    import zstandard
+except ImportError:  # pragma: no cover - depends on the environment
+    zstandard = None
+
+CHUNK, ARRAY = 0xC1, 0xA1  # kinds of blob
+RAW, ZLIB, ZSTD = 0, 1, 2  # how the body is compressed (flag bits 0-1)
+F32, MISSING = 4, 8  # flag bits: values as float32, a missing mask follows (bit 4 unused)
+T_NONE, T_XOR, T_DOD = 0, 1, 2  # a chunk's value transform along time (the header's third field)
+_HEAD = struct.Struct(
+    "<BBHIII"
+)  # kind, flags (bits 5-7: padding), transform (chunk) or f32 row mask (array), n, width, crc32
+_LEVELS = {ZLIB: 6, ZSTD: 3}
+
+
+class Corrupt(ValueError):
+    """A blob that fails its checksum or does not decode to the size its header says."""
+
+
+def default_compressor() -> int:
+    return ZSTD if zstandard is not None else ZLIB
+
+
+def is_encoded(blob: bytes) -> bool:
+    return len(blob) % 8 == 5
+
+
+def encode_chunk(steps, walls, values, missing=None, compressor: int | None = None) -> bytes:
+    """One chunk's points: steps (n,) int64, walls (n,) float64, values (n, width) float64, missing (n, width) bool.
+
+    The values go through the transform that compresses them best, tried on the block: XOR with the
+    previous step (noise, constants) or delta-of-delta of the bits (smooth float64 schedules, counters).
+    """
+    n, width = values.shape
+    flags, bits = _value_bits(np.ascontiguousarray(np.asarray(values, dtype="<f8").T))
+    head = _shuffle(_zigzag(_dod(np.asarray(steps, dtype="<i8"))))
+    head += _shuffle(_zigzag(_dod(np.ascontiguousarray(walls, dtype="<f8").view("<i8"))))
+    tail = b""
+    if missing is not None and missing.any():
+        flags |= MISSING
+        tail = np.packbits(np.ascontiguousarray(missing.T)).tobytes()
+    # Per-layer float32 norms are noise, where XOR always won (docs/storage.md): one try for those.
+    transforms = (T_XOR,) if width > 1 and flags & F32 else (T_XOR, T_DOD)
+    blobs = [
+        _seal(CHUNK, flags, transform, n, width, head + _shuffle(_forward(bits, transform).ravel()) + tail, compressor)
+        for transform in transforms
+    ]
+    return min(blobs, key=len)
+
+
+def _forward(bits: np.ndarray, transform: int) -> np.ndarray:
+    """(width, n) unsigned bit patterns, each row transformed along time (wrapping integer arithmetic)."""
+    first = np.zeros((bits.shape[0], 1), bits.dtype)
+    if transform == T_XOR:
+        return bits ^ np.concatenate([first, bits[:, :-1]], axis=1)
+    with np.errstate(over="ignore"):
+        return np.diff(np.diff(bits, axis=1, prepend=first), axis=1, prepend=first)
+
+
+def _inverse(bits: np.ndarray, transform: int) -> np.ndarray:
+    if transform == T_XOR:
+        return np.bitwise_xor.accumulate(bits, axis=1)
+    if transform == T_DOD:
+        with np.errstate(over="ignore"):
+            return np.cumsum(np.cumsum(bits, axis=1, dtype=bits.dtype), axis=1, dtype=bits.dtype)
+    return bits
+
+
+def decode_chunk(blob: bytes) -> tuple:
+    """``encode_chunk``'s inputs back: steps, walls, values (n, width; a transposed view), missing or None."""
+    kind, flags, transform, n, width, body = _open(blob)
+    if kind != CHUNK:
+        raise Corrupt("not a chunk blob")
+    size = 4 if flags & F32 else 8
+    expect = 16 * n + size * n * width + (-(-n * width // 8) if flags & MISSING else 0)
+    if len(body) != expect:
+        raise Corrupt(f"chunk body is {len(body)} bytes, its header says {expect}")
+    steps = _undod(_unzigzag(_unshuffle(body[: 8 * n], 8)))
+    walls = _undod(_unzigzag(_unshuffle(body[8 * n : 16 * n], 8))).view("<f8")
+    end = 16 * n + size * n * width
+    bits = _inverse(_unshuffle(body[16 * n : end], size).reshape(width, n), transform)
+    values = bits.view("<f4").astype(np.float64) if size == 4 else bits.view("<f8")
+    missing = None
+    if flags & MISSING:
+        missing = np.unpackbits(np.frombuffer(body[end:], np.uint8), count=n * width).reshape(width, n).T != 0
+    return steps, walls, values.T, missing
+
+
+def encode_array(data: np.ndarray, compressor: int | None = None) -> bytes:
+    """A (rows <= 16, width) float64 array (a rollup summary), each row float32 where that is exact."""
+    data = np.asarray(data, dtype="<f8")
+    rows, width = data.shape
+    if rows > 16:
+        raise ValueError(f"a summary array has at most 16 rows, not {rows}")
+    with np.errstate(all="ignore"):  # values past float32's range simply stay float64
+        exact = (data.astype("<f4").astype("<f8").view("<i8") == data.view("<i8")).all(axis=1)
+    mask = int(np.dot(exact, 1 << np.arange(rows)))
+    parts = [_shuffle(data[exact].astype("<f4").ravel()), _shuffle(data[~exact].ravel())]
+    return _seal(ARRAY, 0, mask, rows, width, b"".join(parts), compressor)
+
+
+def decode_array(blob: bytes) -> np.ndarray:
+    """``encode_array``'s input back, (rows, width) float64."""
+    kind, _flags, mask, rows, width, body = _open(blob)
+    exact = (mask >> np.arange(rows)) & 1 == 1
+    n32 = int(exact.sum())
+    if kind != ARRAY or len(body) != width * (4 * n32 + 8 * (rows - n32)):
+        raise Corrupt("rollup blob does not match its header")
+    out = np.empty((rows, width))
+    out[exact] = _unshuffle(body[: 4 * n32 * width], 4).view("<f4").reshape(n32, width)
+    out[~exact] = _unshuffle(body[4 * n32 * width :], 8).view("<f8").reshape(rows - n32, width)
+    return out
+
+
+def decode_arrays(blobs: list, rows: int, width: int, slot: int | None = None) -> np.ndarray | None:
+    """Many ``encode_array`` blobs of one shape at once, (k, rows, width), or with ``slot`` only that
+    column, (k, rows, 1); None if any is damaged or of another shape. Blobs that share a float32 row
+    mask are unshuffled in one numpy pass, and with ``slot`` only that column's bytes are gathered
+    (a chart reads a few thousand blocks: per-blob numpy calls would cost more than decompressing)."""
+    cols = width if slot is None else 1
+    out = np.empty((len(blobs), rows, cols))
+    groups: dict = {}
+    unpack, crc32, size, inflate = (
+        _HEAD.unpack_from,
+        zlib.crc32,
+        _HEAD.size,
+        _zstd()[1].decompress if zstandard else None,
+    )
+    try:  # _open inlined: its Python around the C calls was most of a block's cost
+        for i, blob in enumerate(blobs):
+            if len(blob) % 8 != 5 or len(blob) < size:
+                return None
+            kind, flags, mask, n, w, crc = unpack(blob)
+            view = memoryview(blob)
+            if kind != ARRAY or n != rows or w != width or crc32(view[size:], crc32(view[:12])) != crc:
+                return None
+            packed = view[size : len(blob) - (flags >> 5)]
+            how = flags & 3
+            body = inflate(packed) if how == ZSTD and inflate else _decompress(packed, how)
+            group = groups.get(mask)
+            if group is None:
+                group = groups[mask] = ([], [])
+            group[0].append(i)
+            group[1].append(body)
+    except (Corrupt, *_DECOMPRESS_ERRORS):
+        return None
+    for mask, (index, bodies) in groups.items():
+        exact = (mask >> np.arange(rows)) & 1 == 1
+        n32 = int(exact.sum())
+        size = width * (4 * n32 + 8 * (rows - n32))
+        if any(len(b) != size for b in bodies):
+            return None
+        raw = np.frombuffer(b"".join(bodies), np.uint8).reshape(len(bodies), size)
+        block = np.empty((len(bodies), rows, cols))
+        block[:, exact] = _planes(raw, 0, 4, n32, width, slot).view("<f4").reshape(len(bodies), n32, cols)
+        block[:, ~exact] = (
+            _planes(raw, 4 * n32 * width, 8, rows - n32, width, slot).view("<f8").reshape(len(bodies), rows - n32, cols)
+        )
+        out[index] = block
+    return out
+
+
+def _planes(raw: np.ndarray, start: int, size: int, nrows: int, width: int, slot: int | None) -> np.ndarray:
+    """(k, values, size) bytes of the shuffled section at ``start`` of each body, all columns or one."""
+    count = nrows * width
+    section = raw[:, start : start + size * count].reshape(len(raw), size, count)
+    if slot is not None:
+        section = section[:, :, slot::width]  # the column's value in every row, each byte plane
+    return np.ascontiguousarray(section.transpose(0, 2, 1))
+
+
+def has_header(blob: bytes, kind: int, rows: int, width: int) -> bool:
+    """Whether an encoded-length blob's header names this kind and shape (not checking its checksum)."""
+    head = _HEAD.unpack_from(blob) if len(blob) >= _HEAD.size else None
+    return head is not None and head[0] == kind and head[3] == rows and head[4] == width
+
+
+def width_of(blob: bytes) -> int:
+    """The width (slots) an encoded blob's header names, without decoding it."""
+    return _HEAD.unpack_from(blob)[4]
+
+
+def _value_bits(layer_major: np.ndarray) -> tuple[int, np.ndarray]:
+    """(flags, unsigned bit patterns): float32 when the whole block round-trips through it bit-exactly."""
+    with np.errstate(all="ignore"):  # values past float32's range: the block stays float64
+        as32 = layer_major.astype("<f4")
+    if (as32.astype("<f8").view("<i8") == layer_major.view("<i8")).all():
+        return F32, as32.view("<u4")
+    return 0, layer_major.view("<u8")
+
+
+def _seal(kind: int, flags: int, mask: int, n: int, width: int, body: bytes, compressor: int | None) -> bytes:
+    how = default_compressor() if compressor is None else compressor
+    packed = _compress(body, how)
+    if len(packed) >= len(body):  # incompressible (a tiny block): stored as it is
+        how, packed = RAW, body
+    pad = (5 - (_HEAD.size + len(packed))) % 8
+    flags |= how | (pad << 5)
+    head = _HEAD.pack(kind, flags, mask, n, width, 0)
+    crc = zlib.crc32(bytes(pad), zlib.crc32(packed, zlib.crc32(head[:12])))
+    return head[:12] + struct.pack("<I", crc) + packed + bytes(pad)
+
+
+def _open(blob: bytes) -> tuple:
+    """Header fields and the decompressed body of a blob, its checksum verified."""
+    if len(blob) < _HEAD.size or not is_encoded(blob):
+        raise Corrupt(f"blob of {len(blob)} bytes is cut short")
+    kind, flags, mask, n, width, crc = _HEAD.unpack_from(blob)
+    view = memoryview(blob)  # slices without copies
+    if zlib.crc32(view[_HEAD.size :], zlib.crc32(view[:12])) != crc:  # everything but the checksum itself
+        raise Corrupt("checksum mismatch")
+    packed = view[_HEAD.size : len(blob) - (flags >> 5)]
+    return kind, flags & 31, mask, n, width, _decompress(packed, flags & 3)
+
+
+def _zstd():
+    """This thread's zstd compressor and decompressor (their objects must not be shared by threads)."""
+    pair = getattr(_local, "zstd", None)
+    if pair is None:
+        pair = _local.zstd = (zstandard.ZstdCompressor(level=_LEVELS[ZSTD]), zstandard.ZstdDecompressor())
+    return pair
+
+
+def _compress(body: bytes, how: int) -> bytes:
+    if how == ZSTD:
+        return _zstd()[0].compress(body)
+    return zlib.compress(body, _LEVELS[ZLIB]) if how == ZLIB else body
+
+
+def _decompress(packed: bytes, how: int) -> bytes:
+    try:
+        return _inflate(packed, how)
+    except _DECOMPRESS_ERRORS as exc:  # a body that passed its checksum yet does not decompress
+        raise Corrupt(f"does not decompress: {exc}") from exc
+
+
+def _inflate(packed: bytes, how: int) -> bytes:
+    if how == RAW:
+        return bytes(packed)
+    if how == ZLIB:
+        return zlib.decompress(packed)
+    if zstandard is None:
+        raise Corrupt("block compressed with zstd: install the zstandard package to read it")
+    return _zstd()[1].decompress(packed)
+
+
+_local = threading.local()
+_DECOMPRESS_ERRORS = (zlib.error,) + ((zstandard.ZstdError,) if zstandard is not None else ())
+
+
+def _dod(x: np.ndarray) -> np.ndarray:
+    """Delta of delta, wrapping (int64 overflow wraps, so ``_undod`` is exact for any input)."""
+    with np.errstate(over="ignore"):
+        return np.diff(np.diff(x, prepend=np.int64(0)), prepend=np.int64(0))
+
+
+def _undod(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return np.cumsum(np.cumsum(x, dtype=np.int64), dtype=np.int64)
+
+
+def _zigzag(x: np.ndarray) -> np.ndarray:
+    """Small negative numbers to small positive ones, so their high bytes are zero."""
+    return ((x << 1) ^ (x >> 63)).view("<u8")
+
+
+def _unzigzag(u: np.ndarray) -> np.ndarray:
+    return ((u >> np.uint64(1)) ^ (np.uint64(0) - (u & np.uint64(1)))).view("<i8")
+
+
+def _shuffle(a: np.ndarray) -> bytes:
+    """Byte planes: every value's first byte, then every second byte, ..."""
+    return np.ascontiguousarray(a.view(np.uint8).reshape(-1, a.dtype.itemsize).T).tobytes()
+
+
+def _unshuffle(body: bytes, size: int) -> np.ndarray:
+    planes = np.frombuffer(body, dtype=np.uint8).reshape(size, -1)
+    return np.ascontiguousarray(planes.T).view(f"<u{size}").ravel()

@@ -1,0 +1,57 @@
+"""Compare reads like the run page: its section order, the summary and config tables first, a colour
+per run that no other shown run has, and alert counts that agree with the runs list."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import gradwatch
+
+pytestmark = pytest.mark.browser
+
+
+def _run(url, name, lr, blow_up=False):
+    run = gradwatch.init(project="cmp", name=name, config={"lr": lr, "seed": 0}, server=url)
+    for step in range(60):
+        loss = math.nan if blow_up and step in (30, 50) else 1.0 / (step + 1)
+        metrics = {"loss": loss, "lr": lr, "grad/global_norm": 1.0, "perf/step_time": 0.01, "act_rms/0": 0.5}
+        if step % 10 == 0:
+            metrics["val/accuracy"] = step / 60
+        run.log(metrics, step=step)
+    run.finish(timeout=30)
+    return run.id
+
+
+def test_compare_charts_in_run_page_order_below_the_tables(server, page, api):
+    ids = [_run(server.url, f"r{i}", 0.1 * (i + 1), blow_up=i == 1) for i in range(3)]
+    page.goto(server.url + "/compare?ids=" + ",".join(map(str, ids)))
+    page.wait_for_function("() => document.querySelectorAll('#summary tr[data-run]').length === 3")
+    page.wait_for_function("() => document.querySelectorAll('.panel-key').length > 0")
+    keys = page.evaluate("() => [...document.querySelectorAll('.panel-key')].map(s => s.value)")
+    # training first (loss, gradient norm, learning rate), then the script's own, then the hook's own;
+    # per-layer keys wait for the picker
+    assert keys == ["loss", "grad/global_norm", "lr", "val/accuracy", "perf/step_time"]
+    top = "(s) => document.querySelector(s).getBoundingClientRect().top"
+    assert page.evaluate(top, "#summary") < page.evaluate(top, "#panels")
+    assert page.evaluate(top, "#diff") < page.evaluate(top, "#panels")
+    page.wait_for_function("() => (document.getElementById('chart-0').data || []).length >= 3")
+    colours = page.evaluate(
+        "() => document.getElementById('chart-0').data.filter(t => t.mode === 'lines').map(t => t.line.color)"
+    )
+    assert len(set(colours)) == 3
+    listed = {r["id"]: r["alert_count"] for r in api.get("/api/runs")}
+    shown = page.evaluate(
+        "() => Object.fromEntries([...document.querySelectorAll('#summary tr[data-run]')]"
+        ".map(tr => [tr.dataset.run, Number(tr.querySelector('.alert-total').textContent)]))"
+    )
+    assert {int(k): v for k, v in shown.items()} == listed and listed[ids[1]] >= 1  # as the runs list counts
+    assert not page.js_errors
+
+
+def test_ten_runs_shown_together_get_ten_colours(server, page):
+    page.goto(server.url + "/compare")
+    got = page.evaluate("""async () => { const m = await import('/static/lib/plot.js');
+        const ids = [1, 11, 21, 3, 13, 5, 7, 9, 2, 4]; m.assignColors(ids); return ids.map(m.colorFor); }""")
+    assert len(set(got)) == 10
