@@ -12,6 +12,8 @@
 3. Overhead: median step time with and without watch+log, side by side.
 4. Layer signals (update ratio, output RMS) and system metrics (NVML) stored, and their cost per sampling setting.
    The no-sync check in 1 runs with the layer signals on (watch's default).
+5. Histograms and images (issue #29): watch(histograms="all") plus log(Histogram(device tensor), Image(device
+   tensor)) make no sync on the training thread, are stored, and cost <= 5 % over watch() at every=10.
 Exits non-zero on any failure.
 """
 
@@ -83,6 +85,64 @@ def signals_and_system(url: str, get, model, opt, timed) -> list[str]:
                 print(f"OK   layer signals and system metrics stored ({', '.join(wanted)})")
     base = costs["no signals"]
     print("     signals cost: " + ", ".join(f"{k} {v * 1e3:.3f} ms ({v / base:.3f}x)" for k, v in costs.items()))
+    return failures
+
+
+def histograms_on_gpu(url: str, get, model, opt, x, y) -> list[str]:
+    """5. Device histograms and images: no sync on the training thread, stored, and their cost at every=10."""
+    failures = []
+    run = gradwatch.init(project="gpu", name="histograms", server=url)
+    run.watch(model, opt, every=10, histograms="all")
+    step_fn(model, opt, x, y)
+    torch.cuda.synchronize()
+    seen = []
+    show = warnings.showwarning
+    warnings.showwarning = lambda message, *a, **k: seen.append((threading.current_thread().name, str(message)))
+    warnings.simplefilter("always")
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        for _ in range(30):
+            loss = step_fn(model, opt, x, y)
+            run.log({"loss": loss, "out": gradwatch.Histogram(model[0].weight), "img": gradwatch.Image(x[:32, :32])})
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        warnings.showwarning = show
+    mine = [m for name, m in seen if name == threading.current_thread().name and "sync" in m.lower()]
+    if mine:
+        failures.append(f"{len(mine)} sync(s) on the training thread with histograms, e.g. {mine[0][:200]}")
+    run.finish(timeout=120)
+    kinds = {m["key"]: m["kind"] for m in get(f"/api/runs/{run.id}/media")}
+    if (
+        kinds.get("out") != "histogram"
+        or kinds.get("img") != "image"
+        or not any(k.startswith("gradients/") for k in kinds)
+    ):
+        failures.append(f"histograms/images not stored: {sorted(kinds)[:5]}")
+
+    def timed(run, n=200):
+        ts = []
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            run.log({"loss": step_fn(model, opt, x, y)})
+            torch.cuda.synchronize()
+            ts.append(time.perf_counter() - t)
+        return statistics.fmean(sorted(ts)[: int(n * 0.95)])  # the slowest 5 %: other processes
+
+    base_run = gradwatch.init(project="gpu", name="every10", server=url).watch(model, opt, every=10)
+    base = timed(base_run)
+    base_run.finish(timeout=60)
+    hist_run = gradwatch.init(project="gpu", name="every10+hist", server=url)
+    hist_run.watch(model, opt, every=10, histograms="all")
+    hist = timed(hist_run)
+    hist_run.finish(timeout=120)
+    print(
+        f"     watch(every=10) {base * 1e3:.3f} ms, + histograms='all' {hist * 1e3:.3f} ms (ratio {hist / base:.3f}x)"
+    )
+    if hist > base * 1.05:
+        failures.append(f"histograms cost {hist / base:.3f}x watch() at every=10 (budget 1.05x)")
+    if not failures:
+        print("OK   device histograms and images: no sync on the training thread, stored")
     return failures
 
 
@@ -184,6 +244,7 @@ def main() -> int:
             f"on {torch.cuda.get_device_name()}"
         )
         failures += signals_and_system(server.url, get, model, opt, timed)
+        failures += histograms_on_gpu(server.url, get, model, opt, x, y)
         server.stop()
     for f in failures:
         print("FAIL", f)

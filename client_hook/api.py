@@ -135,6 +135,8 @@ class RunRecord:
         self.config: dict = row.get("config") or {}
         self.summary: dict = _decode_summary(row.get("summary"))
         self.tags: list = row.get("tags") or []
+        self.run_summary: dict = row.get("run_summary") or {}  # what the script set in run.summary (W&B's)
+        self.group, self.job_type = row.get("group"), row.get("job_type")
 
     def __repr__(self) -> str:
         return f"<RunRecord {self.id} {self.project}/{self.name} {self.status}>"
@@ -165,4 +167,41 @@ class RunRecord:
             columns[key] = series[~series.index.duplicated(keep="last")]  # a repeated step: the last value
         frame = pd.DataFrame(columns, columns=keys)
         frame.index.name = "step"
-        return frame.sort_index()
+        frame = frame.sort_index()
+        frame.attrs["summary"] = {**{k: v.get("last") for k, v in self.summary.items()}, **self.run_summary}
+        frame.attrs["figures"] = self.summary  # key -> last/min/max/count/... as the server keeps them
+        return frame
+
+    # -- what a run logged beyond numbers (docs/wandb.md) -----------------------------------
+    def media(self) -> list[dict]:
+        """Every histogram, image, table and text key: ``[{"key", "kind", "steps", "first_step", "last_step"}]``."""
+        return self.api.get(f"/api/runs/{self.id}/media")
+
+    def histograms(self, key: str, max_steps: int = 400) -> list[dict]:
+        """A histogram key over steps: ``[{"step", "lo", "hi" (or "edges"), "counts", "nan", "inf", "ninf"}]``."""
+        return self.api.get(f"/api/runs/{self.id}/histograms", key=key, max_steps=max_steps)["histograms"]
+
+    def images(self, key: str, step: int | None = None) -> list[dict]:
+        """The images of a key at ``step`` (default the last), each with its ``png`` bytes, ``width``, ``height``, ``caption``."""
+        found = self.api.get(f"/api/runs/{self.id}/images", key=key, step=step)
+        return [{**image, "step": found["step"], "png": self.image_png(image["id"])} for image in found["images"]]
+
+    def image_png(self, image_id: int) -> bytes:
+        """One image's PNG bytes."""
+        url = f"{self.api.server}/api/runs/{self.id}/images/{int(image_id)}.png"
+        headers = {"Authorization": f"Bearer {self.api.token}"} if self.api.token else {}
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=self.api.timeout) as r:
+                return r.read()
+        except (urllib.error.URLError, OSError) as exc:
+            raise ApiError(f"{url}: {getattr(exc, 'reason', exc)}") from None
+
+    def table(self, key: str, step: int | None = None) -> dict:
+        """A table (``columns``, ``rows``; non-finite cells decoded) or a text (``text``) at ``step`` (default the last)."""
+        found = self.api.get(f"/api/runs/{self.id}/tables", key=key, step=step)
+        if "rows" in found:
+            found["rows"] = [
+                [contract.decode_float(c) if c in ("NaN", "Infinity", "-Infinity") else c for c in r]
+                for r in found["rows"]
+            ]
+        return found

@@ -61,7 +61,13 @@ CLOSE_RUN_DELETED = 4003  # with {"type": "error", "code": "run_deleted"}: stop 
 # Features a server announces in ``welcome``; a client uses one only when announced.
 VECTOR_F64 = "vector_f64"  # a vector may travel as {"f64": base64 of little-endian float64, "missing": [i]}
 COLUMNS = "columns"  # a batch may carry "columns" (one packed array per key) instead of "records"
-SERVER_FEATURES = [VECTOR_F64, COLUMNS]
+MEDIA = "media"  # a batch may carry "media": histograms, images, tables and text (see MEDIA_KINDS)
+SERVER_FEATURES = [VECTOR_F64, COLUMNS, MEDIA]
+# "media" entries: {"step": int, "t": float, "key": str, "kind": one of MEDIA_KINDS, "value": {...}} where value is
+# histogram {"lo", "hi", "counts": [int]} or {"edges": [n + 1], "counts": [n]}, plus "nan", "inf", "ninf" counts;
+# image {"images": [{"png": base64, "width", "height", "caption"?}]}; table {"columns": [str], "rows": [[cell]]}
+# (non-finite numbers as the float codec's strings); text {"text": str}. A server without the feature ignores them.
+MEDIA_KINDS = ("histogram", "image", "table", "text")
 
 
 def encode_vector_f64(values: list) -> dict:
@@ -134,19 +140,29 @@ def hello(run: dict, resume_from: int | None = None, layouts: dict | None = None
     return msg
 
 
-def batch(seq: int, records: list, layouts: dict | None = None, events: list | None = None) -> dict:
+def batch(
+    seq: int, records: list, layouts: dict | None = None, events: list | None = None, media: list | None = None
+) -> dict:
     """A numbered batch of records; values must already be encoded with ``encode_float``."""
     msg: dict = {"type": "batch", "seq": seq, "records": records}
     if layouts:
         msg["layouts"] = layouts
     if events:
         msg["events"] = events
+    if media:
+        msg["media"] = media
     return msg
 
 
-def batch_text(seq: int, record_texts: list[str], layouts: dict | None = None, events: list | None = None) -> str:
+def batch_text(
+    seq: int,
+    record_texts: list[str],
+    layouts: dict | None = None,
+    events: list | None = None,
+    media: list | None = None,
+) -> str:
     """``dumps(batch(...))`` from records serialised one by one (lets a sender pause between them)."""
-    head = dumps(batch(seq, [], layouts, events))
+    head = dumps(batch(seq, [], layouts, events, media))
     return head.replace('"records":[]', '"records":[' + ",".join(record_texts) + "]", 1)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gradwatch import metadata, protocol, signals, watch_set
+from gradwatch.compat.surface import WandbRunMixin
 from gradwatch.delivery import hello, spool
 from gradwatch.delivery import pending as delivery
 from gradwatch.delivery import resume as resuming
@@ -34,7 +35,7 @@ def default_spool_root() -> Path:
     return spool.default_root()
 
 
-class Run:
+class Run(WandbRunMixin):
     """One training run streaming to a gradwatch server.
 
     Args:
@@ -102,6 +103,7 @@ class Run:
         self._sender = self._open_sender(prior, job)
         # What the watchers, integrations and importers record through (see gradwatch.recorder).
         self.recorder = Recorder(self._sender)
+        self.setup_wandb()  # config kept live, summary, log(commit=False) (gradwatch.compat.surface)
         self._watched = watch_set.WatchSet(self.recorder)  # the models watch() was given
         self._first_step = int((prior or {}).get("step", 0))  # where a continued run's steps go on from
         if self._first_step:
@@ -120,7 +122,12 @@ class Run:
             "project": self.project,
             "name": self.name,
             "config": hello.jsonable(self.config),
-            "meta": {**metadata.collect(), **job, **({"loss_key": self.loss_key} if self.loss_key else {})},
+            "meta": {
+                **metadata.collect(),
+                **hello.jsonable(dict(opts.meta or {})),
+                **job,
+                **({"loss_key": self.loss_key} if self.loss_key else {}),
+            },
             "alerts": opts.alerts,
             "tags": opts.tags,
         }
@@ -136,6 +143,8 @@ class Run:
             start_seq=int((prior or {}).get("seq", 0)),  # a continued run numbers its batches on
         )
         resuming.remember(self.uid, secret=info["secret"], project=self.project, name=self.name, server=self.server)
+        if opts.offline:  # mode="offline": never connect; finish() spools it all for `gradwatch sync`
+            sender.link.fatal = "offline"
         if not opts.spool_dir:  # once this run reaches the server, spools that older runs left behind go too
             sender.on_connected = lambda: delivery.deliver_pending(
                 default_spool_root(), self.server, opts.token, skip=where
@@ -170,11 +179,14 @@ class Run:
         """True once ``finish`` began (``log`` then does nothing)."""
         return self.recorder.finished
 
-    def log(self, data: Mapping[str, Any], step: int | None = None) -> None:
+    def log(self, data: Mapping[str, Any], step: int | None = None, commit: bool | None = None) -> None:
         """Record metrics for one step; never blocks and never raises into training.
 
         Args:
-            data: metric name -> Python number or single-value tensor (any device, any dtype).
+            data: metric name -> Python number or single-value tensor (any device, any dtype); also
+                ``gradwatch.Histogram``/``Image`` (or a list)/``Table``, strings (text), arrays and
+                multi-value tensors (histograms), nested dicts (flattened with "/"): docs/wandb.md.
+            commit: False holds ``data`` and merges it into the next call that commits (W&B's rule).
             step: explicit step. Default: once ``watch`` knows an optimizer, the latest training step
                 (so an eval metric logged between steps does not shift later steps; a log inside
                 ``optimizer.step(closure)`` belongs to the step being taken); otherwise one more than
@@ -187,7 +199,11 @@ class Run:
             signals.say_not_in_worker()  # a forked child: the parent's run is not ours to log to
             return
         try:
-            self._log(data, step)
+            if commit is None and not self.pending_log:
+                self._log(data, step)
+            else:
+                for part, at in self.merge_log(data, step, commit):
+                    self._log(part, at)
         except Exception as exc:  # a bad call must not kill the training job
             self.recorder.warn_once(f"log:{type(exc).__name__}", f"gradwatch: log() ignored bad input: {exc}")
         if self._raise_pending:
@@ -207,6 +223,9 @@ class Run:
         on_nan: str | None = None,
         batch_size: int | None = None,
         system_every: float | None = 5.0,
+        histograms: str | bool | None = None,
+        histograms_every: int | None = None,
+        **wandb,
     ) -> Run:
         """Record gradient norms (global and per parameter), missing grads, LR and memory.
 
@@ -235,10 +254,19 @@ class Run:
             system_every: seconds between samples of CPU, RAM, disk and network I/O (psutil) and per-GPU
                 utilisation, memory, power, temperature, clocks and ECC errors (NVML), on a background
                 thread (``pip install gradwatch[system]``; absent counters are left out). None: off.
+            histograms: per-parameter histograms of "gradients" (True), "parameters" or "all", under
+                ``gradients/<name>`` and ``parameters/<name>`` (no host-device sync; docs/wandb.md).
+            histograms_every: every N-th backward pass (default ``every``).
+            **wandb: W&B's ``log=``, ``log_freq=``, ``criterion=``, ``idx=``, ``log_graph=`` (docs/wandb.md).
 
         Returns:
             The run, for chaining.
         """
+        from gradwatch.compat.watch_args import translate
+
+        optimizer, scaler, every, w_hist, w_every = translate(optimizer, scaler, every, wandb)
+        histograms = "gradients" if histograms is True else (histograms or w_hist)
+        self.watch_histograms(model, histograms, histograms_every or w_every or every)
         if on_nan not in (None, "skip"):
             raise ValueError(f"watch(on_nan=...) must be None or 'skip', got {on_nan!r}")
         options = dict(
@@ -270,7 +298,15 @@ class Run:
             return True
         return self.recorder.settle(timeout)
 
-    def finish(self, status: str = "finished", timeout: float = 30.0, *, _budget: float | None = None) -> None:
+    def finish(
+        self,
+        status: str = "finished",
+        timeout: float = 30.0,
+        *,
+        exit_code: int | None = None,
+        quiet: bool | None = None,
+        _budget: float | None = None,
+    ) -> None:
         """Deliver everything to the server and mark the run ended; safe to call twice.
 
         Waits as long as the server keeps acknowledging (a progress line on stderr when that
@@ -280,13 +316,19 @@ class Run:
         Args:
             status: "finished" or "failed".
             timeout: seconds without any progress after which it stops waiting.
+            exit_code: W&B's form: non-zero marks the run failed. ``quiet`` is accepted.
         """
         if self.recorder.finished:
             return
+        if exit_code is not None:
+            status = "failed" if exit_code else "finished"
+        if self.pending_log:  # what log(commit=False) still held
+            self.log(*self.flush_pending())
         self.recorder.finished = True
         sender = self._sender
         try:
             self._watched.remove_all()
+            self.unwatch_histograms()
             self.recorder.clock.detach_all()
             self.recorder.clock.stop_counting()
             self.recorder.put_event({"type": "status", "status": status})
@@ -346,17 +388,18 @@ class Run:
             step = latest
         else:
             step = self.recorder.claim_step(step)
-        scalars = {}
+        scalars, other = {}, None
         for key, value in data.items():
             try:
                 is_loss = self._is_loss(key)
                 scalars[key] = to_value(value)
             except (TypeError, ValueError, protocol.ProtocolError) as exc:
-                shown = repr(key) if len(repr(key)) <= 60 else repr(key)[:40] + "..."
-                self.recorder.warn_once(f"key:{key}", f"gradwatch: not logging {shown}: {exc}")
+                other = self._not_a_number(key, value, exc, other)
                 continue
             if is_loss and type(scalars[key]) is float and not math.isfinite(scalars[key]):
                 self._check_loss(step, key, scalars[key])
+        if other is not None:  # nested dicts' numbers; histograms, images, tables, text (compat/surface.py)
+            self.log_other(step, other, scalars)
         if scalars:
             self.recorder.put_record(step, scalars, {})
 

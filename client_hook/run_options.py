@@ -37,6 +37,9 @@ class RunOptions:
     all_ranks: bool = False
     id: str | None = None
     resume: str | int | bool | None = None
+    # what W&B's init arguments add (gradwatch.compat.init_args): group, job_type, entity, notes; offline mode
+    meta: Mapping | None = None
+    offline: bool = False
 
     @classmethod
     def of(cls, given: RunOptions | None, kwargs: dict) -> RunOptions:

@@ -99,6 +99,8 @@ YIELD_EVERY = 64  # records prepared between GIL hand-backs (see Encoder.encode)
 
 def item_bytes(item: tuple) -> int:
     """Rough in-memory/encoded size of one queued item, for byte budgets; cheap (no encoding)."""
+    if item[0] == "media":
+        return 512 + item[5]  # its estimated encoded size (gradwatch.media.outgoing)
     if item[0] != "rec":
         return 512
     size = 200 + 100 * len(item[3])  # ~ what the tuple, dict and floats take in memory
@@ -110,8 +112,9 @@ def item_bytes(item: tuple) -> int:
 class Encoder:
     """Turns queued items into numbered batch texts (records or columns form), each fitting a frame."""
 
-    def __init__(self, inspect=None):
+    def __init__(self, inspect=None, media=None):
         self.inspect = inspect
+        self.media = media  # a gradwatch.media.outgoing.Outbound: encodes ("media", ...) items
         self.layouts: dict[str, list[str]] = {}  # every vector layout seen (repeated in each hello)
         self.frame_limit = MAX_FRAME_BYTES  # lowered to fit a server that accepts less (its welcome says)
 
@@ -124,8 +127,8 @@ class Encoder:
             chunks[0] = [("event", e) for e in events] + chunks[0]
         seq = next_seq
         for chunk in chunks:
-            plain, layouts, evs = self._prepare(chunk)
-            seq = _emit(plain, layouts, evs, features, seq, out, self.frame_limit)
+            plain, layouts, evs, media = self._prepare(chunk, features)
+            seq = _emit(plain, layouts, evs, features, seq, out, self.frame_limit, media)
         return out
 
     def encode_each(self, items: list, next_seq: int, features: set, events: list, bad) -> list:
@@ -139,9 +142,9 @@ class Encoder:
                 del exc  # no traceback (and the frames it holds) left behind
         return out
 
-    def _prepare(self, chunk: list) -> tuple[list, dict, list]:
-        """Records as (step, wall, {key: float}, {key: [float | None]}), device values read in one go."""
-        plain, layouts, events, slow = [], {}, [], []
+    def _prepare(self, chunk: list, features=()) -> tuple[list, dict, list, list]:
+        """Records as (step, wall, {key: float}, {key: [float | None]}), device values read in one go; media entries."""
+        plain, layouts, events, slow, media = [], {}, [], [], []
         for n, item in enumerate(chunk):
             if n % YIELD_EVERY == YIELD_EVERY - 1:
                 time.sleep(0)  # hand the GIL back: the training thread may be waiting for it
@@ -156,6 +159,8 @@ class Encoder:
                     plain.append(item)
             elif kind == "event":
                 events.append(item[1])
+            elif kind == "media":
+                media.append(item)
             else:
                 layouts[item[1]] = self.layouts[item[1]] = list(item[2])
         if slow:
@@ -163,7 +168,10 @@ class Encoder:
             resolved = dict(zip(map(id, deferred), resolve(deferred))) if deferred else {}
             for i in slow:
                 plain[i] = self._plain(plain[i], resolved)
-        return plain, layouts, events
+        if media and self.media is not None:
+            media, gaps = self.media.encode(media, features)
+            events += gaps
+        return plain, layouts, events, media
 
     def _plain(self, item: tuple, resolved: dict) -> tuple:
         _, step, wall, scalars, vectors = item
@@ -190,16 +198,23 @@ class RecordTooBig(ValueError):
 
 
 def _emit(
-    plain: list, layouts: dict, events: list, features: set, seq: int, out: list, limit: int = MAX_FRAME_BYTES
+    plain: list,
+    layouts: dict,
+    events: list,
+    features: set,
+    seq: int,
+    out: list,
+    limit: int = MAX_FRAME_BYTES,
+    media: list = (),
 ) -> int:
     """Append batch ``seq`` (or, when over the frame limit, its halves) to out; returns the next seq."""
-    text = _batch_text(seq, plain, layouts, events, features).encode()
-    if len(text) > limit and len(plain) <= 1:
+    text = _batch_text(seq, plain, layouts, events, features, media).encode()
+    if len(text) > limit and len(plain) + len(media) <= 1:
         raise RecordTooBig(f"a record of {len(text):,} bytes is over the server's frame limit ({limit:,})")
     if len(text) > limit:
-        half = len(plain) // 2  # layouts and events go with the first half, which comes first
-        seq = _emit(plain[:half], layouts, events, features, seq, out, limit)
-        return _emit(plain[half:], {}, [], features, seq, out, limit)
+        half, mid = len(plain) // 2, len(media) // 2  # layouts and events go with the first half, which comes first
+        seq = _emit(plain[:half], layouts, events, features, seq, out, limit, media[:mid])
+        return _emit(plain[half:], {}, [], features, seq, out, limit, media[mid:])
     out.append((seq, text, len(plain)))
     return seq + 1
 
@@ -221,7 +236,7 @@ def _chunks(items: list):
         yield chunk
 
 
-def _batch_text(seq: int, plain: list, layouts: dict, events: list, features: set) -> str:
+def _batch_text(seq: int, plain: list, layouts: dict, events: list, features: set, media: list = ()) -> str:
     if COLUMNS in features and plain and hasattr(protocol, "encode_columns"):
         try:
             msg: dict = {"type": "batch", "seq": seq, "columns": protocol.encode_columns(plain)}
@@ -232,6 +247,8 @@ def _batch_text(seq: int, plain: list, layouts: dict, events: list, features: se
                 msg["layouts"] = layouts
             if events:
                 msg["events"] = events
+            if media:
+                msg["media"] = list(media)
             return protocol.dumps(msg)
     binary = protocol.VECTOR_F64 in features
     texts = []
@@ -242,7 +259,7 @@ def _batch_text(seq: int, plain: list, layouts: dict, events: list, features: se
         if vectors:
             record["vectors"] = {k: _vector(v, binary) for k, v in vectors.items()}
         texts.append(protocol.dumps(record))
-    return protocol.batch_text(seq, texts, layouts, events)
+    return protocol.batch_text(seq, texts, layouts, events, list(media))
 
 
 def _vector(values: list, binary: bool) -> list | dict:

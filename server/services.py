@@ -12,6 +12,7 @@ import asyncio
 from gradwatch_server.ingest.activity import Activity
 from gradwatch_server.ingest.apply import Limits
 from gradwatch_server.ingest.liveness import Liveness
+from gradwatch_server.ingest.media import MediaLimits
 from gradwatch_server.ingest.pipeline import Pipeline
 from gradwatch_server.ingest.stats import IngestStats
 from gradwatch_server.ingest.writer import Writer
@@ -40,7 +41,16 @@ class Services:
             self.publisher,
             activity,
             self.ingest_stats,
-            Limits(max_keys=settings.max_keys_per_run, max_layers=settings.max_layers),
+            Limits(
+                max_keys=settings.max_keys_per_run,
+                max_layers=settings.max_layers,
+                media=MediaLimits(
+                    settings.media_max_run_bytes,
+                    settings.media_max_item_bytes,
+                    settings.media_max_table_rows,
+                    settings.media_max_bins,
+                ),
+            ),
             settings.alert_overrides,
             links=self.liveness.connected_clients,  # many live runs: each is asked for a longer gap
         )

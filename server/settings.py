@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, fields, make_dataclass
 from pathlib import Path
 
 from gradwatch.contract import MAX_KEYS_PER_RUN, MAX_LAYERS
+from gradwatch.media.limits import MAX_BINS as MEDIA_BINS
+from gradwatch.media.limits import MAX_TABLE_ROWS as MEDIA_TABLE_ROWS
 
 
 def default_db_url() -> str:
@@ -121,6 +123,15 @@ SETTINGS: list[Setting] = [
     Setting("max_frame_bytes", 16 << 20, "Largest websocket message or request body accepted, in bytes.", int),
     Setting("max_keys_per_run", MAX_KEYS_PER_RUN, "Most distinct metric keys one run may create.", int),
     Setting("max_layers", MAX_LAYERS, "Most slots (layers) in one per-layer vector key.", int),
+    Setting("media_max_run_bytes", 1 << 30, "Most bytes of histograms, images and tables one run may store.", int),
+    Setting(
+        "media_max_item_bytes",
+        4 << 20,
+        "Largest single image (PNG bytes) or table (JSON bytes) stored; a bigger one is refused.",
+        int,
+    ),
+    Setting("media_max_table_rows", MEDIA_TABLE_ROWS, "Most rows in one logged table.", int),
+    Setting("media_max_bins", MEDIA_BINS, "Most bins in one logged histogram.", int),
     Setting(
         "max_buffered_bytes", 64 << 20, "Most bytes of not-yet-committed batches held for one ingest connection.", int
     ),
@@ -191,6 +202,10 @@ LIMITS = (
     "max_frame_bytes",
     "max_keys_per_run",
     "max_layers",
+    "media_max_run_bytes",
+    "media_max_item_bytes",
+    "media_max_table_rows",
+    "media_max_bins",
     "max_buffered_bytes",
     "max_connections_per_client",
     "max_page_bytes",

@@ -78,3 +78,26 @@ def test_bad_records_are_skipped_and_reported_never_claimed(server, api, tmp_pat
     assert loss["steps"] == [0, 1, 2, 3, 4]
     alerts = api.get(f"/api/runs/{run['id']}/alerts")
     assert not [a for a in alerts if a["kind"] == "data_refused"]  # nothing was sent that the server refused
+
+
+def test_import_tb_brings_histograms_and_images_too(server, api, tmp_path, capsys):
+    import numpy as np
+    import torch
+
+    with SummaryWriter(str(tmp_path / "logs" / "dist")) as w:
+        for step in range(3):
+            w.add_histogram("weights/fc", torch.randn(1000) + step, step, walltime=1_700_000_000.0 + step)
+            w.add_image("samples", np.full((3, 8, 6), 0.5 * step, dtype=np.float32), step)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["import-tb", str(tmp_path / "logs"), "--server", server.url])
+    assert exit_.value.code == 0, capsys.readouterr().err
+    (run,) = api.get("/api/runs")
+    kinds = {m["key"]: (m["kind"], m["steps"]) for m in api.get(f"/api/runs/{run['id']}/media")}
+    assert kinds == {"weights/fc": ("histogram", 3), "samples": ("image", 3)}
+    hists = api.get(f"/api/runs/{run['id']}/histograms?key=weights/fc")["histograms"]
+    assert [sum(h["counts"]) for h in hists] == [1000] * 3 and all(
+        len(h["edges"]) == len(h["counts"]) + 1 for h in hists
+    )
+    assert hists[2]["edges"][0] > hists[0]["edges"][0]  # the distribution moved
+    image = api.get(f"/api/runs/{run['id']}/images?key=samples&step=1")["images"][0]
+    assert (image["width"], image["height"]) == (6, 8)

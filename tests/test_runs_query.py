@@ -118,7 +118,7 @@ def test_bad_expressions_are_400_with_the_column(sweep):
         assert code == 400, (where, code, body)
         assert body["error"].startswith("where at column") and why in body["error"], (where, body)
         assert "\n" not in body["error"]
-    code, body = status_of(api, order_by="-summary.loss")
+    code, body = status_of(api, order_by="-summary.loss.median")  # summary.loss alone: run.summary, else loss.last
     assert code == 400 and body["error"].startswith("order_by at column 1")
     code, body = status_of(api, columns="config.")
     assert code == 400 and body["error"].startswith("columns")

@@ -44,7 +44,7 @@ class Gaps:
     def discard(self, items: list, why: str, layouts: dict) -> None:
         """Items that cannot be kept now: records are counted, layouts kept (for every hello), events held."""
         for item in items:
-            if item[0] == "rec":
+            if item[0] in ("rec", "media"):
                 self.note(1, item[1], item[1], why)
             elif item[0] == "layout":
                 layouts[item[1]] = list(item[2])

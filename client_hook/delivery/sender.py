@@ -25,6 +25,7 @@ from gradwatch.delivery.gaps import Gaps
 from gradwatch.delivery.link import Link, LinkClosed, Refused
 from gradwatch.delivery.outbox import Outbox
 from gradwatch.delivery.progress import Patience, Progress
+from gradwatch.media.outgoing import Outbound
 from gradwatch.values import MAX_FRAME_BYTES, TARGET_BATCH_BYTES, Encoder, item_bytes
 
 WINDOW = 8  # batches sent and not yet acked, at most (flow control)
@@ -71,7 +72,7 @@ class Sender(threading.Thread):
         self.max_queue_bytes = max_queue_bytes
         # run.json also names the server the run was meant for (older runs' spools go only there).
         self.outbox = outbox or Outbox(spool_dir, max_memory_bytes, {**run_info, "server": server})
-        self.encoder = Encoder(inspect)
+        self.encoder = Encoder(inspect, Outbound())  # encoder.media: the run's media budget (gradwatch.media.outgoing)
         self.quiet = False  # sync prints its own summary
         self.on_connected = None  # called once, on its own thread, after the first welcome
         self._told: set[str] = set()

@@ -14,6 +14,7 @@ import { PALETTE, xRange } from "../lib/plot.js";
 import { appendPoints, foldIfLong, MAX_POINTS, nearestIndex } from "../lib/series.js";
 import { renderIncidentLine } from "./run/incident_bar.js";
 import { renderLrFind } from "./run/lr_find.js";
+import { mountMedia } from "./run/media.js";
 import { MEMORY_KEYS, renderMemoryBreakdown } from "./run/memory.js";
 import { isHookMetric, isMetric, metricCard, metricSection } from "./run/metrics.js";
 import { renderRanks } from "./run/ranks.js";
@@ -36,6 +37,7 @@ const S = {
 };
 const HEAT = new LiveHeatmap($("heatmap"), RUN_ID, KEYS.GRAD_VECTOR);
 mountSignals(HEAT, RUN_ID); // update ratio and output RMS heatmaps beside it (signals.js)
+const MEDIA = mountMedia($("media"), RUN_ID); // histograms, images, tables, run.summary (run/media.js)
 
 const WATCH_HINT = (what) => `No ${what} yet. run.watch(model, optimizer) records it at every optimizer step.`;
 const xMode = () => $("x-mode").value;
@@ -355,6 +357,7 @@ const onLive = byType(
     run(msg) {
       S.run = Object.assign(S.run || {}, msg.run);
       renderHeader();
+      if (msg.run.status && msg.run.status !== "running") MEDIA(); // the run ended: what it logged last
       if (msg.run.error) renderError();
       if (msg.run.error === undefined)
         getJSON(`/api/runs/${RUN_ID}`).then((r) => {

@@ -41,7 +41,10 @@ def add_source_arguments(p) -> None:
 
 
 def collect(source, run_id: int, keys: list[str] | None = None) -> dict:
-    """{"run", "alerts", "series": {key: {steps, wall_times, values (floats or None)}}} with progress."""
+    """{"run", "alerts", "summary", "series": {key: {steps, wall_times, values (floats or None)}}} with progress.
+
+    ``summary``: key -> last/min/max/count figures; ``run["run_summary"]``: what the script set in run.summary.
+    """
     run = source.run(run_id)
     keys = keys or source.keys(run_id)
     progress = Progress(f"export run {run_id}: keys", len(keys))
@@ -50,7 +53,9 @@ def collect(source, run_id: int, keys: list[str] | None = None) -> dict:
         s = source.series(run_id, key)
         series[key] = {"steps": s["steps"], "wall_times": s["wall_times"], "values": decode(s["values"])}
         progress.step(note=key)
-    return {"run": run, "alerts": source.alerts(run_id), "series": series}
+    listed = source.runs(where=f"id == {int(run_id)}", columns="summary.*")
+    summary = listed[0].get("summary", {}) if listed else {}  # last/min/max/count per key; run.summary is in run
+    return {"run": run, "alerts": source.alerts(run_id), "summary": summary, "series": series}
 
 
 def rows(data: dict):
@@ -89,7 +94,8 @@ def to_json(data: dict) -> str:
         k: {**s, "values": [protocol.encode_float(v) if v is not None else None for v in s["values"]]}
         for k, s in data["series"].items()
     }
-    return json.dumps({"run": data["run"], "alerts": data["alerts"], "series": series}, allow_nan=False, indent=1)
+    body = {"run": data["run"], "alerts": data["alerts"], "summary": data.get("summary", {}), "series": series}
+    return json.dumps(body, allow_nan=False, indent=1)
 
 
 def _need_pyarrow():

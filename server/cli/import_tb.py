@@ -1,7 +1,7 @@
 """``gradwatch import-tb DIR``: TensorBoard event files in as runs, through the normal ingest path.
 
-Each directory holding event files becomes one run (named by its path under DIR), read with
-TensorBoard's own ``EventAccumulator`` and sent by the real client (``gradwatch.Run``) over the
+Each directory holding event files becomes one run (named by its path under DIR: scalars, histograms,
+images), read with TensorBoard's own ``EventAccumulator`` and sent by the real client (``gradwatch.Run``) over the
 ingest websocket, with each point's original step and wall time.
 """
 
@@ -14,9 +14,11 @@ import tempfile
 from pathlib import Path
 
 from gradwatch.contract import MAX_KEY_LEN, MAX_STEP
+from gradwatch.media import Histogram, Image, limits, route
 from gradwatch_server.cli.source import Progress, SourceError, printable
 
 EVENTS_GLOB = "events.out.tfevents.*"
+MEDIA = "\x00media"  # where a step's histograms and images wait beside its scalars (no tag starts with NUL)
 
 
 def add_parser(sub) -> None:
@@ -24,7 +26,7 @@ def add_parser(sub) -> None:
         "import-tb",
         help="bring TensorBoard event files in as runs",
         description="Every directory under DIR holding TensorBoard event files becomes a run named by "
-        "its path, with every scalar at its original step and wall time.",
+        "its path, with every scalar, histogram and image at its original step and wall time.",
     )
     p.add_argument("dir", help="a TensorBoard log directory")
     p.add_argument("--project", default="tensorboard", help="project of the new runs [tensorboard]")
@@ -65,10 +67,18 @@ def read_scalars(directory: Path, problems: list | None = None) -> dict:
         raise SourceError("import-tb reads event files with the tensorboard package: pip install tensorboard") from None
     with tempfile.TemporaryDirectory() as spare:
         source = _readable_copy(directory, Path(spare), problems)
-        acc = EventAccumulator(str(source), size_guidance={"scalars": 0, "tensors": 0})
+        acc = EventAccumulator(str(source), size_guidance={"scalars": 0, "tensors": 0, "histograms": 0, "images": 0})
         acc.Reload()
     points: dict = {}
     skipped = {"tag": 0, "step": 0}
+
+    def put_media(tag, step, wall, value):  # a histogram or an image: kept beside the step's scalars
+        if not isinstance(tag, str) or not 0 < len(tag) <= MAX_KEY_LEN or not 0 <= int(step) <= MAX_STEP:
+            skipped["step" if 0 < len(str(tag)) <= MAX_KEY_LEN else "tag"] += 1
+            return
+        wall0, values = points.setdefault(int(step), (wall, {}))
+        points[int(step)] = (min(wall0, wall), values)
+        values.setdefault(MEDIA, {})[tag] = value
 
     def put(tag, step, wall, value):
         if not isinstance(tag, str) or not 0 < len(tag) <= MAX_KEY_LEN:
@@ -92,11 +102,34 @@ def read_scalars(directory: Path, problems: list | None = None) -> dict:
             value = tensor_util.make_ndarray(ev.tensor_proto)
             if value.size == 1 and value.dtype.kind in "fiu":
                 put(tag, ev.step, ev.wall_time, value.reshape(()).item())
+    _read_media(acc, tags, put_media)
     if skipped["tag"]:
         problems.append(f"{skipped['tag']} points skipped: tag longer than {MAX_KEY_LEN} characters")
     if skipped["step"]:
         problems.append(f"{skipped['step']} points skipped: step negative or over 2^63-1")
     return points
+
+
+def _read_media(acc, tags: dict, put) -> None:
+    """TensorBoard's histograms ("Distributions") and images, as gradwatch Histogram and Image values."""
+    for tag in tags.get("histograms", []):
+        for ev in acc.Histograms(tag):
+            put(tag, ev.step, ev.wall_time, _histogram(ev.histogram_value))
+    for tag in tags.get("images", []):
+        for ev in acc.Images(tag):
+            put(tag, ev.step, ev.wall_time, [Image(ev.encoded_image_string)])
+
+
+def _histogram(h) -> Histogram:
+    """A TensorBoard HistogramValue (bucket i counts values up to bucket_limit[i]) as uneven-edged bins."""
+    counts, ends = list(h.bucket), list(h.bucket_limit)
+    edges = [min(h.min, ends[0]) if ends else h.min] + [min(end, h.max) for end in ends]
+    while len(counts) > limits.MAX_BINS:  # merge neighbours until it fits
+        counts = [sum(counts[i : i + 2]) for i in range(0, len(counts), 2)]
+        edges = edges[::2] + ([edges[-1]] if len(edges) % 2 == 0 else [])
+    for i in range(1, len(edges)):  # clamping to max can leave equal neighbours: keep them increasing
+        edges[i] = max(edges[i], edges[i - 1])
+    return Histogram(np_histogram=(counts, edges))
 
 
 def _readable_copy(directory: Path, spare: Path, problems: list) -> Path:
@@ -141,10 +174,14 @@ def import_dir(
     for step in sorted(points):
         wall, values = points[step]
         scalars = dict(values)  # tags and steps checked by read_scalars: nothing here is refused
+        media = scalars.pop(MEDIA, None)
         # Recorded like a watcher's capture, with the event's wall time instead of now (log() stamps the present).
-        run.recorder.put_record(step, scalars, {}, wall=wall)
-        sent += len(scalars)
-        progress.step(len(scalars))
+        if scalars:
+            run.recorder.put_record(step, scalars, {}, wall=wall)
+        if media:
+            route.put(run.recorder, step, media, wall=wall)
+        sent += len(scalars) + len(media or ())
+        progress.step(len(scalars) + len(media or ()))
     run.finish("finished")
     return run.id, sent
 

@@ -22,6 +22,7 @@ from gradwatch import thresholds as th_rules
 from gradwatch_server.health import monitor as health
 from gradwatch_server.health.alerts import AlertBook
 from gradwatch_server.health.diagnose import diagnose, with_incident
+from gradwatch_server.ingest import media as media_ingest
 from gradwatch_server.ingest.batch import Batch
 from gradwatch_server.ingest.hello import clean_json
 from gradwatch_server.ingest.limits import cap_alert_events
@@ -37,6 +38,7 @@ class Limits:
 
     max_keys: int = contract.MAX_KEYS_PER_RUN
     max_layers: int = contract.MAX_LAYERS
+    media: media_ingest.MediaLimits = field(default_factory=media_ingest.MediaLimits)
 
 
 @dataclass
@@ -52,6 +54,7 @@ class RunState:
     rollups: rollup_writes.Cache = field(default_factory=rollup_writes.Cache)
     tails: dict = field(default_factory=dict)
     alerts: AlertBook | None = None
+    media_bytes: int | None = None  # media the run holds (ingest/media.py), summed on first use
     clock: Clock | None = None  # the run's step -> wall time (storage/blocks/clock.py), loaded at first use
 
     def run_clock(self, conn) -> Clock:
@@ -176,6 +179,7 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
     summaries.record(conn, state.run_id, stored)  # last/min/max per key, one upsert per batch
     new_alerts = _observe(state, batch) + state.monitor.take_updates()  # alerts follow their open episodes
     run_changes: dict = {"updated_at": now}  # last_seq: written by claim_seq, in this same transaction
+    media_ingest.apply(conn, state, batch, limits.media)  # histograms, images, tables; summary and config events
     for ev in cap_alert_events(batch.events, state.alerts.rows, batch.problems):
         try:
             new_alerts += _apply_event(state, ev, run_changes)

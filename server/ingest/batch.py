@@ -34,6 +34,7 @@ class Batch:
     vectors: dict = field(default_factory=dict)  # key -> Column
     layouts: dict = field(default_factory=dict)  # key -> slot names
     events: list = field(default_factory=list)
+    media: list = field(default_factory=list)  # histograms, images, tables, text: stored by ingest/media.py
     problems: list = field(default_factory=list)  # what could not be stored, and why
     decoding_problems: int = 0  # how many of those decoding found (applying may add more: see ingest)
 
@@ -60,6 +61,7 @@ def decode(message: dict) -> Batch:
         batch.events = events
     else:
         batch.problems.append("batch.events must be a list")
+    batch.media = message.get("media") if isinstance(message.get("media"), list) else []
     if "columns" in message:
         _from_columns(batch, message["columns"])
     else:

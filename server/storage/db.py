@@ -171,6 +171,32 @@ summaries = Table(  # per run and scalar key: last, min, max (with their steps),
     UniqueConstraint("run_id", "key", name="uq_summaries_run_key"),
 )
 
+media = Table(  # histograms, images, tables and text a run logged (ingest/media.py writes, storage/media.py reads)
+    "media",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("key", String(MAX_KEY_LEN), nullable=False),
+    Column("kind", String(16), nullable=False),  # gradwatch.protocol.MEDIA_KINDS
+    Column("step", BigInteger, nullable=False),
+    Column("idx", Integer, nullable=False, default=0),  # an image's place in a list logged under one key
+    Column("wall", Float, nullable=False),
+    Column("meta", Text, nullable=False),  # JSON: histogram range and non-finite counts; image size, caption
+    Column("body", LargeBinary, nullable=False),  # counts (int64 LE), PNG bytes, or UTF-8 JSON (table, text)
+    Column("nbytes", Integer, nullable=False),
+    UniqueConstraint("run_id", "key", "step", "idx", name="uq_media_run_key_step_idx"),
+    Index("ix_media_run_kind_key_step", "run_id", "kind", "key", "step"),
+)
+
+run_summary = Table(  # what a script set in run.summary (W&B's), shown beside the automatic summaries
+    "run_summary",
+    metadata,
+    Column("run_id", Integer, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False),
+    Column("key", String(MAX_KEY_LEN), nullable=False),
+    Column("value", Text, nullable=False),  # JSON, non-finite numbers as the float codec's strings
+    UniqueConstraint("run_id", "key", name="uq_run_summary_run_key"),
+)
+
 alerts = Table(
     "alerts",
     metadata,

@@ -10,6 +10,8 @@ from gradwatch import protocol
 from gradwatch.contract import MAX_NAME_LEN, MAX_TAG_LEN, MAX_TAGS
 from gradwatch_server.storage import chunks, db
 from gradwatch_server.storage.blocks import clock
+from gradwatch_server.storage.media import rows as media_rows
+from gradwatch_server.storage.media import summary as run_summary
 from gradwatch_server.storage.store import NotFound
 
 
@@ -65,6 +67,8 @@ def delete_run(conn, run_id: int) -> None:
     conn.execute(delete(db.metric_keys).where(db.metric_keys.c.run_id == run_id))
     conn.execute(delete(db.alerts).where(db.alerts.c.run_id == run_id))
     conn.execute(delete(db.incidents).where(db.incidents.c.run_id == run_id))
+    media_rows.delete_run(conn, run_id)
+    run_summary.delete_run(conn, run_id)
     conn.execute(delete(db.runs).where(db.runs.c.id == run_id))
 
 

@@ -27,6 +27,7 @@ from gradwatch.contract import options
 from gradwatch_server.storage import db
 
 RUN_FIELDS = ("id", "name", "project", "status", "created_at", "updated_at", "finished_at", "last_step")
+META_FIELDS = {"group": "run_group", "job_type": "job_type"}  # W&B's init(group=, job_type=), kept in runs.meta
 SUMMARY_FIELDS = ("last", "min", "max", "count", "nans", "last_step", "min_step", "max_step")
 MAX_LENGTH = 4000  # characters of one expression
 MAX_TERMS = 200  # comparisons in one expression (and metric keys joined)
@@ -66,7 +67,7 @@ def named(param: str, fn, *args):
 
 @dataclass(frozen=True)
 class Field:
-    """A field reference: kind is 'run', 'config' or 'summary'; for summary, ``key`` and ``part``."""
+    """A field reference: kind is 'run', 'meta', 'config', 'summary' or 'user' (a run.summary key); for summary, ``key`` and ``part``."""
 
     kind: str
     name: str  # the run column, the config path (dotted) or the metric key
@@ -79,6 +80,10 @@ class Field:
             return self.name
         if self.kind == "config":
             return f"config.{self.name}"
+        if self.kind == "meta":
+            return next(k for k, v in META_FIELDS.items() if v == self.name)
+        if self.kind == "user":
+            return f"summary.{self.name}"
         if self.part.startswith("at_"):
             how, other = self.part.split(":", 1)
             return f"summary.{self.name}.{how}({other})"
@@ -115,11 +120,15 @@ def parse_field(name: str, column: int = 1, text: str = "", arg: str | None = No
     """A dotted name as a field; ``arg`` is the key inside ``at_min(...)``/``at_max(...)``."""
     if name in RUN_FIELDS and arg is None:
         return Field("run", name, column=column)
+    if name in META_FIELDS and arg is None:
+        return Field("meta", META_FIELDS[name], column=column)
     head, _, rest = name.partition(".")
     if head == "config" and rest and arg is None:
         if any(not part for part in rest.split(".")):
             raise QueryError(f"empty part in config key {rest!r}", column, text)
         return Field("config", rest, column=column)
+    if head == "summary" and rest and "." not in rest and arg is None:
+        return Field("user", rest, column=column)  # run.summary's value (no dot in the key), else its last value
     if head == "summary" and "." in rest:
         key, _, part = rest.rpartition(".")
         if arg is not None and part in ("at_min", "at_max"):
@@ -132,7 +141,8 @@ def parse_field(name: str, column: int = 1, text: str = "", arg: str | None = No
             text,
         )
     raise QueryError(
-        f"unknown field {name!r}: use config.<key>, summary.<key>.<field> or one of {', '.join(RUN_FIELDS)}",
+        f"unknown field {name!r}: use config.<key>, summary.<key>.<field>, summary.<run.summary key> "
+        f"or one of {', '.join((*RUN_FIELDS, *META_FIELDS))}",
         column,
         text,
     )
@@ -299,6 +309,7 @@ class Compiler:
     def __init__(self, dialect: str):
         self.pg = dialect == "postgresql"
         self.joins: dict = {}  # metric key -> aliased summaries table
+        self.user_joins: dict = {}  # run.summary key -> aliased run_summary table
 
     def summary_table(self, key: str):
         if key not in self.joins:
@@ -307,19 +318,34 @@ class Compiler:
             self.joins[key] = db.summaries.alias(f"s{len(self.joins)}")
         return self.joins[key]
 
-    def _json(self, path: str):
-        """(typeof, text value, number value) of a config key: the value typed, NULL when absent."""
-        parts = path.split(".")
+    def user_table(self, key: str):
+        if key not in self.user_joins:
+            if len(self.user_joins) >= MAX_TERMS:
+                raise QueryError(f"more than {MAX_TERMS} summary keys", 1)
+            self.user_joins[key] = db.run_summary.alias(f"u{len(self.user_joins)}")
+        return self.user_joins[key]
+
+    def _json(self, path: str, column=None):
+        """(typeof, text value, number value) of a config key: the value typed, NULL when absent.
+
+        ``column``: another JSON column (runs.meta, a run.summary value); an empty path is its whole value.
+        """
+        column = db.runs.c.config if column is None else column
+        parts = path.split(".") if path else []
         if self.pg:
-            doc = cast(db.runs.c.config, JSONB)
+            doc = cast(column, JSONB)
+            if not parts:
+                typ, text = func.jsonb_typeof(doc), doc.op("#>>")(literal("{}", String))
+                number = case((typ == "number", cast(text, Float)))
+                return typ, case((typ == "string", text)), number, case((typ == "boolean", text == "true"))
             node = func.jsonb_extract_path(doc, *[literal(p, String) for p in parts])
             typ = func.jsonb_typeof(node)
             text = func.jsonb_extract_path_text(doc, *[literal(p, String) for p in parts])
             number = case((typ == "number", cast(text, Float)))
             return typ, case((typ == "string", text)), number, case((typ == "boolean", text == "true"))
         jpath = "$" + "".join(f'."{p.replace(chr(34), "")}"' for p in parts)
-        value = func.json_extract(db.runs.c.config, literal(jpath, String))
-        typ = func.json_type(db.runs.c.config, literal(jpath, String))
+        value = func.json_extract(column, literal(jpath, String))
+        typ = func.json_type(column, literal(jpath, String))
         number = case((typ.in_(["integer", "real"]), value))
         text = case((typ == "text", value))
         boolean = case((typ == "true", true()), (typ == "false", false()))
@@ -329,18 +355,27 @@ class Compiler:
         """The SQL expression of a field; for config keys, the form typed like ``want`` (number/text/bool)."""
         if f.kind == "run":
             return db.runs.c[f.name]
-        if f.kind == "config":
-            _typ, text, number, boolean = self._json(f.name)
+        if f.kind in ("config", "meta", "user"):
+            _typ, text, number, boolean = self._json(*self._doc(f))
+            if f.kind == "user":  # W&B's rule: what run.summary set, else the key's last value
+                number = func.coalesce(number, self.summary_table(f.name).c.last)
             return {"number": number, "text": text, "bool": boolean}[want]
         if f.part.startswith("at_") or not f.part:
             raise QueryError(f"{f.label} can be a column, not a filter or a sort", f.column)
         return self.summary_table(f.name).c[f.part]
 
+    def _doc(self, f: Field) -> tuple:
+        """(path, JSON column) of a config, meta or run.summary field."""
+        if f.kind == "meta":
+            return f.name, db.runs.c.meta
+        if f.kind == "user":
+            return "", self.user_table(f.name).c.value
+        return f.name, None
+
     def sort_key(self, f: Field):
         """A config key sorts numbers first (by value), then strings; others as they are."""
-        if f.kind == "config":
-            _typ, text, number, _b = self._json(f.name)
-            return [number, text]
+        if f.kind in ("config", "meta", "user"):
+            return [self.field(f, "number"), self.field(f, "text")]
         return [self.field(f)]
 
     def compile(self, node):
@@ -390,7 +425,7 @@ def narrow(conn, stmt, where: str | None, order_by: str | None):
     for f, desc in named("order_by", parse_order, order_by) if order_by else []:
         for expr in named("order_by", comp.sort_key, f):
             keys += [expr.is_(None), expr.desc() if desc else expr.asc()]  # runs without a value go last
-    for key, s in comp.joins.items():
+    for key, s in (*comp.joins.items(), *comp.user_joins.items()):
         stmt = stmt.outerjoin(s, and_(s.c.run_id == db.runs.c.id, s.c.key == literal(key, String)))
     if clause is not None:
         stmt = stmt.where(clause)

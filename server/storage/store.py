@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from gradwatch import contract, protocol
 from gradwatch_server.storage import chunks, db, series, summaries
 from gradwatch_server.storage import query as runs_query
+from gradwatch_server.storage.media import summary as scripted_summary
 
 
 class NotFound(LookupError):
@@ -30,6 +31,12 @@ def _summary(row, alert_count: int) -> dict:
         "tags": json.loads(row.tags or "[]"),
         "notes": row.notes or "",
     }
+
+
+def _job(row) -> dict:
+    """W&B's group and job type (``init(group=, job_type=)``), kept in the run's meta."""
+    meta = _json_dict(row.meta) if row.meta and ("run_group" in row.meta or "job_type" in row.meta) else {}
+    return {"group": meta.get("run_group"), "job_type": meta.get("job_type")}
 
 
 def _json_dict(text) -> dict:
@@ -104,11 +111,14 @@ def list_runs(
     if q:
         query = query.where(db.runs.c.name.contains(q, autoescape=True))
     query = runs_query.narrow(conn, query, where, order_by)
-    out = [{**_summary(r, r.alert_count), "config": _json_dict(r.config)} for r in conn.execute(query)]
+    out = [{**_summary(r, r.alert_count), "config": _json_dict(r.config), **_job(r)} for r in conn.execute(query)]
     if tag:
         out = [r for r in out if tag in r["tags"]]
     out = out[:limit] if limit else out
     summaries.attach(conn, out, columns)
+    scripted = scripted_summary.of_runs(conn, [r["id"] for r in out]) if out else {}
+    for r in out:
+        r["run_summary"] = scripted.get(r["id"], {})  # what the script set in run.summary (W&B's)
     alerted = [r["id"] for r in out if r["alert_count"]]
     last = _last_alerts(conn, alerted) if alerted else {}
     needing = open_incidents(conn, alerted) if alerted else {}
@@ -168,6 +178,8 @@ def get_run(conn, run_id: int) -> dict:
         meta=_json_dict(row.meta),
         error=json.loads(row.error) if row.error else None,
         alert_config=json.loads(row.alert_config or "{}"),
+        run_summary=scripted_summary.of_runs(conn, [run_id]).get(run_id, {}),
+        **_job(row),
         created_by=row.created_by,  # the name of the token whose connection created the run (None: before tokens)
     )
     return out

@@ -9,6 +9,7 @@ from gradwatch_server.web.routes import (
     incidents,
     ingest_ws,
     live_ws,
+    media_api,
     metrics,
     pages,
     ranks,
@@ -24,6 +25,7 @@ JSON_API = (
     incidents,
     rules,
     channels,
+    media_api,
     access,
 )  # the JSON API (its OpenAPI schema is what the fuzzer reads)
 ALL = (*JSON_API, metrics, auth, ingest_ws, live_ws, pages)

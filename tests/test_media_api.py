@@ -1,0 +1,125 @@
+"""Histograms, images, tables and run.summary through a real server: ingest, the read API, refusals, deletion."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.request
+
+import numpy as np
+import torch
+
+import gradwatch
+from gradwatch import protocol
+from gradwatch.media import Histogram, Image, Table, png, route
+from gradwatch_server.ingest import media as media_ingest
+
+ONE_PIXEL = base64.b64encode(png.encode(b"\x00", 1, 1, 1)).decode()
+
+
+def logged_run(server, steps=6):
+    run = gradwatch.init(project="media", name="m", server=server.url)
+    for step in range(steps):
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+        x = torch.randn(2000) + step
+        x[:step] = float("nan")
+        route.put(
+            run.recorder,
+            step,
+            {
+                "weights": Histogram(x, num_bins=32),
+                "samples": [
+                    Image(np.full((4, 5, 3), step * 40, dtype=np.uint8), caption=f"step {step}"),
+                    Image(torch.rand(1, 3, 3)),
+                ],
+                "preds": Table(columns=["i", "p"], data=[[i, i * step / 10] for i in range(3)]),
+            },
+        )
+    run.recorder.put_event({"type": "summary", "set": {"best": 0.5, "nested": {"a": [1, 2]}}, "remove": []})
+    run.recorder.put_event({"type": "config", "config": {"lr": 0.01}})
+    run.finish()
+    return run.id
+
+
+def test_media_are_stored_and_read_back(server, api):
+    run_id = logged_run(server)
+    kinds = {m["key"]: (m["kind"], m["steps"]) for m in api.get(f"/api/runs/{run_id}/media")}
+    assert kinds == {"weights": ("histogram", 6), "samples": ("image", 6), "preds": ("table", 6)}
+    hist = api.get(f"/api/runs/{run_id}/histograms?key=weights")
+    assert hist["total_steps"] == 6 and [h["step"] for h in hist["histograms"]] == list(range(6))
+    assert [h["nan"] for h in hist["histograms"]] == list(range(6))
+    assert all(sum(h["counts"]) + h["nan"] == 2000 and h["lo"] < h["hi"] for h in hist["histograms"])
+    assert hist["histograms"][5]["lo"] > hist["histograms"][0]["lo"]  # the distribution moved with the steps
+    thinned = api.get(f"/api/runs/{run_id}/histograms?key=weights&max_steps=3")["histograms"]
+    assert [h["step"] for h in thinned][0] == 0 and thinned[-1]["step"] == 5 and len(thinned) == 3
+    images = api.get(f"/api/runs/{run_id}/images?key=samples&step=3")
+    assert images["step"] == 3 and images["steps"] == list(range(6))
+    first = images["images"][0]
+    assert (first["width"], first["height"], first["caption"]) == (5, 4, "step 3")
+    with urllib.request.urlopen(f"{server.url}/api/runs/{run_id}/images/{first['id']}.png") as resp:
+        assert resp.headers["Content-Type"] == "image/png" and resp.read()[:4] == b"\x89PNG"
+    table = api.get(f"/api/runs/{run_id}/tables?key=preds&step=2")
+    assert table["columns"] == ["i", "p"] and table["rows"][2] == [2, 0.4]
+    assert api.get(f"/api/runs/{run_id}/summary") == {"best": 0.5, "nested": {"a": [1, 2]}}
+    assert api.get(f"/api/runs/{run_id}")["config"]["lr"] == 0.01
+
+
+def test_an_image_is_served_only_through_its_own_run(server, api):
+    a, b = logged_run(server, 1), logged_run(server, 1)
+    image_id = api.get(f"/api/runs/{a}/images?key=samples")["images"][0]["id"]
+    status, _ = api.request("GET", f"/api/runs/{b}/images/{image_id}.png")
+    assert status == 404
+    status, _ = api.request("GET", f"/api/runs/{a}/tables?key=weights")
+    assert status == 404
+
+
+def test_deleting_a_run_deletes_its_media(server, api):
+    run_id = logged_run(server, 2)
+    status, _ = api.request("DELETE", f"/api/runs/{run_id}")
+    assert status == 200
+    with server.services.engine.connect() as conn:
+        left = [conn.exec_driver_sql(f"SELECT count(*) FROM {t}").scalar() for t in ("media", "run_summary")]
+    assert left == [0, 0]
+
+
+def test_bad_entries_are_refused_one_by_one():
+    limits = media_ingest.MediaLimits(table_rows=10, bins=8)
+    good = {"step": 1, "t": 1.0, "key": "ok", "kind": "text", "value": {"text": "x"}}
+    bad = [
+        {**good, "kind": "video"},
+        {**good, "step": -1},
+        {**good, "kind": "image", "value": {"images": [{"png": base64.b64encode(b"GIF89a").decode()}]}},
+        {**good, "kind": "histogram", "value": {"lo": 0, "hi": 1, "counts": [1] * 9}},
+        {**good, "kind": "histogram", "value": {"lo": "NaN", "hi": 1, "counts": [1]}},
+        {**good, "kind": "table", "value": {"columns": ["a"], "rows": [[1]] * 11}},
+        {**good, "kind": "table", "value": {"columns": ["a"], "rows": [[{"nested": 1}]]}},
+    ]
+    for entry in bad:
+        try:
+            media_ingest.rows_of(entry, limits)
+        except (protocol.ProtocolError, ValueError):
+            continue
+        raise AssertionError(f"accepted {entry}")
+    assert media_ingest.rows_of({**good, "kind": "image", "value": {"images": [{"png": ONE_PIXEL}]}}, limits)[0]["meta"]
+
+
+def test_a_batch_with_bad_media_stores_the_rest(server, api):
+    from websockets.sync.client import connect
+
+    url = server.url.replace("http", "ws") + protocol.INGEST_PATH
+    with connect(url) as ws:
+        ws.send(protocol.dumps(protocol.hello({"uid": "raw-media", "project": "media", "name": "raw"})))
+        welcome = json.loads(ws.recv())
+        assert protocol.MEDIA in welcome["features"]
+        entries = [
+            {"step": 0, "t": 1.0, "key": "good", "kind": "text", "value": {"text": "replaced"}},
+            {"step": 0, "t": 1.0, "key": "good", "kind": "text", "value": {"text": "kept"}},  # same key and step: last
+            {"step": 0, "t": 1.0, "key": "bad", "kind": "image", "value": {"images": [{"png": "!!"}]}},
+        ]
+        ws.send(protocol.dumps(protocol.batch(1, [], media=entries)))
+        ack = json.loads(ws.recv())
+    assert ack["seq"] == 1 and "media 2" in ack["refused"]
+    run_id = welcome["run_id"]
+    assert [m["key"] for m in api.get(f"/api/runs/{run_id}/media")] == ["good"]
+    assert api.get(f"/api/runs/{run_id}/tables?key=good")["text"] == "kept"
+    assert any(a["kind"] == "data_refused" for a in api.get(f"/api/runs/{run_id}/alerts"))
