@@ -83,7 +83,8 @@ def is_lr_key(key: str) -> bool:
 
 def is_layer_key(key: str) -> bool:
     """Whether ``key`` is a per-layer gradient key (``grad/<parameter>``), not a scalar summary of the family."""
-    return key.startswith(GRAD_PREFIX) and key not in GRAD_SCALARS
+    # grad/global_norm/<model> (one of several watched models) is a scalar too, not a layer
+    return key.startswith(GRAD_PREFIX) and key not in GRAD_SCALARS and not key.startswith(GLOBAL_NORM + "/")
 
 
 GRAD_SCALARS = (GLOBAL_NORM, GLOBAL_NORM_CLIPPED, MISSING_COUNT)
@@ -160,7 +161,8 @@ export function mainLossKey(keys, declared) {
   return LOSS_KEYS.find((k) => have.has(k)) ?? null;
 }
 export const isLrKey = (key) => key === KEYS.LR || key.startsWith(KEYS.LR_PREFIX);
-export const isLayerKey = (key) => key.startsWith(KEYS.GRAD_PREFIX) && !GRAD_SCALARS.includes(key);
+export const isLayerKey = (key) =>
+  key.startsWith(KEYS.GRAD_PREFIX) && !GRAD_SCALARS.includes(key) && !key.startsWith(KEYS.GLOBAL_NORM + "/");
 export function family(key) {
   if (key === KEYS.LR) return "lr";
   for (const [name, prefix] of Object.entries(FAMILIES)) if (key.startsWith(prefix)) return name;
