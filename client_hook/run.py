@@ -430,4 +430,17 @@ class Run(WandbRunMixin):
             message += " run.should_stop is now True."
         elif self.on_nan == "raise":
             self._raise_pending = message
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        warnings.warn(message, RuntimeWarning, stacklevel=_user_stacklevel())
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first caller outside gradwatch (the user's line)."""
+    import inspect
+
+    frame, level = inspect.currentframe().f_back, 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
