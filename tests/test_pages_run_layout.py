@@ -120,3 +120,29 @@ def test_identical_lr_groups_are_one_line(server, page):
     page.goto(f"{server.url}/runs/{differ}")
     page.wait_for_function("() => document.getElementById('chart-lr').data")
     assert sorted(page.evaluate(names)) == ["lr/0", "lr/1"]
+
+
+def test_the_gradient_norm_chart_says_which_line_is_before_and_after_clipping(server, page):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = gradwatch.init(project="clip", name="clipped", server=server.url)
+    run.watch(model, opt)
+    x, y = torch.randn(64, 4), 100 * torch.randn(64, 1)  # big targets: the norm is clipped at every step
+    for _ in range(10):
+        loss = ((model(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        opt.step()
+        run.log({"loss": loss})
+    run.finish(timeout=30)
+    page.goto(f"{server.url}/runs/{run.id}")
+    names = "() => document.getElementById('chart-gnorm').data.filter(t => t.mode !== 'markers').map(t => t.name)"
+    page.wait_for_function("() => (document.getElementById('chart-gnorm').data || []).length >= 3")
+    assert page.evaluate(names) == [
+        "before clipping",
+        "after clipping (reached the weights)",
+        "clip threshold (max_norm)",
+    ]
+    assert not page.js_errors

@@ -90,9 +90,21 @@ fixed("loss", {
   smoothing: () => Number($("smoothing").value),
   empty: 'No loss logged yet: run.log({"loss": loss}).',
 });
-// Before clipping, and (Lightning, Hugging Face with clipping on) the clipped norm the optimizer got.
-const GNORMS = [KEYS.GLOBAL_NORM, KEYS.GLOBAL_NORM_CLIPPED];
-fixed("gnorm", { keys: (ks) => GNORMS.filter((k) => ks.includes(k)), empty: WATCH_HINT("gradient norm") });
+// What backward produced (before clipping), what reached the optimizer when clipping changed it, the
+// threshold clipping used (docs/gradients.md), and each model's own norm when a run watches several.
+const GNORMS = [KEYS.GLOBAL_NORM, KEYS.GLOBAL_NORM_CLIPPED, KEYS.CLIP_THRESHOLD];
+const MODEL_NORM = KEYS.GLOBAL_NORM + "/";
+const GNORM_LABELS = {
+  [KEYS.GLOBAL_NORM]: "before clipping",
+  [KEYS.GLOBAL_NORM_CLIPPED]: "after clipping (reached the weights)",
+  [KEYS.CLIP_THRESHOLD]: "clip threshold (max_norm)",
+};
+fixed("gnorm", {
+  keys: (ks) => [...GNORMS.filter((k) => ks.includes(k)), ...ks.filter((k) => k.startsWith(MODEL_NORM))],
+  label: (k) =>
+    k.startsWith(MODEL_NORM) ? `model ${k.slice(MODEL_NORM.length)}, before clipping` : GNORM_LABELS[k] || k,
+  empty: WATCH_HINT("gradient norm"),
+});
 fixed("lr", { keys: (ks) => ks.filter(isLrKey), empty: WATCH_HINT("learning rate"), sameAsOne: true });
 fixed("memory", {
   keys: (ks) => ks.filter((k) => k.startsWith(KEYS.CUDA_PREFIX) || k === KEYS.RSS),
@@ -114,7 +126,7 @@ const entriesFor = (c) => {
   const entries = c
     .keys(S.keys)
     .filter((k) => held(k))
-    .map((k, i) => ({ label: k, series: held(k), color: PALETTE[i % PALETTE.length] }));
+    .map((k, i) => ({ label: c.label ? c.label(k) : k, series: held(k), color: PALETTE[i % PALETTE.length] }));
   return c.sameAsOne ? mergeIdentical(entries) : entries;
 };
 
@@ -194,7 +206,8 @@ function renderFirst() {
   if (!xKeyOf(xMode())) for (const n of FIRST) CHARTS[n].chart.render(entriesFor(CHARTS[n]), xMode());
   // Per-layer norms are keys grad/<layer>: without any, say so rather than ask for a heatmap (a 404).
   if (!HEAT.zoomed) {
-    if (S.keys.some((k) => k.startsWith(KEYS.GRAD_PREFIX) && !GNORMS.includes(k))) HEAT.load();
+    if (S.keys.some((k) => k.startsWith(KEYS.GRAD_PREFIX) && !GNORMS.includes(k) && !k.startsWith(MODEL_NORM)))
+      HEAT.load();
     else if (!HEAT.loaded) HEAT.showEmpty();
   }
 }
