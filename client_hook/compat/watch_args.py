@@ -19,7 +19,7 @@ def translate(optimizer, scaler, every, wandb: dict) -> tuple:
     log, log_freq = wandb.get("log", "unset"), wandb.get("log_freq")
     if isinstance(scaler, str) or scaler is None and log == "unset" and isinstance(every, str):
         log, scaler = scaler if isinstance(scaler, str) else every, None
-    if optimizer is not None and not hasattr(optimizer, "param_groups"):  # a criterion (nn.Module), not an optimizer
+    if optimizer is not None and not _optimizers(optimizer):  # a criterion (nn.Module), not an optimizer
         optimizer = None
     if not isinstance(every, int) or isinstance(every, bool):
         every = 1
@@ -27,3 +27,10 @@ def translate(optimizer, scaler, every, wandb: dict) -> tuple:
         log = "gradients" if ("log_freq" in wandb or "criterion" in wandb) else None
     histograms = log if log in WANDB_LOG else None
     return optimizer, scaler, every, histograms, int(log_freq) if log_freq else None
+
+
+def _optimizers(value) -> bool:
+    """Whether ``value`` is an optimizer or a list of them (``watch([netD, netG], [optD, optG])``)."""
+    if isinstance(value, (list, tuple)):
+        return bool(value) and all(o is None or hasattr(o, "param_groups") for o in value)
+    return hasattr(value, "param_groups")
