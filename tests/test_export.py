@@ -109,7 +109,9 @@ def test_runs_ls_and_rm(server, api, capsys):
     assert code == 0 and [r["id"] for r in json.loads(out)] == [b, a]
     code, out, _ = cli_run(["runs", "ls", "--server", server.url, "--project", "q"], capsys)
     lines = out.splitlines()
-    assert lines[0].split() == ["ID", "PROJECT", "NAME", "STATUS", "STEP", "ALERTS", "WORST", "OPEN"] and len(lines) == 2
+    assert (
+        lines[0].split() == ["ID", "PROJECT", "NAME", "STATUS", "STEP", "ALERTS", "WORST", "OPEN"] and len(lines) == 2
+    )
     assert lines[1].split()[:4] == [str(b), "q", "second", "finished"]
     code, _, err = cli_run(["runs", "rm", str(a), "--server", server.url], capsys)  # not a terminal: must confirm
     assert code == 1 and "--yes" in err and len(api.get("/api/runs")) == 2

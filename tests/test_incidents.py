@@ -211,7 +211,8 @@ def _controlling_terminal():
     import os
     import termios
 
-    os.setsid()
+    if os.getsid(0) != os.getpid():  # the suite's children start in a session of their own already
+        os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
 
