@@ -66,7 +66,8 @@ def run_worker(tool: str, task: str, size: int, timeout: float) -> dict:
         env = {**os.environ, **QUIET, "HOME": str(tmp / "home")}  # ~/.cache, ~/.config land here
         server = Server(tmp) if tool == "gradwatch" and task != "version" else None
         if server:
-            env.update(GRADWATCH_SERVER=server.url, GRADWATCH_BENCH_DB=str(server.db))
+            # GRADWATCH_MODE: gradwatch also honours WANDB_MODE (offline here, for the wandb peer)
+            env.update(GRADWATCH_SERVER=server.url, GRADWATCH_BENCH_DB=str(server.db), GRADWATCH_MODE="online")
         try:
             done = subprocess.run(
                 [py, str(WORKER), tool, task, str(size), str(tmp)],
