@@ -10,12 +10,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-TEXT = Path(__file__).resolve().parents[1] / "docs"
+CHAR_TEXT = Path(__file__).resolve().parent / "data" / "char_text.txt"  # what char_data trains on
 
 
 def char_data(limit: int = 200_000) -> tuple[torch.Tensor, int]:
-    """The repo's own docs as a character stream (a local stand-in for tiny Shakespeare) and its vocabulary size."""
-    text = "".join(p.read_text() for p in sorted(TEXT.glob("*.md")))[:limit]
+    """A fixed text (a snapshot of this repo's docs; a local stand-in for tiny Shakespeare) and its vocabulary size.
+
+    A file of its own, not docs/ as they are: editing the docs must not change the trajectory the tests train.
+    """
+    text = CHAR_TEXT.read_text()[:limit]
     chars = sorted(set(text))
     index = {c: i for i, c in enumerate(chars)}
     return torch.tensor([index[c] for c in text], dtype=torch.long), len(chars)
