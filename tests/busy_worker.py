@@ -16,13 +16,17 @@ server, project, name, seed, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(
 mode = sys.argv[6] if len(sys.argv) > 6 else "plain"
 
 
-def train(model, run_name: str, seed: int) -> None:
+def train(model, run_name: str, seed: int, start=None) -> None:
     torch.manual_seed(seed)
     torch.set_num_threads(1)
     x, y = regression_data(seed=seed)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3 * (1 + seed % 3))
     with gradwatch.init(project=project, name=run_name, server=server, config={"seed": seed}) as run:
         run.watch(model, opt, system_every=0.5)
+        if start is not None:
+            # every worker starts on the untrained model: on a busy machine a late starter would
+            # otherwise begin on a model the others had already trained, and its loss never falls
+            start.wait(timeout=180)
         for _ in range(steps):
             idx = torch.randint(0, len(x), (32,))
             loss = ((model(x[idx]) - y[idx]) ** 2).mean()
@@ -39,7 +43,8 @@ if mode == "hogwild":
     shared = mlp()
     shared.share_memory()
     ctx = mp.get_context("fork")
-    procs = [ctx.Process(target=train, args=(shared, f"{name}-{i}", seed + i)) for i in range(3)]
+    start = ctx.Barrier(3)
+    procs = [ctx.Process(target=train, args=(shared, f"{name}-{i}", seed + i, start)) for i in range(3)]
     for p in procs:
         p.start()
     for p in procs:
