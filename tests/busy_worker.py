@@ -16,10 +16,12 @@ server, project, name, seed, steps = sys.argv[1], sys.argv[2], sys.argv[3], int(
 mode = sys.argv[6] if len(sys.argv) > 6 else "plain"
 
 
-def train(model, run_name: str, seed: int, start=None) -> None:
+def train(model, run_name: str, seed: int, start=None, data_seed=None) -> None:
     torch.manual_seed(seed)
     torch.set_num_threads(1)
-    x, y = regression_data(seed=seed)
+    # hogwild workers train one model on one task (their own batches of it): with a task each, the
+    # shared model is pulled three ways and a worker's loss rightly stops falling
+    x, y = regression_data(seed=seed if data_seed is None else data_seed)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3 * (1 + seed % 3))
     with gradwatch.init(project=project, name=run_name, server=server, config={"seed": seed}) as run:
         run.watch(model, opt, system_every=0.5)
@@ -44,7 +46,7 @@ if mode == "hogwild":
     shared.share_memory()
     ctx = mp.get_context("fork")
     start = ctx.Barrier(3)
-    procs = [ctx.Process(target=train, args=(shared, f"{name}-{i}", seed + i, start)) for i in range(3)]
+    procs = [ctx.Process(target=train, args=(shared, f"{name}-{i}", seed + i, start, seed)) for i in range(3)]
     for p in procs:
         p.start()
     for p in procs:
