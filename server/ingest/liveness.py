@@ -99,7 +99,7 @@ def flag_stragglers(conn, run_ids: list[int], flagged: dict, now: float) -> list
         if slow is None or flagged.get(group) == slow["id"]:
             continue
         flagged[group] = slow["id"]
-        alert = _straggler_alert(job, slow, _loader_wait(conn, slow["id"]))
+        alert = straggler_alert(job, slow, _loader_wait(conn, slow["id"]))
         AlertBook.load(conn, slow["id"]).record(conn, alert, now)
         alerted.append(slow["id"])
     for group in [g for g in flagged if g not in groups]:  # jobs gone from here: memory stays flat
@@ -116,9 +116,17 @@ def _loader_wait(conn, run_id: int) -> float | None:
     return ranks.recent_median(conn, key_id)
 
 
-def _straggler_alert(job: dict, slow: dict, loader: float | None = None) -> Alert:
-    """What the straggler's run is told: its pace against the other ranks', and what its time between steps is
-    (its DataLoader only when one is measured: cause before blame, as throughput_drop does)."""
+def straggler_alert(job: dict, slow: dict, loader: float | None = None) -> Alert:
+    """The alert a job's straggler gets: its pace against the other ranks', and what its time between steps is.
+
+    Args:
+        job: ``storage.ranks.get_ranks``'s answer for the job.
+        slow: the straggler's rank entry in it.
+        loader: the rank's recent median ``perf/loader_wait`` (None: no DataLoader measured, so none is named).
+
+    Returns:
+        The ``straggler`` warning for the straggler's run.
+    """
     paces = [r["step_time"] for r in job["ranks"] if r["step_time"] is not None]
     middle = statistics.median(paces)
     waits = [r["data_wait"] for r in job["ranks"] if r["data_wait"] is not None]
