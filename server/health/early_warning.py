@@ -62,6 +62,7 @@ def check_instability_warning(state: dict, obs: Observation, th: dict) -> list[A
         and level >= th["instability_warning.level"]
         and base > 0
         and level >= th["instability_warning.factor"] * base
+        and not lr_ramp.ramped(state["ramp"], obs.step, th)  # a ratio grown with a ramped LR: the ramp check's
     )
     # The cooldown is in steps: that many quiet steps are this many quiet samples.
     if not episode(state, bad, max(1, th["instability_warning.cooldown"] / max(1, gap))) or _open(state, "ramp"):

@@ -81,6 +81,14 @@ def growth(rs: dict, step: int, th: dict) -> float | None:
     return g if g >= th["instability_warning.lr_growth"] else None
 
 
+def ramped(rs: dict, step: int, th: dict) -> bool:
+    """Whether the LR grew ``lr_growth`` x over the last ``lr_window`` steps (rising still or just capped): an update
+    ratio grows with the LR then, so its growth is this check's to judge, not the ratio's."""
+    lrs = rs.get("lrs")
+    before = _lr_at(lrs, step - th["instability_warning.lr_window"]) if lrs else None
+    return before is not None and before > 0 and lrs[-1][1] >= th["instability_warning.lr_growth"] * before
+
+
 def check(rs: dict, obs: Observation, th: dict, grads: deque | None) -> tuple[bool, str | None]:
     """One record: (whether it was a check: it carries the watched loss or the gradient norm; the evidence, a
     sentence, when it makes the check bad ``patience`` times in a row). ``grads``: (step, global norm), this one's too."""
