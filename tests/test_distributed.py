@@ -155,3 +155,18 @@ def test_the_straggler_rule_by_step_time_and_by_data_wait():
     assert straggler(job((0.20, 0.01), (0.20, 0.15), (0.20, 0.01))) == 1  # lock-step DDP: it waits on its data
     assert straggler(job((0.20, 0.01), (0.20, 0.04), (0.20, 0.01))) is None
     assert straggler(job((0.20, 0.0), (None, None))) is None  # one rank with a pace: nothing to compare
+
+
+def test_a_straggler_that_waits_between_steps_names_its_dataloader_only_when_one_is_measured():
+    from gradwatch_server.ingest.liveness import straggler_alert
+
+    ranks = [
+        {"rank": i, "id": i, "step_time": 0.2, "data_wait": w, "last_step": 100} for i, w in enumerate((0.01, 0.15))
+    ]
+    job, slow = {"ranks": ranks}, ranks[1]
+    unmeasured = straggler_alert(job, slow).message  # no perf/loader_wait: its own code, never "data loading"
+    assert "No DataLoader is measured" in unmeasured and "num_workers" not in unmeasured, unmeasured
+    slow_loader = straggler_alert(job, slow, loader=0.14).message
+    assert "Its DataLoader takes 0.14 s" in slow_loader and "num_workers" in slow_loader, slow_loader
+    fast_loader = straggler_alert(job, slow, loader=0.01).message  # a DataLoader that is not the difference
+    assert "only 0.01 s" in fast_loader and "num_workers" not in fast_loader, fast_loader

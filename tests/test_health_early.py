@@ -121,3 +121,54 @@ def test_a_bad_goal_is_refused_at_init():
         check_alerts({"goal.loss_G": "sideways"})
     with pytest.raises(ValueError, match="names no metric key"):
         specs.validate({"goal.": "none"})
+
+
+# -- the LR schedule as early warning (server/health/lr_ramp.py) ----------------------------------------------
+def _ramp_stream(cap=None, steps=200):
+    """An LR raised 4 % a step (capped or not); the loss falls until the LR passes 0.05, then climbs."""
+    out = []
+    for step in range(steps):
+        lr = 1e-3 * 1.04**step
+        lr = min(lr, cap) if cap else lr
+        loss = 2.0 * math.exp(-step / 30) + 0.05 + (max(0.0, lr - 0.05) * 20 if cap is None else 0.0)
+        out.append((step, {"lr": lr, "grad/global_norm": 1.0}))
+        out.append((step, {"loss": loss * (1 + 0.02 * math.sin(step))}))
+    return out
+
+
+def test_an_lr_still_rising_while_the_loss_climbs_from_its_best_is_warned_with_the_lr_story():
+    m, out = Monitor(), []
+    for step, scalars in _ramp_stream():
+        out += m.observe(step, scalars, {})
+    warn = [a for a in out if a.kind == "instability_warning" and not a.update]
+    assert len(warn) == 1, kinds(out)
+    text = warn[0].message
+    assert "learning rate is still rising" in text and "above its best" in text and "comes before divergence" in text
+    assert "Stop raising the learning rate" in text, text
+    assert warn[0].step < min(s for s, sc in _ramp_stream() if sc.get("loss", 0) > 20), kinds(out)  # before the blow-up
+
+
+def test_the_same_ramp_capped_or_a_constant_lr_raises_no_ramp_warning():
+    for stream in (_ramp_stream(cap=0.02), [(s, {**sc, "lr": 0.01} if "lr" in sc else sc) for s, sc in _ramp_stream()]):
+        m, out = Monitor(), []
+        for step, scalars in stream:
+            out += m.observe(step, scalars, {})
+        assert not [a for a in out if a.kind == "instability_warning" and "learning rate" in a.message], kinds(out)
+
+
+def test_the_ramp_check_sees_the_same_through_the_batch_path():
+    import numpy as np
+
+    stream = _ramp_stream()
+    one, many = Monitor(), Monitor()
+    expected = [a for step, sc in stream for a in one.observe(step, sc, {})]
+    got = []
+    for start in range(0, len(stream), 64):
+        part = stream[start : start + 64]
+        steps = np.array([s for s, _ in part])
+        scalars = {}
+        for key in ("lr", "grad/global_norm", "loss"):
+            rows = [i for i, (_, sc) in enumerate(part) if key in sc]
+            scalars[key] = (np.array(rows), np.array([part[i][1][key] for i in rows]))
+        got += many.observe_batch(steps, scalars, {})
+    assert [(a.kind, a.step, a.message) for a in got] == [(a.kind, a.step, a.message) for a in expected]

@@ -35,8 +35,20 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "fraction": (0.0, 1.0, False),
     "level": (0.0, math.inf, False),
     "early_window": (1, MAX_WINDOW, True),
+    "lr_window": (1, MAX_WINDOW, True),
+    "lr_growth": (1.0, math.inf, False),
+    "loss_rise": (1.0, math.inf, False),
+    "grad_growth": (1.0, math.inf, False),
 }
-INTEGERS = ("window", "min_history", "patience", "cooldown", "skips", "early_window")  # settings that count steps
+INTEGERS = (
+    "window",
+    "min_history",
+    "patience",
+    "cooldown",
+    "skips",
+    "early_window",
+    "lr_window",
+)  # settings that count steps
 # What a setting is measured in, by name (a threshold may say otherwise: throughput_drop.min_delta is seconds).
 UNITS = {
     "window": "steps",
@@ -52,6 +64,10 @@ UNITS = {
     "ratio": "ratio",
     "fraction": "fraction of 1",
     "level": "ratio",
+    "lr_window": "steps",
+    "lr_growth": "×",
+    "loss_rise": "×",
+    "grad_growth": "×",
 }
 # What a setting means when its rule does not say more (the common bookkeeping of every rule).
 DOCS = {
@@ -250,13 +266,23 @@ BUILT_IN: tuple[RuleSpec, ...] = (
     RuleSpec(
         "instability_warning",
         "warning",
-        "Update/weight ratios (‖Δw‖/‖w‖) growing past a safe size: a warning tens of steps before a divergence.",
+        "Update/weight ratios (‖Δw‖/‖w‖) growing past a safe size, or an LR still rising while the loss climbs "
+        "above its best or the gradient norm grows: a warning tens of steps before a divergence.",
         (
             _t("level", 0.1, "median update/weight ratio (largest matrix) of the last 10 steps ..."),
             _t("factor", 1.5, "... and that many x its median over the baseline window"),
             _t("window", 100, "baseline: this many steps, ending window/2 steps ago"),
             _t("min_history", 60, "update ratios seen before the rule may warn"),
-            _t("cooldown", 50, "quiet steps that end a warning episode"),
+            _t("cooldown", 50, "quiet steps (quiet checks, for the LR ramp) that end a warning episode"),
+            _t("lr_growth", 2.0, "LR ramp: the LR grew this many x over the last lr_window steps and still rises ..."),
+            _t(
+                "lr_window",
+                50,
+                "... over this many steps (the gradient norm's baseline: lr_window/2 steps before them)",
+            ),
+            _t("loss_rise", 2.0, "... while the loss (median of 10) stands this many x above its best so far ..."),
+            _t("grad_growth", 3.0, "... or the gradient norm (median of 10 steps) this many x its baseline ..."),
+            _t("patience", 5, "... this many checks in a row"),
         ),
         title="Instability ahead",
     ),

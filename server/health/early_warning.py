@@ -19,6 +19,7 @@ import numpy as np
 
 from gradwatch.contract import keys
 from gradwatch.contract.keys import is_loss_key
+from gradwatch_server.health import lr_ramp
 from gradwatch_server.health.common import GLOBAL, Alert, Observation, episode, fmt
 from gradwatch_server.health.rule import Columns, Rule
 
@@ -46,8 +47,11 @@ def check_instability_warning(state: dict, obs: Observation, th: dict) -> list[A
         v = obs.scalars.get(key)
         if v is not None and math.isfinite(v):
             _keep(state.setdefault(name, deque()), obs.step, v, th)
+    if obs.scalars.get(RATIO_AT) is not None:
+        state["at"] = obs.scalars[RATIO_AT]  # where the ratio was largest, for a ramp warning's message
+    out = _ramp(state, obs, th)
     if u is None or not math.isfinite(u):
-        return []
+        return out
     hist = state.setdefault("ratio", deque())
     gap = obs.step - hist[-1][0] if hist else 1
     _keep(hist, obs.step, u, th)
@@ -58,11 +62,46 @@ def check_instability_warning(state: dict, obs: Observation, th: dict) -> list[A
         and level >= th["instability_warning.level"]
         and base > 0
         and level >= th["instability_warning.factor"] * base
+        and not lr_ramp.ramped(state["ramp"], obs.step, th)  # a ratio grown with a ramped LR: the ramp check's
     )
     # The cooldown is in steps: that many quiet steps are this many quiet samples.
-    if not episode(state, bad, max(1, th["instability_warning.cooldown"] / max(1, gap))):
+    if not episode(state, bad, max(1, th["instability_warning.cooldown"] / max(1, gap))) or _open(state, "ramp"):
+        return out
+    return [*out, _alert(state, obs, level, base, th)]
+
+
+def _ramp(state: dict, obs: Observation, th: dict) -> list[Alert]:
+    """The LR-schedule evidence (lr_ramp.py): its own episode, one warning unless the ratio's is open."""
+    rs = state.setdefault("ramp", lr_ramp.start({}))
+    checked, said = lr_ramp.check(rs, obs, th, state.get("grad"))
+    if not checked or not episode(rs, said is not None, th["instability_warning.cooldown"]) or state.get("open"):
         return []
-    return [_alert(state, obs, level, base, th)]
+    where = _named(state, obs, state.get("at"))
+    text = said[0].upper() + said[1:]
+    if state.get("ratio"):
+        text += f"; the largest update/weight ratio ‖Δw‖/‖w‖ is {fmt(state['ratio'][-1][1])}"
+        text += f" (in {where})" if where else ""
+    return [
+        Alert(
+            "instability_warning",
+            obs.step,
+            rs["growth"],
+            "warning",
+            layer=where,
+            key=keys.LR,
+            message=text + ". " + _when(state) + lr_ramp.advice(rs) + _logit_advice(where) + ".",
+        )
+    ]
+
+
+def _open(state: dict, name: str) -> bool:
+    """Whether the episode kept under this state key is open."""
+    return bool(state.get(name, {}).get("open"))
+
+
+def start(meta) -> dict:
+    """The ramp check's state knows the run's declared loss key."""
+    return {"ramp": lr_ramp.start(meta)}
 
 
 def _blown(state: dict, step: int, key: str, value: float, th: dict) -> None:
@@ -82,10 +121,15 @@ def _blown(state: dict, step: int, key: str, value: float, th: dict) -> None:
 
 def _keep(hist: deque, step: int, value: float, th: dict) -> None:
     """Append (step, value), dropping what is older than the baseline window, the gap after it and the recent steps."""
-    window = int(th["instability_warning.window"])
     hist.append((step, value))
-    while hist and hist[0][0] <= step - (window + window // 2 + RECENT):
+    while hist and hist[0][0] <= step - _span(th):
         hist.popleft()
+
+
+def _span(th: dict) -> int:
+    """Steps of history kept: the ratio's baseline window, the gap after it and the recent steps (or the ramp
+    check's gradient-norm baseline, if longer)."""
+    return max(int(th[f"instability_warning.{w}"]) * 3 // 2 for w in ("window", "lr_window")) + RECENT
 
 
 def _now_and_before(hist: deque, now: int, th: dict) -> tuple[float, float]:
@@ -109,8 +153,12 @@ def _growth(state: dict, name: str, now: int, th: dict) -> float:
 
 
 def _layer(state: dict, obs: Observation, key: str) -> str | None:
+    return _named(state, obs, obs.scalars.get(key))
+
+
+def _named(state: dict, obs: Observation, index: float | None) -> str | None:
+    """The parameter at this index of the gradient layout, or None."""
     layers = obs.layers or state.get("layers") or []
-    index = obs.scalars.get(key)
     if index is None or not math.isfinite(index) or not 0 <= int(index) < len(layers):
         return None
     return layers[int(index)]
@@ -132,8 +180,7 @@ def _alert(state: dict, obs: Observation, level: float, base: float, th: dict) -
     if math.isfinite(grad) and grad >= 1.2:
         parts.append(f"the gradient norm grew {grad:.1f}x")
     advice = "Lower the peak learning rate (or lengthen warmup) and clip gradients (clip_grad_norm_)"
-    if any(_is_logit_layer(n) for n in (where, act_where) if n):
-        advice += "; attention or output logits are growing: add qk-norm (LayerNorm on queries and keys) or a z-loss"
+    advice += next((_logit_advice(n) for n in (where, act_where) if _logit_advice(n)), "")
     return Alert(
         "instability_warning",
         obs.step,
@@ -152,6 +199,13 @@ def _when(state: dict) -> str:
     return f"The loss already blew up at step {blown}; this growth can make it diverge again. "
 
 
+def _logit_advice(param: str | None) -> str:
+    """The extra advice when the growth is in attention projections or the output head."""
+    if not param or not _is_logit_layer(param):
+        return ""
+    return "; attention or output logits are growing: add qk-norm (LayerNorm on queries and keys) or a z-loss"
+
+
 def _module(param: str) -> str:
     return param.rsplit(".", 1)[0] if "." in param else param
 
@@ -166,6 +220,8 @@ def bulk_instability_warning(state: dict, cols: Columns) -> bool:
     ratio = cols.scalars.get(RATIO)
     if ratio is not None and len(ratio[0]):
         return False
+    if not lr_ramp.bulk(state.setdefault("ramp", lr_ramp.start({})), cols):
+        return False  # the LR rises in it: record by record (the ramp check changed nothing)
     if state.get("blown") is None:
         found = []
         for key, rows, vals in cols.losses:
@@ -187,8 +243,7 @@ def bulk_instability_warning(state: dict, cols: Columns) -> bool:
         if got is not None and len(got[0]):
             order = np.argsort(got[0], kind="stable")
             steps, vals = got[0][order], got[1][order]
-            window = int(cols.th["instability_warning.window"])
-            fine = np.isfinite(vals) & (steps > steps[-1] - (window + window // 2 + RECENT))  # what _keep would keep
+            fine = np.isfinite(vals) & (steps > steps[-1] - _span(cols.th))  # what _keep would keep
             hist = state.setdefault(name, deque())
             for step, value in zip(steps[fine].tolist(), vals[fine].tolist()):
                 _keep(hist, int(step), value, cols.th)
@@ -201,7 +256,8 @@ RULES = (
         "instability_warning",
         check_instability_warning,
         bulk_instability_warning,
-        reads=frozenset({RATIO, RATIO_AT, ACT, ACT_AT, GLOBAL}),
-        losses=True,  # whether the run already blew up: a later warning says "again"
+        reads=frozenset({RATIO, RATIO_AT, ACT, ACT_AT, GLOBAL, *lr_ramp.LR_KEYS}),
+        losses=True,  # whether the run already blew up: a later warning says "again"; the ramp check's loss
+        start=start,
     ),
 )

@@ -11,6 +11,7 @@ from collections import Counter
 
 from sqlalchemy import select
 
+from gradwatch.contract import keys
 from gradwatch_server.health.alerts import AlertBook
 from gradwatch_server.health.common import Alert
 from gradwatch_server.ingest import run_states
@@ -98,15 +99,34 @@ def flag_stragglers(conn, run_ids: list[int], flagged: dict, now: float) -> list
         if slow is None or flagged.get(group) == slow["id"]:
             continue
         flagged[group] = slow["id"]
-        AlertBook.load(conn, slow["id"]).record(conn, _straggler_alert(job, slow), now)
+        alert = straggler_alert(job, slow, _loader_wait(conn, slow["id"]))
+        AlertBook.load(conn, slow["id"]).record(conn, alert, now)
         alerted.append(slow["id"])
     for group in [g for g in flagged if g not in groups]:  # jobs gone from here: memory stays flat
         del flagged[group]
     return alerted
 
 
-def _straggler_alert(job: dict, slow: dict) -> Alert:
-    """What the straggler's run is told: its pace against the other ranks', and whether it waits on data."""
+def _loader_wait(conn, run_id: int) -> float | None:
+    """The run's recent median time inside a torch DataLoader's next() (None when no DataLoader is measured)."""
+    c = db.metric_keys.c
+    key_id = conn.execute(
+        select(c.id).where(c.run_id == run_id, c.key == keys.LOADER_WAIT, c.layers.is_(None))
+    ).scalar()
+    return ranks.recent_median(conn, key_id)
+
+
+def straggler_alert(job: dict, slow: dict, loader: float | None = None) -> Alert:
+    """The alert a job's straggler gets: its pace against the other ranks', and what its time between steps is.
+
+    Args:
+        job: ``storage.ranks.get_ranks``'s answer for the job.
+        slow: the straggler's rank entry in it.
+        loader: the rank's recent median ``perf/loader_wait`` (None: no DataLoader measured, so none is named).
+
+    Returns:
+        The ``straggler`` warning for the straggler's run.
+    """
     paces = [r["step_time"] for r in job["ranks"] if r["step_time"] is not None]
     middle = statistics.median(paces)
     waits = [r["data_wait"] for r in job["ranks"] if r["data_wait"] is not None]
@@ -114,9 +134,23 @@ def _straggler_alert(job: dict, slow: dict) -> Alert:
     if wait is not None and usual is not None and wait - usual >= 0.3 * middle:
         how = (
             f"it spends {wait:.3g} s per step before its forward pass against {usual:.3g} s on the other ranks, "
-            "and they wait for it at each all-reduce. Look at its data loading (workers, storage, preprocessing) "
-            "or whatever else its loop does between steps."
+            "and they wait for it at each all-reduce. "
         )
+        if loader is not None and loader >= 0.5 * wait:
+            how += (
+                f"Its DataLoader takes {loader:.3g} s of that: more workers (num_workers), pin_memory, or faster "
+                "storage or preprocessing."
+            )
+        elif loader is not None:
+            how += (
+                f"Its DataLoader takes only {loader:.3g} s of that: look at what else its loop does between steps "
+                "(I/O, logging, a pause, preprocessing outside the loader)."
+            )
+        else:
+            how += (
+                "No DataLoader is measured on it, so this is its own code between steps (I/O, logging, a pause, "
+                "preprocessing): look there, or at other processes on its machine."
+            )
     else:
         how = (
             f"a median step of {slow['step_time']:.3g} s against {middle:.3g} s across the ranks. Its data wait is "
