@@ -12,6 +12,7 @@ import { assignColors, colorFor } from "../lib/plot.js";
 import { bySection, isPerLayer, sectionOf } from "../lib/sections.js";
 import { appendPoints, foldIfLong, nearestIndex } from "../lib/series.js";
 import { sweepView } from "./compare/groups.js";
+import { mountCompareMedia } from "./compare/media.js";
 import { renderDiff, renderSummary } from "./compare/tables.js";
 
 const params = new URLSearchParams(location.search);
@@ -126,6 +127,7 @@ async function load() {
       el("p", { class: "muted empty-compare" }, "These runs have no metric in common yet: add a chart to pick one."),
     );
   loadLosses();
+  mountCompareMedia($("media"), C.runs); // histograms and images side by side (compare/media.js)
   // After a reconnect (server restart, network blip) points may have been missed: refetch then.
   let opens = 0;
   const resync = () => {
