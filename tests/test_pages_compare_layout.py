@@ -74,7 +74,10 @@ def test_compare_writes_numbers_in_the_one_format(server, page):
         ".innerText.split('\\t')"
     )
     assert lr_row[1:] == ["1e-4", "0.01"]
-    last = page.evaluate("() => [...document.querySelectorAll('#summary .last-loss')].map(td => td.textContent)")
+    last = page.wait_for_function(  # the losses come in a request of their own
+        "() => { const t = [...document.querySelectorAll('#summary .last-loss')].map(td => td.textContent);"
+        " return t.every(Boolean) && t; }"
+    ).json_value()
     assert last == ["0.25", "+inf"]
     page.wait_for_function("() => (document.getElementById('chart-0').data || []).some(t => (t.text || []).length)")
     hover = page.evaluate("() => document.getElementById('chart-0').data.flatMap(t => t.text || [])")

@@ -61,10 +61,8 @@ def test_compare_shows_each_runs_images_and_histograms_at_one_step(server, page)
     assert "nothing at or before step 0" in page.inner_text(f".compare-media-run[data-run='{b}']")
 
     page.select_option(".compare-media .media-key", "weights")
-    page.wait_for_function(
-        "() => document.querySelectorAll(\".compare-media-run[data-kind='histogram'] .histogram-heatmap .main-svg\").length === 2",
-        timeout=20000,
-    )
+    drawn = "(sel) => [...document.querySelectorAll(sel)].filter(d => d.querySelector('.main-svg')).length"
+    page.wait_for_function(f"() => ({drawn})(\".compare-media-run[data-kind='histogram'] .histogram-heatmap\") === 2")
     heat_steps = page.evaluate(
         "() => [...document.querySelectorAll('.compare-media-run .histogram-heatmap')].map(d => d.data[0].x)"
     )
@@ -75,5 +73,5 @@ def test_compare_shows_each_runs_images_and_histograms_at_one_step(server, page)
     )
     shown = _shown(page)
     assert shown[str(a)][0] == "0" and shown[str(b)][0] == "1"
-    assert page.locator(".compare-media-run .histogram-bars .main-svg").count() == 2
+    assert page.evaluate(f"() => ({drawn})('.compare-media-run .histogram-bars')") == 2
     assert not page.js_errors

@@ -2,6 +2,7 @@
 // a histogram key as a bins x steps heatmap and one step's bars (with its NaN/inf counts), the images
 // of a key at a step. User text (captions, keys) is always rendered with textContent.
 
+import { plotLayout } from "./plot.js";
 import { whenPlotly } from "./plotly_load.js";
 
 export const node = (tag, attrs = {}, ...children) => {
@@ -56,10 +57,15 @@ function bins(h) {
   return h.counts.map((c, i) => [(edges[i] + edges[i + 1]) / 2, c, edges[i], edges[i + 1]]);
 }
 
+// The values every histogram of hs covers, [lo, hi].
+export const valueRange = (hs) => [
+  Math.min(...hs.map((h) => (h.edges ? h.edges[0] : h.lo))),
+  Math.max(...hs.map((h) => (h.edges ? h.edges[h.edges.length - 1] : h.hi))),
+];
+
 // Every step's bins on one value grid: the heatmap's x (steps), y (bin centres) and z (counts).
 function grid(hs) {
-  const lo = Math.min(...hs.map((h) => (h.edges ? h.edges[0] : h.lo)));
-  const hi = Math.max(...hs.map((h) => (h.edges ? h.edges[h.edges.length - 1] : h.hi)));
+  const [lo, hi] = valueRange(hs);
   const width = hi > lo ? (hi - lo) / ROWS : 1;
   const ys = Array.from({ length: ROWS }, (_, i) => lo + width * (i + 0.5));
   const z = ys.map(() => hs.map(() => 0));
@@ -72,29 +78,62 @@ function grid(hs) {
   return { steps: hs.map((h) => h.step), ys, z };
 }
 
-// The distribution over steps (log10(1 + count) per cell).
-export async function drawHistogramHeatmap(div, hs) {
+// The distribution over steps (log10(1 + count) per cell); `values` fixes the value axis (compare: the
+// same for every run) and `at` marks a step with a line.
+export async function drawHistogramHeatmap(div, hs, { values, at } = {}) {
   const Plotly = await whenPlotly(); // the run page runs it after its first charts (plotly_load.js)
   const { steps, ys, z } = grid(hs);
   Plotly.newPlot(
     div,
     [{ type: "heatmap", x: steps, y: ys, z: z.map((r) => r.map((c) => (c ? Math.log10(1 + c) : null))) }],
-    { margin: { t: 10, r: 10, b: 30, l: 50 }, height: 240, xaxis: { title: "step" } },
-    { displaylogo: false },
+    plotLayout({
+      margin: { t: 10, r: 10, b: 36, l: 50 },
+      height: 240,
+      showlegend: false,
+      hovermode: "closest",
+      xaxis: Object.assign(plotLayout().xaxis, { title: { text: "step" } }),
+      yaxis: Object.assign(plotLayout().yaxis, values ? { range: values } : {}),
+      shapes: at === undefined || at === null ? [] : [stepLine(at)],
+    }),
+    { displaylogo: false, responsive: true },
   );
 }
 
-// One step's histogram as bars, its NaN/inf counts written in `counts`.
-export async function drawHistogramStep(bars, counts, h) {
+// The chosen step on a heatmap: a dotted line in the text colour (light or dark).
+const stepLine = (x) => ({
+  type: "line",
+  xref: "x",
+  yref: "paper",
+  x0: x,
+  x1: x,
+  y0: 0,
+  y1: 1,
+  line: { width: 2, dash: "dot", color: plotLayout().font.color },
+});
+
+// Moves the step line of a heatmap drawn with `at`.
+export const markHistogramStep = (div, step) =>
+  div.layout && whenPlotly().then((Plotly) => Plotly.relayout(div, { shapes: step === null ? [] : [stepLine(step)] }));
+
+// One step's histogram as bars, its NaN/inf counts written in `counts`; `values` fixes the value axis.
+export async function drawHistogramStep(bars, counts, h, { values } = {}) {
   counts.textContent = `step ${h.step}: NaN ${h.nan} · +inf ${h.inf} · -inf ${h.ninf}`;
   counts.dataset.nan = h.nan;
   const Plotly = await whenPlotly();
   const b = bins(h);
-  Plotly.react(bars, [{ type: "bar", x: b.map((v) => v[0]), y: b.map((v) => v[1]) }], {
-    margin: { t: 10, r: 10, b: 30, l: 40 },
-    height: 180,
-    bargap: 0,
-  });
+  Plotly.react(
+    bars,
+    [{ type: "bar", x: b.map((v) => v[0]), y: b.map((v) => v[1]), marker: { color: "#3b5bdb" } }],
+    plotLayout({
+      margin: { t: 10, r: 10, b: 30, l: 40 },
+      height: 180,
+      bargap: 0,
+      showlegend: false,
+      hovermode: "closest",
+      xaxis: Object.assign(plotLayout().xaxis, values ? { range: values } : {}),
+    }),
+    { displaylogo: false, responsive: true },
+  );
 }
 
 // The images fetched for one step (fetchImages), captions below, served through their run.

@@ -9,9 +9,11 @@ import {
   fetchImages,
   imagesRow,
   json,
+  markHistogramStep,
   node,
   slider,
   stepAtOrBefore,
+  valueRange,
 } from "../../lib/media.js";
 import { colorFor } from "../../lib/plot.js";
 
@@ -47,6 +49,10 @@ export async function mountCompareMedia(box, runs) {
 async function showKey(body, runs, lists, key, kind) {
   const having = runs.filter((_, i) => lists[i].some((m) => m.key === key));
   const views = await Promise.all(having.map((r) => (kind === "histogram" ? histogramColumn : imageColumn)(r, key)));
+  // Histograms on one value axis, so the runs' distributions line up across the columns.
+  const all = views.flatMap((v) => v.hs || []),
+    values = all.length ? valueRange(all) : null;
+  for (const v of views) v.draw?.(values);
   const steps = [...new Set(views.flatMap((v) => v.steps))].sort((a, b) => a - b);
   const s = slider(steps, (step) => {
     for (const v of views) v.at(step);
@@ -80,17 +86,22 @@ async function histogramColumn(run, key) {
   const counts = node("div", { class: "muted nonfinite" });
   const bars = node("div", { class: "chart histogram-bars" });
   el.append(heat, counts, bars);
-  if (hs.length) drawHistogramHeatmap(heat, hs);
   const steps = hs.map((h) => h.step);
+  let range = null;
+  const draw = (values) => {
+    range = values;
+    if (hs.length) drawHistogramHeatmap(heat, hs, { values, at: steps[steps.length - 1] });
+  };
   const at = (chosen) => {
     const step = stepAtOrBefore(steps, chosen);
     shownStep(el, step, chosen);
+    markHistogramStep(heat, step);
     if (step === null) {
       counts.textContent = "";
       bars.replaceChildren();
-    } else drawHistogramStep(bars, counts, hs[steps.indexOf(step)]);
+    } else drawHistogramStep(bars, counts, hs[steps.indexOf(step)], { values: range });
   };
-  return { el, steps, at };
+  return { el, steps, hs, draw, at };
 }
 
 async function imageColumn(run, key) {
