@@ -85,3 +85,22 @@ def test_compare_writes_numbers_in_the_one_format(server, page):
     body = page.inner_text("body")
     assert "1.000e-4" not in body and "Infinity" not in body
     assert not page.js_errors
+
+
+def test_normalise_divides_each_run_by_its_first_value(server, page):
+    ids = []
+    for name, scale in (("unit", 1.0), ("thousand", 1000.0)):
+        run = gradwatch.init(project="norm", name=name, server=server.url)
+        for step in range(20):
+            run.log({"loss": scale * 2.0 / (step + 1)}, step=step)
+        run.finish(timeout=30)
+        ids.append(run.id)
+    page.goto(server.url + "/compare?keys=loss&norm=1&ids=" + ",".join(map(str, ids)))
+    lines = "() => (document.getElementById('chart-0')?.data || []).filter(t => t.mode === 'lines').map(t => [t.y[0], t.y[19]])"
+    got = page.wait_for_function(f"() => {{ const l = ({lines})(); return l.length === 2 && l; }}").json_value()
+    assert got == [[1, pytest.approx(0.05)], [1, pytest.approx(0.05)]]  # both start at 1, whatever their scale
+    assert page.is_checked("#normalise")
+    page.uncheck("#normalise")
+    page.wait_for_function(f"() => ({lines})().some(([first]) => first === 2000)")
+    assert "norm=1" not in page.url
+    assert not page.js_errors
