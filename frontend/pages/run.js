@@ -168,6 +168,11 @@ async function load() {
     S.keys = keys;
     S.alerts = alerts;
     S.t0 = run.meta?.start_time || run.created_at; // the client clock, like the points
+    // First the loss, gradient norm and LR (the first viewport): asked for before anything else is
+    // built, drawn at once; then the rest.
+    const first = [...new Set(FIRST.flatMap((n) => CHARTS[n].keys(keys)))];
+    const firstSeries = fetchAll(first);
+    renderText();
     for (const k of keys) ensureMetricChart(k);
     offerKeys($("x-mode"), keys);
     // The memory breakdown's parts are fetched too: they are on the page from the first draw, not
@@ -176,11 +181,8 @@ async function load() {
       ...Object.values(CHARTS).flatMap((c) => c.keys(keys)),
       ...MEMORY_KEYS.filter((k) => keys.includes(k)),
     ]);
-    // First the loss, gradient norm and LR (the first viewport), drawn at once; then the rest.
-    const first = [...new Set(FIRST.flatMap((n) => CHARTS[n].keys(keys)))];
-    S.series = await fetchAll(first);
+    S.series = await firstSeries;
     // Sketched at once (quickchart.js) while Plotly starts up (1-2 s) and the other series arrive.
-    renderText();
     sketchFirst();
     const rest = fetchAll([...wanted].filter((k) => !first.includes(k)));
     await loadPlotly();
