@@ -146,3 +146,32 @@ def test_the_gradient_norm_chart_says_which_line_is_before_and_after_clipping(se
         "clip threshold (max_norm)",
     ]
     assert not page.js_errors
+
+
+def test_the_first_charts_are_drawn_with_their_data_before_plotly_runs(diverged, page):
+    """Plotly (3.5 MB, seconds to start on a busy machine) is held back: the loss, gradient norm and LR
+    are sketched from their data with the header and incident line; Plotly's charts replace the sketches."""
+    held, released = [], []
+
+    def hold(route):
+        route.continue_() if released else held.append(route)
+
+    page.route("**/static/vendor/plotly.min.js", hold)
+    page.goto(diverged.url + "/runs/1")
+    page.wait_for_function("() => document.querySelectorAll('.quick-chart path.line').length >= 3")
+    assert page.evaluate("() => window.Plotly === undefined")
+    sketched = page.evaluate(
+        """() => ['chart-loss', 'chart-gnorm', 'chart-lr'].map(id =>
+             document.querySelector('#' + id + ' .quick-chart path.line').getAttribute('d').split('L').length)"""
+    )
+    assert all(n > 100 for n in sketched), sketched  # the series' points, not an empty frame
+    assert page.locator("#run-name").inner_text() and page.locator("#incident-line .severity").is_visible()
+    assert page.is_checked("#loss-log")  # the diverged loss spans decades: a log axis, as Plotly's will be
+    released.append(True)
+    for route in held:
+        route.continue_()
+    page.wait_for_function(
+        "() => ['chart-loss', 'chart-gnorm', 'chart-lr'].every(id => (document.getElementById(id).data || []).length)"
+    )
+    assert page.evaluate("() => document.querySelectorAll('.quick-chart').length") == 0
+    assert not page.js_errors

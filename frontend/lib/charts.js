@@ -1,6 +1,6 @@
 // Live line charts: traces per key, NaN/inf drawn as markers, alert lines, appends via extendTraces.
 import { onVisible } from "./dom.js";
-import { esc, fmtNum } from "./format.js";
+import { esc, fmtNumber } from "./format.js";
 import { plotLayout } from "./plot.js";
 import { extent } from "./series.js";
 
@@ -143,6 +143,7 @@ export class LiveChart {
       this.empty = false;
       this.div.classList.remove("scalar");
     }
+    this.div.querySelector(":scope > .quick-chart")?.remove(); // the first-paint sketch (quickchart.js)
     // One point makes no line: such series are drawn as markers until they have two.
     this.sparse = entries.some((e) => finiteCount(e.series) < 2);
     const traces = [];
@@ -227,7 +228,7 @@ export class LiveChart {
     const s = entry.series,
       n = s.steps.length;
     this.div.replaceChildren(
-      textEl("p", "scalar-value", fmtNum(value)),
+      textEl("p", "scalar-value", fmtNumber(value)),
       textEl("p", "muted", `${n} points, steps ${s.steps[0]}-${s.steps[n - 1]}, all the same`),
     );
     this.div.classList.add("scalar");
@@ -249,7 +250,7 @@ export class LiveChart {
   addNan(nan, label, step, v, x) {
     nan.x.push(x);
     nan.y.push(v === -Infinity ? 0.03 : 0.97);
-    nan.text.push(esc(label) + " = " + fmtNum(v) + " at step " + step);
+    nan.text.push(esc(label) + " = " + fmtNumber(v) + " at step " + step);
   }
 
   // Append new points (already in the entries' series) from index fresh[label] on, without a full redraw.

@@ -8,12 +8,6 @@ export const esc = (s) =>
   String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;");
 
 export const fmtTime = (t) => (t ? new Date(t * 1000).toLocaleString() : "");
-export function fmtNum(v) {
-  if (v === null || v === undefined) return "";
-  if (typeof v === "string") return v;
-  if (!isFinite(v)) return isNaN(v) ? "NaN" : v > 0 ? "+inf" : "-inf";
-  return Math.abs(v) >= 1e5 || (Math.abs(v) < 1e-3 && v !== 0) ? v.toExponential(3) : String(+v.toPrecision(5));
-}
 export function fmtBytes(b) {
   if (b === null || b === undefined || !isFinite(b)) return "";
   const u = ["B", "KiB", "MiB", "GiB", "TiB"];

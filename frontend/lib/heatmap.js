@@ -2,7 +2,7 @@
 import { num } from "./contract.js";
 import { el, onVisible } from "./dom.js";
 import { getJSON } from "./fetch.js";
-import { esc, fmtNum } from "./format.js";
+import { esc, fmtNumber } from "./format.js";
 import { LoadBuffer } from "./live.js";
 import { plotLayout, xRange } from "./plot.js";
 import { vec } from "./series.js";
@@ -159,7 +159,7 @@ export class LiveHeatmap {
         if (v !== null && !isFinite(v)) {
           bad.x.push(this.steps[i]);
           bad.y.push(this.layers[j]);
-          bad.text.push(this.layers[j] + " @ " + this.steps[i] + span + ": " + fmtNum(v));
+          bad.text.push(this.layers[j] + " @ " + this.steps[i] + span + ": " + fmtNumber(v));
         }
       });
     });

@@ -116,3 +116,12 @@ export function extent(seriesList) {
       }
   return lo === Infinity ? null : [lo, hi];
 }
+
+// The series divided by the size of its first finite, non-zero value (so it starts at ±1): runs on
+// different scales read as relative change on one chart. A series with no such value is returned as is.
+export function normalised(s) {
+  const first = s.values.find((v) => v !== null && Number.isFinite(v) && v !== 0);
+  if (first === undefined) return s;
+  const by = Math.abs(first);
+  return { ...s, values: s.values.map((v) => (v === null ? null : v / by)) };
+}

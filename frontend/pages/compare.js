@@ -10,8 +10,9 @@ import { kindTitle } from "../lib/format.js";
 import { byType, LoadBuffer, live } from "../lib/live.js";
 import { assignColors, colorFor } from "../lib/plot.js";
 import { bySection, isPerLayer, sectionOf } from "../lib/sections.js";
-import { appendPoints, foldIfLong, nearestIndex } from "../lib/series.js";
+import { appendPoints, foldIfLong, nearestIndex, normalised } from "../lib/series.js";
 import { sweepView } from "./compare/groups.js";
+import { mountCompareMedia } from "./compare/media.js";
 import { renderDiff, renderSummary } from "./compare/tables.js";
 
 const params = new URLSearchParams(location.search);
@@ -43,6 +44,7 @@ function syncUrl() {
     x: xMode(),
   });
   if ($("log").checked) p.set("log", "1");
+  if ($("normalise").checked) p.set("norm", "1");
   if (Number($("smoothing").value)) p.set("smooth", $("smoothing").value);
   history.replaceState(null, "", "/compare?" + p.toString());
 }
@@ -104,6 +106,7 @@ async function load() {
   $("x-mode").append(...metricAxes.map((k) => el("option", { value: k }, k)));
   $("x-mode").value = params.get("x") || "step";
   $("log").checked = params.get("log") === "1";
+  $("normalise").checked = params.get("norm") === "1";
   $("smoothing").value = params.get("smooth") || "0";
   $("smoothing-value").textContent = Number($("smoothing").value).toFixed(2);
   $("run-list").replaceChildren(
@@ -126,6 +129,7 @@ async function load() {
       el("p", { class: "muted empty-compare" }, "These runs have no metric in common yet: add a chart to pick one."),
     );
   loadLosses();
+  mountCompareMedia($("media"), C.runs); // histograms and images side by side (compare/media.js)
   // After a reconnect (server restart, network blip) points may have been missed: refetch then.
   let opens = 0;
   const resync = () => {
@@ -240,7 +244,9 @@ function addPanel(key) {
 const entries = (pn) =>
   C.runs
     .filter((r) => pn.series[r.id])
-    .map((r) => ({ label: label(r), color: colorFor(r.id), series: pn.series[r.id], t0: t0Of(r) }));
+    .map((r) => ({ label: label(r), color: colorFor(r.id), series: shown(pn.series[r.id]), t0: t0Of(r) }));
+// Per-run normalisation (the toolbar's box): each run's series over its first value, for runs on different scales.
+const shown = (s) => ($("normalise").checked ? normalised(s) : s);
 
 // Alert lines in each run's colour, one per incident's key step (named on hover); off the step axis,
 // at the wall time of the nearest point.
@@ -367,6 +373,7 @@ $("log").addEventListener("change", () => {
   }
   redrawAll();
 });
+$("normalise").addEventListener("change", redrawAll);
 $("only-diff").addEventListener("change", renderTables);
 $("add-chart").addEventListener("click", () => {
   const shown = new Set(C.panels.map((pn) => pn.key));

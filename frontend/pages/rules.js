@@ -6,7 +6,7 @@
 import { CUSTOM_RULE_OPS, RULE_SPECS, SEVERITIES, CUSTOM_RULE_TYPES as TYPES } from "../lib/contract.js";
 import { $, el } from "../lib/dom.js";
 import { getJSON } from "../lib/fetch.js";
-import { fmtNum, kindTitle } from "../lib/format.js";
+import { fmtNumber, kindTitle } from "../lib/format.js";
 
 const PROJECT = new URLSearchParams(location.search).get("project") || "default";
 const API = `/api/projects/${encodeURIComponent(PROJECT)}/rules`;
@@ -107,8 +107,8 @@ function customRow(r = {}) {
 // A threshold's allowed range, for its hover text (from the spec).
 function rangeOf(spec) {
   if (spec.min === undefined) return "";
-  const low = (spec.inclusive ? "≥ " : "> ") + fmtNum(spec.min);
-  return ` (${low}${spec.max !== null && spec.max !== undefined ? ", ≤ " + fmtNum(spec.max) : ""}${spec.integer ? ", whole steps" : ""})`;
+  const low = (spec.inclusive ? "≥ " : "> ") + fmtNumber(spec.min);
+  return ` (${low}${spec.max !== null && spec.max !== undefined ? ", ≤ " + fmtNumber(spec.max) : ""}${spec.integer ? ", whole steps" : ""})`;
 }
 
 // The document as edited (numbers as numbers; blank means default).

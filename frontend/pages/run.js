@@ -11,6 +11,8 @@ import { LiveHeatmap } from "../lib/heatmap.js";
 import { byType, LoadBuffer, live } from "../lib/live.js";
 import { navProject } from "../lib/nav.js";
 import { PALETTE, xRange } from "../lib/plot.js";
+import { loadPlotly } from "../lib/plotly_load.js";
+import { quickChart } from "../lib/quickchart.js";
 import { appendPoints, foldIfLong, MAX_POINTS, nearestIndex } from "../lib/series.js";
 import { renderIncidentLine } from "./run/incident_bar.js";
 import { renderLrFind } from "./run/lr_find.js";
@@ -166,6 +168,11 @@ async function load() {
     S.keys = keys;
     S.alerts = alerts;
     S.t0 = run.meta?.start_time || run.created_at; // the client clock, like the points
+    // First the loss, gradient norm and LR (the first viewport): asked for before anything else is
+    // built, drawn at once; then the rest.
+    const first = [...new Set(FIRST.flatMap((n) => CHARTS[n].keys(keys)))];
+    const firstSeries = fetchAll(first);
+    renderText();
     for (const k of keys) ensureMetricChart(k);
     offerKeys($("x-mode"), keys);
     // The memory breakdown's parts are fetched too: they are on the page from the first draw, not
@@ -174,13 +181,16 @@ async function load() {
       ...Object.values(CHARTS).flatMap((c) => c.keys(keys)),
       ...MEMORY_KEYS.filter((k) => keys.includes(k)),
     ]);
-    // First the loss, gradient norm and LR (the first viewport), drawn at once; then the rest.
-    const first = [...new Set(FIRST.flatMap((n) => CHARTS[n].keys(keys)))];
-    S.series = await fetchAll(first);
+    S.series = await firstSeries;
+    // Sketched at once (quickchart.js) while Plotly starts up (1-2 s) and the other series arrive.
+    sketchFirst();
+    const rest = fetchAll([...wanted].filter((k) => !first.includes(k)));
+    await loadPlotly();
     renderFirst();
-    Object.assign(S.series, await fetchAll([...wanted].filter((k) => !first.includes(k))));
+    Object.assign(S.series, await rest);
     if (xKeyOf(xMode())) await fetchAgainst();
   } catch (e) {
+    loadPlotly().catch(() => {}); // the live points that may follow draw with it
     $("notice").replaceChildren(
       el("div", { class: "alert critical", "data-kind": "load-failed" }, "Could not load run: " + e.message),
     );
@@ -195,14 +205,32 @@ async function load() {
   S.buffer.end(onLive);
 }
 
-// What the first viewport shows: the header, the incident line, the error, the side panel and the
-// loss, gradient norm and LR charts (on a step axis; a key axis waits for its aligned series).
-function renderFirst() {
+// The first viewport's charts as plain SVG, before Plotly has run: the data at once, interaction later.
+function sketchFirst() {
+  if (window.Plotly || xMode() !== "step") return;
+  for (const n of FIRST) {
+    const c = CHARTS[n],
+      entries = entriesFor(c);
+    const y =
+      entries.length &&
+      quickChart(c.chart.div, entries, { log: c.chart.opts.log(), smoothing: c.chart.opts.smoothing?.() });
+    if (y) c.chart.opts.onAxis(y); // the log-y box says what the sketch chose
+  }
+}
+
+// The header, the incident line, the error and the side panel: no Plotly needed, shown with the sketches.
+function renderText() {
   $("notice").querySelector("[data-kind='load-failed']")?.remove();
   renderHeader();
   renderAlertList();
   renderError();
   renderConfig();
+}
+
+// What the first viewport shows: the header, the incident line, the error, the side panel and the
+// loss, gradient norm and LR charts (on a step axis; a key axis waits for its aligned series).
+function renderFirst() {
+  renderText();
   if (!xKeyOf(xMode())) for (const n of FIRST) CHARTS[n].chart.render(entriesFor(CHARTS[n]), xMode());
   // Per-layer norms are keys grad/<layer>: without any, say so rather than ask for a heatmap (a 404).
   if (!HEAT.zoomed) {

@@ -1,7 +1,7 @@
 // The compare page's tables: a summary per run (status, steps, duration, last and best loss,
 // alerts) beside the config diff.
 import { el } from "../../lib/dom.js";
-import { fmtDuration, fmtNum } from "../../lib/format.js";
+import { fmtDuration, fmtNumber } from "../../lib/format.js";
 import { colorFor } from "../../lib/plot.js";
 
 const swatch = (id) => el("span", { class: "swatch", style: "background:" + colorFor(id) });
@@ -36,8 +36,8 @@ export function renderSummary(table, runs, losses, alertCounts) {
       el("td", {}, el("span", { class: "status " + r.status }, r.status)),
       el("td", { class: "num" }, r.last_step ?? ""),
       el("td", { class: "num" }, fmtDuration(duration(r))),
-      el("td", { class: "num last-loss" }, fmtNum(last)),
-      el("td", { class: "num best-loss" }, fmtNum(best)),
+      el("td", { class: "num last-loss" }, fmtNumber(last)),
+      el("td", { class: "num best-loss" }, fmtNumber(best)),
       el("td", { class: "num alert-total" }, alertCounts[r.id] ?? r.alert_count ?? 0),
     );
   });
@@ -54,7 +54,7 @@ export function renderDiff(table, runs, diff, onlyDiffering) {
         { class: row.differs ? "differs" : "" },
         el("td", {}, row.key),
         ...row.values.map((v) =>
-          el("td", {}, v === null || v === undefined ? "—" : typeof v === "object" ? JSON.stringify(v) : String(v)),
+          el("td", {}, v === null || v === undefined ? "—" : typeof v === "object" ? JSON.stringify(v) : fmtNumber(v)),
         ),
       ),
     );

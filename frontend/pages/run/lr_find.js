@@ -2,7 +2,7 @@
 // suggested LR marked, and the reason written beside the chart. Pairs each loss point with the
 // LR logged at the same step; redrawn as the sweep streams in.
 import { el } from "../../lib/dom.js";
-import { esc, fmtNum } from "../../lib/format.js";
+import { esc, fmtNumber } from "../../lib/format.js";
 import { plotLayout } from "../../lib/plot.js";
 
 export const isLrFind = (keys) => keys.includes("lr_find/smoothed_loss");
@@ -72,7 +72,7 @@ export function renderLrFind(box, S) {
       y: [lo, hi],
       type: "scatter",
       mode: "lines",
-      name: "suggested " + esc(fmtNum(lr)),
+      name: "suggested " + esc(fmtNumber(lr)),
       line: { color: "#d92d20", width: 2, dash: "dash" },
       hoverinfo: "name",
     });
@@ -85,7 +85,7 @@ export function renderLrFind(box, S) {
   });
   layout.yaxis = Object.assign(layout.yaxis, { title: { text: "loss" } });
   Plotly.react(document.getElementById("lr-find-chart"), traces, layout, { responsive: true, displaylogo: false });
-  document.getElementById("lr-find-lr").textContent = lr !== null ? "Suggested learning rate: " + fmtNum(lr) : "";
+  document.getElementById("lr-find-lr").textContent = lr !== null ? "Suggested learning rate: " + fmtNumber(lr) : "";
   document.getElementById("lr-find-reason").textContent = alert
     ? alert.message
     : "Sweeping the learning rate; the suggestion appears when the sweep ends.";
