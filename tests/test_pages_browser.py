@@ -19,7 +19,8 @@ POINTS_JS = """() => { const d = document.getElementById('chart-loss').data;
 
 def test_run_page_chart_grows_while_logging(server, page):
     stop = threading.Event()
-    t = threading.Thread(target=train_slowly, args=(server.url, 400, stop))
+    # the run goes on until the test has seen its chart grow (a loaded machine draws late)
+    t = threading.Thread(target=train_slowly, args=(server.url, 100_000, stop))
     t.start()
     try:
         wait_runs(Api(server.url))
@@ -144,9 +145,11 @@ def test_background_tab_gets_a_browser_notification_for_an_alert(server, browser
         Object.defineProperty(document, "hidden", { get: () => true });""")
     page = context.new_page()
     try:
-        stop = threading.Event()
-        # The NaN comes ~4 s in: the page must be open and subscribed first (it notifies live alerts only).
-        t = threading.Thread(target=train_slowly, args=(server.url, 260, stop, "bg-run", 200))
+        stop, listening = threading.Event(), threading.Event()
+        # The NaN waits until the page is open with its chart drawn (it notifies live alerts only).
+        t = threading.Thread(
+            target=train_slowly, args=(server.url, 260, stop, "bg-run", 200), kwargs={"nan_after": listening}
+        )
         t.start()
         wait_runs(Api(server.url))
         page.goto(server.url + "/runs/1")
@@ -154,11 +157,13 @@ def test_background_tab_gets_a_browser_notification_for_an_alert(server, browser
             "() => { const d = document.getElementById('chart-loss').data; return d && d[0].x.length; }"
         )
         assert page.evaluate("() => window.__notes.length") == 0
+        listening.set()
         page.wait_for_function("() => window.__notes.length > 0", timeout=20000)
         t.join()
         title, body = page.evaluate("() => window.__notes[0]")
         assert title == "gradwatch: nan_loss in bg-run" and "step 200" in body
     finally:
+        listening.set()  # a failed wait must not leave the run waiting
         context.close()
 
 

@@ -51,8 +51,9 @@ def fit(run, model, opt, x, y, steps):
     return loss
 
 
-def train_slowly(server_url, steps, stop, name="live", nan_at=None, config=None, project="browser"):
-    """A watched run at ~50 steps/s until ``stop`` is set, for pages watching it live."""
+def train_slowly(server_url, steps, stop, name="live", nan_at=None, config=None, project="browser", nan_after=None):
+    """A watched run at ~50 steps/s until ``stop`` is set, for pages watching it live; with ``nan_after``
+    (an Event) the NaN of ``nan_at`` waits for it: the page is open and listening, however loaded the machine."""
     import time
 
     import gradwatch
@@ -68,6 +69,8 @@ def train_slowly(server_url, steps, stop, name="live", nan_at=None, config=None,
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if step == nan_at and nan_after is not None:
+            nan_after.wait(timeout=120)
         run.log({"loss": float("nan") if step == nan_at else loss})
         time.sleep(0.02)
     run.finish()
