@@ -6,8 +6,10 @@ The scheme (measured in docs/storage.md, benchmarks/bench_storage.py), vectorise
   value), zigzag, so a steady step or clock is a run of zeros;
 - values: float32 when every value of the block round-trips bit-exactly through float32 (what a
   float32 tensor produced), else float64; stored layer-major, each slot's bits either XORed with
-  the previous step's (Gorilla's idea: noise and constants) or as a delta-of-delta (a smooth
-  schedule, a counter), whichever compresses the block smaller;
+  the previous step's (Gorilla's idea: noise and constants), as offsets from the slot's first value
+  (per-layer noise around a level) or as a delta-of-delta (a smooth schedule, a counter), whichever
+  compresses the block smaller; a one-slot block whose values are all short decimals (decimal.py:
+  counters, typed constants, gradwatch's own timers at 1 us) is stored as those integers instead;
 - every array byte-shuffled (all first bytes, then all second bytes...: Blosc's idea), then one
   zstd frame (zlib when ``zstandard`` is not installed; a blob says which it used);
 - a 16-byte header (kind, flags, sizes, CRC-32 of header and body), so a flipped bit or a cut
@@ -89,7 +91,8 @@ def encode_chunk(steps, walls, values, missing=None, compressor: int | None = No
     if found is not None:
         exponent, factor, ints = found
         mark = (exponent << 4) | (factor << 9)
-        tries += [(flags & ~F32, t | mark, ints) for t in DEC_TRANSFORMS]  # integers: 8-byte planes
+        # Their integers beat the float bits (measured on counters, schedules, rounded timers): only those tried.
+        tries = [(flags & ~F32, t | mark, ints) for t in DEC_TRANSFORMS]  # integers: 8-byte planes
     blobs = [
         _seal(CHUNK, how, field, n, width, head + _shuffle(_forward(data, field & 15).ravel()) + tail, compressor)
         for how, field, data in tries
@@ -376,4 +379,4 @@ def _shuffle(a: np.ndarray) -> bytes:
 
 def _unshuffle(body: bytes, size: int) -> np.ndarray:
     planes = np.frombuffer(body, dtype=np.uint8).reshape(size, -1)
-    return np.ascontiguousarray(planes.T).view(f"<u{size}").ravel()
+    return _interleave(planes, 0).view(f"<u{size}").ravel()
