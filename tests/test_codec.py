@@ -84,6 +84,37 @@ def test_a_summary_array_reads_back_bit_exact(stream):
     assert (_bits(codec.decode_array(codec.encode_array(data))) == _bits(data)).all()
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([32, 300]))
+def test_a_wide_summary_with_palette_rows_reads_back_bit_exact_alone_and_in_bulk(seed, width):
+    """A vector's summary: wall-time rows with a few distinct values (palettes), NaN payloads among them."""
+    rng = np.random.default_rng(seed)
+    walls = 1.76e9 + rng.normal(0, 1, 16)
+    walls[0] = np.array(SPECIAL[0], dtype=np.uint64).view(np.float64)  # a NaN with a payload
+    data = np.vstack(
+        [
+            rng.normal(size=(7, width)).astype(np.float32),
+            walls[rng.integers(0, 16, (3, width))],
+            rng.normal(size=(2, width)),
+        ]
+    )
+    data[11, : width // 2] = walls[rng.integers(0, 16, width // 2)]  # half a palette's worth: stays plain
+    blob = codec.encode_array(data)
+    assert (_bits(codec.decode_array(blob)) == _bits(data)).all()
+    other = codec.encode_array(data[:, ::-1].copy())
+    both = codec.decode_arrays([blob, other, blob], 12, width)
+    assert (_bits(both[0]) == _bits(data)).all() and (_bits(both[1]) == _bits(data[:, ::-1])).all()
+    one = codec.decode_arrays([other, blob], 12, width, slot=width - 1)
+    assert (_bits(one[1, :, 0]) == _bits(data[:, -1])).all() and (_bits(one[0, :, 0]) == _bits(data[:, 0])).all()
+    for cut in range(1, len(blob), 7):
+        with pytest.raises(codec.Corrupt):
+            codec.decode_array(blob[:cut])
+    for i in range(16, len(blob), 11):
+        damaged = bytearray(blob)
+        damaged[i] ^= 0x10
+        assert codec.decode_arrays([bytes(damaged)], 12, width) is None
+
+
 def test_float32_born_values_take_half_the_bytes_of_float64_noise():
     rng = np.random.default_rng(0)
     n = 2048

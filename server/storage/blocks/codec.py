@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 CHUNK, ARRAY = 0xC1, 0xA1  # kinds of blob
 RAW, ZLIB, ZSTD = 0, 1, 2  # how the body is compressed (flag bits 0-1)
 F32, MISSING, CLOCK = 4, 8, 16  # flag bits: values as float32, a missing mask follows, walls left to the run clock
+PALETTE = 4  # an array's flag bit: some float64 rows are a palette of their distinct values and a byte index each
 # A chunk's value transform along time (the header's third field: bits 0-3 the transform, 4-8 and 9-13 the
 # decimal exponent and factor of T_DEC_*). Each number's meaning is fixed once written: new ones are added.
 T_NONE, T_XOR, T_DOD = 0, 1, 2  # as first released
@@ -172,20 +173,72 @@ def encode_array(data: np.ndarray, compressor: int | None = None) -> bytes:
     with np.errstate(all="ignore"):  # values past float32's range simply stay float64
         exact = (data.astype("<f4").astype("<f8").view("<i8") == data.view("<i8")).all(axis=1)
     mask = int(np.dot(exact, 1 << np.arange(rows)))
-    parts = [_shuffle(data[exact].astype("<f4").ravel()), _shuffle(data[~exact].ravel())]
-    return _seal(ARRAY, 0, mask, rows, width, b"".join(parts), compressor)
+    palettes = _palettes(data, exact) if width >= PALETTE_WIDTH else []
+    plain = ~exact
+    plain[[r for r, _ in palettes]] = False
+    parts = [_shuffle(data[exact].astype("<f4").ravel()), _shuffle(data[plain].ravel())]
+    if not palettes:
+        return _seal(ARRAY, 0, mask, rows, width, b"".join(parts), compressor)
+    parts.insert(0, struct.pack("<H", sum(1 << r for r, _ in palettes)))
+    for _row, (distinct, index) in palettes:
+        parts += [bytes([len(distinct) - 1]), _shuffle(distinct), index.astype(np.uint8).tobytes()]
+    return _seal(ARRAY, PALETTE, mask, rows, width, b"".join(parts), compressor)
+
+
+PALETTE_WIDTH = 32  # arrays this wide may keep rows as palettes (a vector's summary; heat rows are float32)
+
+
+def _palettes(data: np.ndarray, exact: np.ndarray) -> list:
+    """(row, (distinct bit patterns, index of each slot's)) of the float64 rows with at most 256 distinct
+    values: a summary's wall times, shared by every layer of a step (a block of 16 steps has 16)."""
+    out = []
+    for row in np.flatnonzero(~exact):
+        distinct, index = np.unique(data[row].view("<u8"), return_inverse=True)
+        if len(distinct) <= 256 and 8 * len(distinct) < 4 * data.shape[1]:
+            out.append((int(row), (distinct, index)))
+    return out
+
+
+def _split(body: bytes, flags: int, mask: int, rows: int, width: int) -> tuple:
+    """(the shuffled part of an array body, which rows are palettes, {row: its values}); Corrupt if it does not add up."""
+    exact = (mask >> np.arange(rows)) & 1 == 1
+    if not flags & PALETTE:
+        return body, exact, np.zeros(rows, bool), {}
+    if len(body) < 2:
+        raise Corrupt("rollup blob too short for its palette mask")
+    (pmask,) = struct.unpack_from("<H", body)
+    pal = (pmask >> np.arange(rows)) & 1 == 1
+    end = 2 + width * (4 * int(exact.sum()) + 8 * int((~exact & ~pal).sum()))
+    values, pos = {}, end
+    try:
+        for row in np.flatnonzero(pal):
+            count = body[pos] + 1
+            distinct = _unshuffle(body[pos + 1 : pos + 1 + 8 * count], 8).view("<f8")
+            index = np.frombuffer(body, np.uint8, width, pos + 1 + 8 * count)
+            pos += 1 + 8 * count + width
+            values[int(row)] = distinct[index]  # IndexError if an index is past the palette
+    except (IndexError, ValueError) as exc:
+        raise Corrupt(f"rollup blob's palette does not match its header: {exc}") from exc
+    if pos != len(body) or pal[exact].any():
+        raise Corrupt("rollup blob's palette does not match its header")
+    return body[2:end], exact, pal, values
 
 
 def decode_array(blob: bytes) -> np.ndarray:
     """``encode_array``'s input back, (rows, width) float64."""
-    kind, _flags, mask, rows, width, body = _open(blob)
-    exact = (mask >> np.arange(rows)) & 1 == 1
-    n32 = int(exact.sum())
-    if kind != ARRAY or len(body) != width * (4 * n32 + 8 * (rows - n32)):
+    kind, flags, mask, rows, width, body = _open(blob)
+    if kind != ARRAY:
+        raise Corrupt("not an array blob")
+    body, exact, pal, palettes = _split(body, flags, mask, rows, width)
+    plain = ~exact & ~pal
+    n32, n64 = int(exact.sum()), int(plain.sum())
+    if len(body) != width * (4 * n32 + 8 * n64):
         raise Corrupt("rollup blob does not match its header")
     out = np.empty((rows, width))
     out[exact] = _unshuffle(body[: 4 * n32 * width], 4).view("<f4").reshape(n32, width)
-    out[~exact] = _unshuffle(body[4 * n32 * width :], 8).view("<f8").reshape(rows - n32, width)
+    out[plain] = _unshuffle(body[4 * n32 * width :], 8).view("<f8").reshape(n64, width)
+    for row, values in palettes.items():
+        out[row] = values
     return out
 
 
@@ -197,6 +250,7 @@ def decode_arrays(blobs: list, rows: int, width: int, slot: int | None = None) -
     cols = width if slot is None else 1
     out = np.empty((len(blobs), rows, cols))
     groups: dict = {}
+    palettes: list = []  # (blob, row, values) of palette rows
     unpack, crc32, size, inflate = (
         _HEAD.unpack_from,
         zlib.crc32,
@@ -214,26 +268,33 @@ def decode_arrays(blobs: list, rows: int, width: int, slot: int | None = None) -
             packed = view[size : len(blob) - (flags >> 5)]
             how = flags & 3
             body = inflate(packed) if how == ZSTD and inflate else _decompress(packed, how)
-            group = groups.get(mask)
+            pmask = 0
+            if flags & PALETTE:  # palette rows (a vector summary's walls): decoded blob by blob
+                body, _exact, pal, values = _split(body, flags, mask, rows, width)
+                pmask = int(np.dot(pal, 1 << np.arange(rows)))
+                for row, row_values in values.items():
+                    palettes.append((i, row, row_values if slot is None else row_values[slot : slot + 1]))
+            group = groups.get((mask, pmask))
             if group is None:
-                group = groups[mask] = ([], [])
+                group = groups[(mask, pmask)] = ([], [])
             group[0].append(i)
             group[1].append(body)
     except (Corrupt, *_DECOMPRESS_ERRORS):
         return None
-    for mask, (index, bodies) in groups.items():
+    for (mask, pmask), (index, bodies) in groups.items():
         exact = (mask >> np.arange(rows)) & 1 == 1
-        n32 = int(exact.sum())
-        size = width * (4 * n32 + 8 * (rows - n32))
+        plain = ~exact & ((pmask >> np.arange(rows)) & 1 == 0)
+        n32, n64 = int(exact.sum()), int(plain.sum())
+        size = width * (4 * n32 + 8 * n64)
         if any(len(b) != size for b in bodies):
             return None
         raw = np.frombuffer(b"".join(bodies), np.uint8).reshape(len(bodies), size)
         block = np.empty((len(bodies), rows, cols))
         block[:, exact] = _planes(raw, 0, 4, n32, width, slot).view("<f4").reshape(len(bodies), n32, cols)
-        block[:, ~exact] = (
-            _planes(raw, 4 * n32 * width, 8, rows - n32, width, slot).view("<f8").reshape(len(bodies), rows - n32, cols)
-        )
+        block[:, plain] = _planes(raw, 4 * n32 * width, 8, n64, width, slot).view("<f8").reshape(len(bodies), n64, cols)
         out[index] = block
+    for i, row, row_values in palettes:
+        out[i, row] = row_values
     return out
 
 
