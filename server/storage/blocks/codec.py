@@ -199,29 +199,37 @@ def _palettes(data: np.ndarray, exact: np.ndarray) -> list:
     return out
 
 
-def _split(body: bytes, flags: int, mask: int, rows: int, width: int) -> tuple:
-    """(the shuffled part of an array body, which rows are palettes, {row: its values}); Corrupt if it does not add up."""
-    exact = (mask >> np.arange(rows)) & 1 == 1
+def _split(body: bytes, flags: int, mask: int, rows: int, width: int, slot: int | None = None) -> tuple:
+    """(the shuffled part of an array body, its palette rows' mask, {row: values}: all slots, or ``slot``'s);
+    Corrupt if it does not add up. Plain integers, no numpy: a chart runs this for each of ~1,000 blobs."""
     if not flags & PALETTE:
-        return body, exact, np.zeros(rows, bool), {}
+        return body, 0, {}
     if len(body) < 2:
         raise Corrupt("rollup blob too short for its palette mask")
     (pmask,) = struct.unpack_from("<H", body)
-    pal = (pmask >> np.arange(rows)) & 1 == 1
-    end = 2 + width * (4 * int(exact.sum()) + 8 * int((~exact & ~pal).sum()))
+    full = (1 << rows) - 1
+    if pmask & mask or pmask & ~full:
+        raise Corrupt("rollup blob's palette rows do not match its header")
+    end = 2 + width * (4 * bin(mask & full).count("1") + 8 * bin(~(mask | pmask) & full).count("1"))
     values, pos = {}, end
     try:
-        for row in np.flatnonzero(pal):
+        for row in (r for r in range(rows) if pmask >> r & 1):
             count = body[pos] + 1
-            distinct = _unshuffle(body[pos + 1 : pos + 1 + 8 * count], 8).view("<f8")
-            index = np.frombuffer(body, np.uint8, width, pos + 1 + 8 * count)
-            pos += 1 + 8 * count + width
-            values[int(row)] = distinct[index]  # IndexError if an index is past the palette
+            start = pos + 1
+            pos = start + 8 * count + width
+            if slot is not None:  # one layer's value: its index, then that entry's 8 byte planes
+                j = body[start + 8 * count + slot]
+                if j >= count:
+                    raise IndexError(f"palette index {j} of {count}")
+                values[row] = np.frombuffer(bytes(body[start + j : start + 8 * count : count]), "<f8")
+                continue
+            distinct = _unshuffle(body[start : start + 8 * count], 8).view("<f8")
+            values[row] = distinct[np.frombuffer(body, np.uint8, width, start + 8 * count)]  # IndexError past it
     except (IndexError, ValueError) as exc:
         raise Corrupt(f"rollup blob's palette does not match its header: {exc}") from exc
-    if pos != len(body) or pal[exact].any():
+    if pos != len(body):
         raise Corrupt("rollup blob's palette does not match its header")
-    return body[2:end], exact, pal, values
+    return body[2:end], pmask, values
 
 
 def decode_array(blob: bytes) -> np.ndarray:
@@ -229,8 +237,9 @@ def decode_array(blob: bytes) -> np.ndarray:
     kind, flags, mask, rows, width, body = _open(blob)
     if kind != ARRAY:
         raise Corrupt("not an array blob")
-    body, exact, pal, palettes = _split(body, flags, mask, rows, width)
-    plain = ~exact & ~pal
+    body, pmask, palettes = _split(body, flags, mask, rows, width)
+    exact = (mask >> np.arange(rows)) & 1 == 1
+    plain = ~exact & ((pmask >> np.arange(rows)) & 1 == 0)
     n32, n64 = int(exact.sum()), int(plain.sum())
     if len(body) != width * (4 * n32 + 8 * n64):
         raise Corrupt("rollup blob does not match its header")
@@ -250,7 +259,6 @@ def decode_arrays(blobs: list, rows: int, width: int, slot: int | None = None) -
     cols = width if slot is None else 1
     out = np.empty((len(blobs), rows, cols))
     groups: dict = {}
-    palettes: list = []  # (blob, row, values) of palette rows
     unpack, crc32, size, inflate = (
         _HEAD.unpack_from,
         zlib.crc32,
@@ -268,34 +276,68 @@ def decode_arrays(blobs: list, rows: int, width: int, slot: int | None = None) -
             packed = view[size : len(blob) - (flags >> 5)]
             how = flags & 3
             body = inflate(packed) if how == ZSTD and inflate else _decompress(packed, how)
-            pmask = 0
-            if flags & PALETTE:  # palette rows (a vector summary's walls): decoded blob by blob
-                body, _exact, pal, values = _split(body, flags, mask, rows, width)
-                pmask = int(np.dot(pal, 1 << np.arange(rows)))
-                for row, row_values in values.items():
-                    palettes.append((i, row, row_values if slot is None else row_values[slot : slot + 1]))
-            group = groups.get((mask, pmask))
+            key = (mask, 0, ()) if not flags & PALETTE else (mask, *_palette_layout(body, mask, rows, width))
+            group = groups.get(key)
             if group is None:
-                group = groups[(mask, pmask)] = ([], [])
+                group = groups[key] = ([], [])
             group[0].append(i)
             group[1].append(body)
     except (Corrupt, *_DECOMPRESS_ERRORS):
         return None
-    for (mask, pmask), (index, bodies) in groups.items():
-        exact = (mask >> np.arange(rows)) & 1 == 1
-        plain = ~exact & ((pmask >> np.arange(rows)) & 1 == 0)
-        n32, n64 = int(exact.sum()), int(plain.sum())
-        size = width * (4 * n32 + 8 * n64)
-        if any(len(b) != size for b in bodies):
+    for (mask, pmask, counts), (index, bodies) in groups.items():
+        block = _group(bodies, mask, pmask, counts, rows, width, slot)
+        if block is None:
             return None
-        raw = np.frombuffer(b"".join(bodies), np.uint8).reshape(len(bodies), size)
-        block = np.empty((len(bodies), rows, cols))
-        block[:, exact] = _planes(raw, 0, 4, n32, width, slot).view("<f4").reshape(len(bodies), n32, cols)
-        block[:, plain] = _planes(raw, 4 * n32 * width, 8, n64, width, slot).view("<f8").reshape(len(bodies), n64, cols)
         out[index] = block
-    for i, row, row_values in palettes:
-        out[i, row] = row_values
     return out
+
+
+def _palette_layout(body: bytes, mask: int, rows: int, width: int) -> tuple:
+    """(palette rows' mask, each one's palette size) of a PALETTE array body: blobs alike decode together."""
+    if len(body) < 2:
+        raise Corrupt("rollup blob too short for its palette mask")
+    (pmask,) = struct.unpack_from("<H", body)
+    full = (1 << rows) - 1
+    if pmask & mask or pmask & ~full:
+        raise Corrupt("rollup blob's palette rows do not match its header")
+    pos = 2 + width * (4 * bin(mask & full).count("1") + 8 * bin(~(mask | pmask) & full).count("1"))
+    counts = []
+    for _row in range(bin(pmask).count("1")):
+        if pos >= len(body):
+            raise Corrupt("rollup blob's palettes are cut short")
+        counts.append(body[pos] + 1)
+        pos += 1 + 8 * counts[-1] + width
+    if pos != len(body):
+        raise Corrupt("rollup blob's palettes do not match its header")
+    return pmask, tuple(counts)
+
+
+def _group(bodies: list, mask: int, pmask: int, counts: tuple, rows: int, width: int, slot: int | None):
+    """(k, rows, cols) of array bodies with one layout, in a few numpy passes; None if they do not add up."""
+    exact = (mask >> np.arange(rows)) & 1 == 1
+    pal = (pmask >> np.arange(rows)) & 1 == 1
+    plain = ~exact & ~pal
+    n32, n64 = int(exact.sum()), int(plain.sum())
+    start = 2 if pmask else 0
+    size = start + width * (4 * n32 + 8 * n64) + sum(1 + 8 * c + width for c in counts)
+    if any(len(b) != size for b in bodies):
+        return None
+    k, cols = len(bodies), width if slot is None else 1
+    raw = np.frombuffer(b"".join(bodies), np.uint8).reshape(k, size)
+    block = np.empty((k, rows, cols))
+    block[:, exact] = _planes(raw, start, 4, n32, width, slot).view("<f4").reshape(k, n32, cols)
+    start += 4 * n32 * width
+    block[:, plain] = _planes(raw, start, 8, n64, width, slot).view("<f8").reshape(k, n64, cols)
+    start += 8 * n64 * width
+    for row, count in zip(np.flatnonzero(pal).tolist(), counts):
+        distinct = _interleave(raw[:, start + 1 : start + 1 + 8 * count].reshape(k, 8, count), 1).view("<f8")[..., 0]
+        at = start + 1 + 8 * count
+        index = raw[:, at : at + width] if slot is None else raw[:, at + slot : at + slot + 1]
+        if (index >= count).any():
+            return None
+        block[:, row] = np.take_along_axis(distinct, index.astype(np.intp), axis=1)
+        start = at + width
+    return block
 
 
 def _planes(raw: np.ndarray, start: int, size: int, nrows: int, width: int, slot: int | None) -> np.ndarray:
