@@ -3,11 +3,11 @@
 Run: .venv/bin/python benchmarks/bench_storage.py [--quick] [--steps N] [--vector-steps N] [--no-tensorboard] [--postgres]
 
 One run of 10 scalar keys logged together (float32-born losses with noise, one with NaN bursts, a
-noisy gradient norm, float64 counters, a constant LR, a cosine LR, step times, a memory counter,
-throughput) and one run of 300-layer gradient norms (float32-born, noisy, NaN bursts, one layer
-without gradients), each through the real ingest (``apply_batch``, batches of 200 steps) into a
-fresh SQLite file. Wall times: 0.1 s a step with 1 ms of jitter, shared by a step's keys, as the
-client stamps one record. For each file, in the same run:
+noisy gradient norm, float64 counters, a constant LR, a cosine LR, a memory counter, and step time
+and throughput as gradwatch's step timer records them: 1 us, 4 digits) and one run of 300-layer
+gradient norms (float32-born, noisy, NaN bursts, one layer without gradients), each through the
+real ingest (``apply_batch``, batches of 200 steps) into a fresh SQLite file. Wall times: 0.1 s a
+step with 1 ms of jitter, shared by a step's keys, as the client stamps one record. For each file, in the same run:
 
 - **now**: the file after ``VACUUM``, whole (schema pages included), and blob bytes per key;
 - **walls per key**: the same database with every chunk holding its own wall times (as before the

@@ -38,6 +38,8 @@ CHUNK, ARRAY = 0xC1, 0xA1  # kinds of blob
 RAW, ZLIB, ZSTD = 0, 1, 2  # how the body is compressed (flag bits 0-1)
 F32, MISSING, CLOCK = 4, 8, 16  # flag bits: values as float32, a missing mask follows, walls left to the run clock
 PALETTE = 4  # an array's flag bit: some float64 rows are a palette of their distinct values and a byte index each
+ABSENT = 8  # an array's flag bit: rows that are all ABSENT_VALUE (a summary's "no such step") are left out
+ABSENT_VALUE = -1.0
 # A chunk's value transform along time (the header's third field: bits 0-3 the transform, 4-8 and 9-13 the
 # decimal exponent and factor of T_DEC_*). Each number's meaning is fixed once written: new ones are added.
 T_NONE, T_XOR, T_DOD = 0, 1, 2  # as first released
@@ -172,17 +174,23 @@ def encode_array(data: np.ndarray, compressor: int | None = None) -> bytes:
         raise ValueError(f"a summary array has at most 16 rows, not {rows}")
     with np.errstate(all="ignore"):  # values past float32's range simply stay float64
         exact = (data.astype("<f4").astype("<f8").view("<i8") == data.view("<i8")).all(axis=1)
+    absent = (data.view("<i8") == np.float64(ABSENT_VALUE).view("<i8")).all(axis=1)
+    exact &= ~absent
     mask = int(np.dot(exact, 1 << np.arange(rows)))
-    palettes = _palettes(data, exact) if width >= PALETTE_WIDTH else []
-    plain = ~exact
+    palettes = _palettes(data, exact | absent) if width >= PALETTE_WIDTH else []
+    plain = ~exact & ~absent
     plain[[r for r, _ in palettes]] = False
-    parts = [_shuffle(data[exact].astype("<f4").ravel()), _shuffle(data[plain].ravel())]
-    if not palettes:
-        return _seal(ARRAY, 0, mask, rows, width, b"".join(parts), compressor)
-    parts.insert(0, struct.pack("<H", sum(1 << r for r, _ in palettes)))
+    flags, parts = 0, []
+    if absent.any():  # a scalar's NaN/inf step rows and their walls: 24 of a block's ~77 bytes
+        flags |= ABSENT
+        parts.append(struct.pack("<H", int(np.dot(absent, 1 << np.arange(rows)))))
+    if palettes:
+        flags |= PALETTE
+        parts.append(struct.pack("<H", sum(1 << r for r, _ in palettes)))
+    parts += [_shuffle(data[exact].astype("<f4").ravel()), _shuffle(data[plain].ravel())]
     for _row, (distinct, index) in palettes:
         parts += [bytes([len(distinct) - 1]), _shuffle(distinct), index.astype(np.uint8).tobytes()]
-    return _seal(ARRAY, PALETTE, mask, rows, width, b"".join(parts), compressor)
+    return _seal(ARRAY, flags, mask, rows, width, b"".join(parts), compressor)
 
 
 PALETTE_WIDTH = 32  # arrays this wide may keep rows as palettes (a vector's summary; heat rows are float32)
@@ -199,56 +207,15 @@ def _palettes(data: np.ndarray, exact: np.ndarray) -> list:
     return out
 
 
-def _split(body: bytes, flags: int, mask: int, rows: int, width: int, slot: int | None = None) -> tuple:
-    """(the shuffled part of an array body, its palette rows' mask, {row: values}: all slots, or ``slot``'s);
-    Corrupt if it does not add up. Plain integers, no numpy: a chart runs this for each of ~1,000 blobs."""
-    if not flags & PALETTE:
-        return body, 0, {}
-    if len(body) < 2:
-        raise Corrupt("rollup blob too short for its palette mask")
-    (pmask,) = struct.unpack_from("<H", body)
-    full = (1 << rows) - 1
-    if pmask & mask or pmask & ~full:
-        raise Corrupt("rollup blob's palette rows do not match its header")
-    end = 2 + width * (4 * bin(mask & full).count("1") + 8 * bin(~(mask | pmask) & full).count("1"))
-    values, pos = {}, end
-    try:
-        for row in (r for r in range(rows) if pmask >> r & 1):
-            count = body[pos] + 1
-            start = pos + 1
-            pos = start + 8 * count + width
-            if slot is not None:  # one layer's value: its index, then that entry's 8 byte planes
-                j = body[start + 8 * count + slot]
-                if j >= count:
-                    raise IndexError(f"palette index {j} of {count}")
-                values[row] = np.frombuffer(bytes(body[start + j : start + 8 * count : count]), "<f8")
-                continue
-            distinct = _unshuffle(body[start : start + 8 * count], 8).view("<f8")
-            values[row] = distinct[np.frombuffer(body, np.uint8, width, start + 8 * count)]  # IndexError past it
-    except (IndexError, ValueError) as exc:
-        raise Corrupt(f"rollup blob's palette does not match its header: {exc}") from exc
-    if pos != len(body):
-        raise Corrupt("rollup blob's palette does not match its header")
-    return body[2:end], pmask, values
-
-
 def decode_array(blob: bytes) -> np.ndarray:
     """``encode_array``'s input back, (rows, width) float64."""
     kind, flags, mask, rows, width, body = _open(blob)
     if kind != ARRAY:
         raise Corrupt("not an array blob")
-    body, pmask, palettes = _split(body, flags, mask, rows, width)
-    exact = (mask >> np.arange(rows)) & 1 == 1
-    plain = ~exact & ((pmask >> np.arange(rows)) & 1 == 0)
-    n32, n64 = int(exact.sum()), int(plain.sum())
-    if len(body) != width * (4 * n32 + 8 * n64):
+    block = _group([body], mask, *_layout(body, flags, mask, rows, width), rows, width, None)
+    if block is None:
         raise Corrupt("rollup blob does not match its header")
-    out = np.empty((rows, width))
-    out[exact] = _unshuffle(body[: 4 * n32 * width], 4).view("<f4").reshape(n32, width)
-    out[plain] = _unshuffle(body[4 * n32 * width :], 8).view("<f8").reshape(n64, width)
-    for row, values in palettes.items():
-        out[row] = values
-    return out
+    return block[0]
 
 
 def decode_arrays(blobs: list, rows: int, width: int, slot: int | None = None) -> np.ndarray | None:
@@ -276,7 +243,11 @@ def decode_arrays(blobs: list, rows: int, width: int, slot: int | None = None) -
             packed = view[size : len(blob) - (flags >> 5)]
             how = flags & 3
             body = inflate(packed) if how == ZSTD and inflate else _decompress(packed, how)
-            key = (mask, 0, ()) if not flags & PALETTE else (mask, *_palette_layout(body, mask, rows, width))
+            key = (
+                (mask, 0, 0, 0, ())
+                if not flags & (ABSENT | PALETTE)
+                else (mask, *_layout(body, flags, mask, rows, width))
+            )
             group = groups.get(key)
             if group is None:
                 group = groups[key] = ([], [])
@@ -284,23 +255,28 @@ def decode_arrays(blobs: list, rows: int, width: int, slot: int | None = None) -
             group[1].append(body)
     except (Corrupt, *_DECOMPRESS_ERRORS):
         return None
-    for (mask, pmask, counts), (index, bodies) in groups.items():
-        block = _group(bodies, mask, pmask, counts, rows, width, slot)
+    for (mask, *layout), (index, bodies) in groups.items():
+        block = _group(bodies, mask, *layout, rows, width, slot)
         if block is None:
             return None
         out[index] = block
     return out
 
 
-def _palette_layout(body: bytes, mask: int, rows: int, width: int) -> tuple:
-    """(palette rows' mask, each one's palette size) of a PALETTE array body: blobs alike decode together."""
-    if len(body) < 2:
-        raise Corrupt("rollup blob too short for its palette mask")
-    (pmask,) = struct.unpack_from("<H", body)
-    full = (1 << rows) - 1
-    if pmask & mask or pmask & ~full:
-        raise Corrupt("rollup blob's palette rows do not match its header")
-    pos = 2 + width * (4 * bin(mask & full).count("1") + 8 * bin(~(mask | pmask) & full).count("1"))
+def _layout(body: bytes, flags: int, mask: int, rows: int, width: int) -> tuple:
+    """(where the shuffled rows start, absent rows' mask, palette rows' mask, each palette's size) of an
+    array body (plain integers: a chart runs this for ~1,000 blobs); blobs alike decode together."""
+    pos = amask = pmask = 0
+    if len(body) < 2 * bool(flags & ABSENT) + 2 * bool(flags & PALETTE):
+        raise Corrupt("rollup blob too short for its row masks")
+    if flags & ABSENT:
+        (amask,), pos = struct.unpack_from("<H", body, pos), pos + 2
+    if flags & PALETTE:
+        (pmask,), pos = struct.unpack_from("<H", body, pos), pos + 2
+    start, full = pos, (1 << rows) - 1
+    if amask & mask or pmask & mask or amask & pmask or (amask | pmask) & ~full:
+        raise Corrupt("rollup blob's row masks do not match its header")
+    pos += width * (4 * bin(mask & full).count("1") + 8 * bin(~(mask | pmask | amask) & full).count("1"))
     counts = []
     for _row in range(bin(pmask).count("1")):
         if pos >= len(body):
@@ -309,22 +285,23 @@ def _palette_layout(body: bytes, mask: int, rows: int, width: int) -> tuple:
         pos += 1 + 8 * counts[-1] + width
     if pos != len(body):
         raise Corrupt("rollup blob's palettes do not match its header")
-    return pmask, tuple(counts)
+    return start, amask, pmask, tuple(counts)
 
 
-def _group(bodies: list, mask: int, pmask: int, counts: tuple, rows: int, width: int, slot: int | None):
+def _group(bodies: list, mask: int, start: int, amask: int, pmask: int, counts: tuple, rows: int, width: int, slot):
     """(k, rows, cols) of array bodies with one layout, in a few numpy passes; None if they do not add up."""
     exact = (mask >> np.arange(rows)) & 1 == 1
     pal = (pmask >> np.arange(rows)) & 1 == 1
-    plain = ~exact & ~pal
+    absent = (amask >> np.arange(rows)) & 1 == 1
+    plain = ~exact & ~pal & ~absent
     n32, n64 = int(exact.sum()), int(plain.sum())
-    start = 2 if pmask else 0
     size = start + width * (4 * n32 + 8 * n64) + sum(1 + 8 * c + width for c in counts)
     if any(len(b) != size for b in bodies):
         return None
     k, cols = len(bodies), width if slot is None else 1
     raw = np.frombuffer(b"".join(bodies), np.uint8).reshape(k, size)
     block = np.empty((k, rows, cols))
+    block[:, absent] = ABSENT_VALUE
     block[:, exact] = _planes(raw, start, 4, n32, width, slot).view("<f4").reshape(k, n32, cols)
     start += 4 * n32 * width
     block[:, plain] = _planes(raw, start, 8, n64, width, slot).view("<f8").reshape(k, n64, cols)
