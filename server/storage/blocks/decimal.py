@@ -23,7 +23,10 @@ def find(values: np.ndarray) -> tuple[int, int, np.ndarray] | None:
     sample = values.ravel()[:: max(1, values.size // 16)]  # most blocks fail on a few values, cheaply
     with np.errstate(all="ignore"):
         for exponent in range(MAX_EXPONENT + 1):
-            if not _exact(sample, exponent):
+            fits = _exact(sample, exponent)
+            if fits is None:  # the integers outgrow float64's exact range: so would every larger exponent
+                return None
+            if not fits:
                 continue
             scaled = np.rint(values * 10.0**exponent)
             if np.abs(scaled).max() >= _LIMIT:
@@ -42,10 +45,11 @@ def restore(ints: np.ndarray, exponent: int, factor: int) -> np.ndarray:
     return _divide((ints * 10**factor).astype("<f8"), exponent)
 
 
-def _exact(values: np.ndarray, exponent: int) -> bool:
+def _exact(values: np.ndarray, exponent: int) -> bool | None:
+    """Whether ``values`` are decimals at ``exponent``; None once their integers are too large."""
     scaled = np.rint(values * 10.0**exponent)
     if np.abs(scaled).max() >= _LIMIT:
-        return False
+        return None
     return bool((restore(scaled.astype("<i8"), exponent, 0).view("<i8") == values.view("<i8")).all())
 
 
