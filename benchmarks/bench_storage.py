@@ -3,11 +3,11 @@
 Run: .venv/bin/python benchmarks/bench_storage.py [--quick] [--steps N] [--vector-steps N] [--no-tensorboard] [--postgres]
 
 One run of 10 scalar keys logged together (float32-born losses with noise, one with NaN bursts, a
-noisy gradient norm, float64 counters, a constant LR, a cosine LR, step times, a memory counter,
-throughput) and one run of 300-layer gradient norms (float32-born, noisy, NaN bursts, one layer
-without gradients), each through the real ingest (``apply_batch``, batches of 200 steps) into a
-fresh SQLite file. Wall times: 0.1 s a step with 1 ms of jitter, shared by a step's keys, as the
-client stamps one record. For each file, in the same run:
+noisy gradient norm, float64 counters, a constant LR, a cosine LR, a memory counter, and step time
+and throughput as gradwatch's step timer records them: 1 us, 4 digits) and one run of 300-layer
+gradient norms (float32-born, noisy, NaN bursts, one layer without gradients), each through the
+real ingest (``apply_batch``, batches of 200 steps) into a fresh SQLite file. Wall times: 0.1 s a
+step with 1 ms of jitter, shared by a step's keys, as the client stamps one record. For each file, in the same run:
 
 - **now**: the file after ``VACUUM``, whole (schema pages included), and blob bytes per key;
 - **walls per key**: the same database with every chunk holding its own wall times (as before the
@@ -41,6 +41,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from old_format import as_release_0_2, disk_size, without_clock  # noqa: E402
 
 from gradwatch import protocol  # noqa: E402
+from gradwatch.capture.step_timer import four_digits, microseconds  # noqa: E402
+from gradwatch.contract import keys  # noqa: E402
 from gradwatch_server.ingest.apply import apply_batch, load_state  # noqa: E402
 from gradwatch_server.ingest.batch import decode  # noqa: E402
 from gradwatch_server.ingest.hello import open_run  # noqa: E402
@@ -66,9 +68,10 @@ def scalar_streams(steps: int, rng) -> dict:
         "lr_cosine": 3e-4 * 0.5 * (1 + np.cos(np.pi * i / steps)),
         "tokens": (i * 4096).astype(np.float64),
         "epoch": np.floor(i / max(1, steps // 10)).astype(np.float64),
-        "time/step": 0.1 + rng.exponential(0.002, steps),
+        # gradwatch's own step timer (capture/step_timer.py) keeps these at 1 us and 4 digits
+        keys.STEP_TIME: np.array([microseconds(t) for t in 0.1 + rng.exponential(0.002, steps)]),
         "mem/allocated": np.where(i < steps // 10, 2.0e9, 2.5e9) + (i % 1000 == 999) * 4096.0,
-        "throughput": 5000 + rng.normal(0, 50, steps),
+        keys.SAMPLES_PER_SEC: np.array([four_digits(r) for r in 5000 + rng.normal(0, 50, steps)]),
     }
 
 
@@ -147,6 +150,17 @@ def per_key_bytes(path: Path) -> dict:
     return out
 
 
+def per_level_bytes(path: Path) -> dict:
+    """rollup level -> (summary blob bytes, heat blob bytes): what each level costs on disk."""
+    con = sqlite3.connect(path)
+    out: dict = {}
+    for col, table in enumerate(("rollups", "rollup_heat")):
+        for level, size in con.execute(f"SELECT level, SUM(length(data)) FROM {table} GROUP BY level"):
+            out.setdefault(level, [0, 0])[col] = size
+    con.close()
+    return dict(sorted(out.items()))
+
+
 def vacuumed(path: Path) -> int:
     con = sqlite3.connect(path)
     con.execute("VACUUM")
@@ -191,6 +205,7 @@ def measure(tmp: Path, name: str, steps: int, scalars: dict, vectors, walls, tb:
     seconds = ingest(path, steps, walls, scalars, vectors)
     exact = check_bit_exact(path, steps, walls, scalars, vectors)
     keys = per_key_bytes(path)
+    levels = per_level_bytes(path)
     now = vacuumed(path)
     con = sqlite3.connect(path)
     clock_bytes = con.execute("SELECT COALESCE(SUM(length(data)), 0) FROM run_clock").fetchone()[0]
@@ -206,7 +221,7 @@ def measure(tmp: Path, name: str, steps: int, scalars: dict, vectors, walls, tb:
     board = tensorboard_bytes(tmp, name, steps, walls, scalars, vectors) if tb else None
     return {"seconds": seconds, "exact": exact, "keys": keys, "old_keys": old_keys, "now": now, "old": old,
             "values": values, "tensorboard": board, "walls": per_key_walls, "walls_keys": walls_keys,
-            "clock": clock_bytes}  # fmt: skip
+            "clock": clock_bytes, "levels": levels}  # fmt: skip
 
 
 BLOCK_TABLES = ("chunks", "rollups", "rollup_heat")
@@ -293,6 +308,16 @@ def main() -> None:
                 f"**{(c + roll) / n:.2f}** |"
             )
         print(f"| (run clock, per step of the run) | - | - | - | {r['clock'] / run_steps:.2f} | - | - |")
+    print("\nWhat each rollup level costs, blob bytes per value of the run (summaries + heat rows):\n")
+    print("| run | " + " | ".join(f"level {lv}" for lv in sorted(set(s["levels"]) | set(v["levels"]))) + " |")
+    print("|---|" + "---|" * len(set(s["levels"]) | set(v["levels"])))
+    for label, r in (("scalars", s), ("vectors", v)):
+        cells = [r["levels"].get(lv) for lv in sorted(set(s["levels"]) | set(v["levels"]))]
+        print(
+            f"| {label} | "
+            + " | ".join("-" if c is None else f"{c[0] / r['values']:.3f} + {c[1] / r['values']:.3f}" for c in cells)
+            + " |"
+        )
 
 
 if __name__ == "__main__":

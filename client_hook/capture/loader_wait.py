@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 
+from gradwatch.capture.step_timer import microseconds
 from gradwatch.contract.keys import LOADER_WAIT
 
 _recorders: list = []  # the runs that record fetch times (a process may hold several)
@@ -51,7 +52,7 @@ def _install() -> None:
         try:
             return original(self)
         finally:
-            _record(time.perf_counter() - start)
+            _record(microseconds(time.perf_counter() - start))
 
     cls.__next__ = timed_next
     _installed = True

@@ -86,8 +86,11 @@ def read_heatmap(conn, key_id: int, slots: int, max_steps: int, start: int | Non
     steps, fmax, flags = units
     bucket = (steps - lo) // width
     starts = np.flatnonzero(np.r_[True, bucket[1:] != bucket[:-1]])
-    top = np.maximum.reduceat(fmax, starts, axis=0)
-    seen = np.bitwise_or.reduceat(flags, starts, axis=0)  # the three non-finite kinds in one pass
+    if len(starts) == len(steps):  # a block a bucket (the level fits the width): nothing to reduce
+        top, seen = fmax, flags
+    else:
+        top = np.maximum.reduceat(fmax, starts, axis=0)
+        seen = np.bitwise_or.reduceat(flags, starts, axis=0)  # the three non-finite kinds in one pass
     return {"steps": (lo + bucket[starts] * width).tolist(), "values": _heat_cells(top, seen), "bucket": width}
 
 

@@ -6,8 +6,10 @@ The scheme (measured in docs/storage.md, benchmarks/bench_storage.py), vectorise
   value), zigzag, so a steady step or clock is a run of zeros;
 - values: float32 when every value of the block round-trips bit-exactly through float32 (what a
   float32 tensor produced), else float64; stored layer-major, each slot's bits either XORed with
-  the previous step's (Gorilla's idea: noise and constants) or as a delta-of-delta (a smooth
-  schedule, a counter), whichever compresses the block smaller;
+  the previous step's (Gorilla's idea: noise and constants), as offsets from the slot's first value
+  (per-layer noise around a level) or as a delta-of-delta (a smooth schedule, a counter), whichever
+  compresses the block smaller; a one-slot block whose values are all short decimals (decimal.py:
+  counters, typed constants, gradwatch's own timers at 1 us) is stored as those integers instead;
 - every array byte-shuffled (all first bytes, then all second bytes...: Blosc's idea), then one
   zstd frame (zlib when ``zstandard`` is not installed; a blob says which it used);
 - a 16-byte header (kind, flags, sizes, CRC-32 of header and body), so a flipped bit or a cut
@@ -25,6 +27,8 @@ import zlib
 
 import numpy as np
 
+from gradwatch_server.storage.blocks import decimal
+
 try:  # optional: ~5x faster than zlib at the same size (docs/storage.md); zlib is the fallback
     import zstandard
 except ImportError:  # pragma: no cover - depends on the environment
@@ -33,7 +37,15 @@ except ImportError:  # pragma: no cover - depends on the environment
 CHUNK, ARRAY = 0xC1, 0xA1  # kinds of blob
 RAW, ZLIB, ZSTD = 0, 1, 2  # how the body is compressed (flag bits 0-1)
 F32, MISSING, CLOCK = 4, 8, 16  # flag bits: values as float32, a missing mask follows, walls left to the run clock
-T_NONE, T_XOR, T_DOD = 0, 1, 2  # a chunk's value transform along time (the header's third field)
+PALETTE = 4  # an array's flag bit: some float64 rows are a palette of their distinct values and a byte index each
+ABSENT = 8  # an array's flag bit: rows that are all ABSENT_VALUE (a summary's "no such step") are left out
+ABSENT_VALUE = -1.0
+# A chunk's value transform along time (the header's third field: bits 0-3 the transform, 4-8 and 9-13 the
+# decimal exponent and factor of T_DEC_*). Each number's meaning is fixed once written: new ones are added.
+T_NONE, T_XOR, T_DOD = 0, 1, 2  # as first released
+T_FOR = 3  # each slot's bits minus its first value's (noise around a level: no previous-step noise added)
+T_DEC_DOD, T_DEC_DELTA, T_DEC_FOR = 4, 5, 6  # decimals (decimal.py): their integers, as dod, delta or FOR
+DEC_TRANSFORMS = (T_DEC_DOD, T_DEC_DELTA, T_DEC_FOR)
 _HEAD = struct.Struct(
     "<BBHIII"
 )  # kind, flags (bits 5-7: padding), transform (chunk) or f32 row mask (array), n, width, crc32
@@ -59,10 +71,13 @@ def encode_chunk(steps, walls, values, missing=None, compressor: int | None = No
     and are not stored (the CLOCK flag); the reader fills them from the clock.
 
     The values go through the transform that compresses them best, tried on the block: XOR with the
-    previous step (noise, constants) or delta-of-delta of the bits (smooth float64 schedules, counters).
+    previous step (noise, constants), each slot's offset from its first value (noise around a level),
+    delta-of-delta of the bits (smooth float64 schedules, counters), or, for float64 values that are all
+    decimals (``blocks/decimal.py``: 0.1034, a rounded timer), their integers as dod, delta or offsets.
     """
     n, width = values.shape
-    flags, bits = _value_bits(np.ascontiguousarray(np.asarray(values, dtype="<f8").T))
+    layer_major = np.ascontiguousarray(np.asarray(values, dtype="<f8").T)
+    flags, bits = _value_bits(layer_major)
     head = _shuffle(_zigzag(_dod(np.asarray(steps, dtype="<i8"))))
     if walls is None:
         flags |= CLOCK
@@ -72,11 +87,18 @@ def encode_chunk(steps, walls, values, missing=None, compressor: int | None = No
     if missing is not None and missing.any():
         flags |= MISSING
         tail = np.packbits(np.ascontiguousarray(missing.T)).tobytes()
-    # Per-layer float32 norms are noise, where XOR always won (docs/storage.md): one try for those.
-    transforms = (T_XOR,) if width > 1 and flags & F32 else (T_XOR, T_DOD)
+    # Per-layer float32 norms are noise (docs/storage.md): XOR or offsets, never delta-of-delta.
+    tries = [(T_XOR, bits), (T_FOR, bits)] if width > 1 and flags & F32 else [(T_XOR, bits), (T_DOD, bits)]
+    tries = [(flags, field, data) for field, data in tries]
+    found = decimal.find(layer_major) if width == 1 else None  # counters, rounded timers, typed decimals
+    if found is not None:
+        exponent, factor, ints = found
+        mark = (exponent << 4) | (factor << 9)
+        # Their integers beat the float bits (measured on counters, schedules, rounded timers): only those tried.
+        tries = [(flags & ~F32, t | mark, ints) for t in DEC_TRANSFORMS]  # integers: 8-byte planes
     blobs = [
-        _seal(CHUNK, flags, transform, n, width, head + _shuffle(_forward(bits, transform).ravel()) + tail, compressor)
-        for transform in transforms
+        _seal(CHUNK, how, field, n, width, head + _shuffle(_forward(data, field & 15).ravel()) + tail, compressor)
+        for how, field, data in tries
     ]
     return min(blobs, key=len)
 
@@ -84,19 +106,39 @@ def encode_chunk(steps, walls, values, missing=None, compressor: int | None = No
 def _forward(bits: np.ndarray, transform: int) -> np.ndarray:
     """(width, n) unsigned bit patterns, each row transformed along time (wrapping integer arithmetic)."""
     first = np.zeros((bits.shape[0], 1), bits.dtype)
-    if transform == T_XOR:
-        return bits ^ np.concatenate([first, bits[:, :-1]], axis=1)
     with np.errstate(over="ignore"):
-        return np.diff(np.diff(bits, axis=1, prepend=first), axis=1, prepend=first)
+        if transform == T_NONE:
+            return bits
+        if transform == T_XOR:
+            return bits ^ np.concatenate([first, bits[:, :-1]], axis=1)
+        if transform == T_DOD:
+            return np.diff(np.diff(bits, axis=1, prepend=first), axis=1, prepend=first)
+        if transform == T_DEC_DOD:
+            return _zigzag_any(np.diff(np.diff(bits, axis=1, prepend=first), axis=1, prepend=first))
+        if transform == T_DEC_DELTA:
+            return _zigzag_any(np.diff(bits, axis=1, prepend=first))
+        out = bits - bits[:, :1]  # T_FOR, T_DEC_FOR: offsets from the slot's first value, which stays itself
+        out[:, :1] = bits[:, :1]
+        return _zigzag_any(out)
 
 
 def _inverse(bits: np.ndarray, transform: int) -> np.ndarray:
-    if transform == T_XOR:
-        return np.bitwise_xor.accumulate(bits, axis=1)
-    if transform == T_DOD:
-        with np.errstate(over="ignore"):
+    with np.errstate(over="ignore"):
+        if transform == T_XOR:
+            return np.bitwise_xor.accumulate(bits, axis=1)
+        if transform == T_DOD:
             return np.cumsum(np.cumsum(bits, axis=1, dtype=bits.dtype), axis=1, dtype=bits.dtype)
-    return bits
+        if transform == T_DEC_DOD:
+            return np.cumsum(np.cumsum(_unzigzag_any(bits), axis=1, dtype=bits.dtype), axis=1, dtype=bits.dtype)
+        if transform == T_DEC_DELTA:
+            return np.cumsum(_unzigzag_any(bits), axis=1, dtype=bits.dtype)
+        if transform in (T_FOR, T_DEC_FOR):
+            out = _unzigzag_any(bits)
+            out[:, 1:] += out[:, :1]
+            return out
+    if transform == T_NONE:
+        return bits
+    raise Corrupt(f"unknown value transform {transform}")
 
 
 def decode_chunk(blob: bytes) -> tuple:
@@ -113,8 +155,11 @@ def decode_chunk(blob: bytes) -> tuple:
     steps = _undod(_unzigzag(_unshuffle(body[: 8 * n], 8)))
     walls = None if flags & CLOCK else _undod(_unzigzag(_unshuffle(body[8 * n : 16 * n], 8))).view("<f8")
     end = start + size * n * width
-    bits = _inverse(_unshuffle(body[start:end], size).reshape(width, n), transform)
-    values = bits.view("<f4").astype(np.float64) if size == 4 else bits.view("<f8")
+    bits = _inverse(_unshuffle(body[start:end], size).reshape(width, n), transform & 15)
+    if transform & 15 in DEC_TRANSFORMS:
+        values = decimal.restore(bits.view("<i8"), (transform >> 4) & 31, transform >> 9)
+    else:
+        values = bits.view("<f4").astype(np.float64) if size == 4 else bits.view("<f8")
     missing = None
     if flags & MISSING:
         missing = np.unpackbits(np.frombuffer(body[end:], np.uint8), count=n * width).reshape(width, n).T != 0
@@ -129,22 +174,48 @@ def encode_array(data: np.ndarray, compressor: int | None = None) -> bytes:
         raise ValueError(f"a summary array has at most 16 rows, not {rows}")
     with np.errstate(all="ignore"):  # values past float32's range simply stay float64
         exact = (data.astype("<f4").astype("<f8").view("<i8") == data.view("<i8")).all(axis=1)
+    absent = (data.view("<i8") == np.float64(ABSENT_VALUE).view("<i8")).all(axis=1)
+    exact &= ~absent
     mask = int(np.dot(exact, 1 << np.arange(rows)))
-    parts = [_shuffle(data[exact].astype("<f4").ravel()), _shuffle(data[~exact].ravel())]
-    return _seal(ARRAY, 0, mask, rows, width, b"".join(parts), compressor)
+    palettes = _palettes(data, exact | absent) if width >= PALETTE_WIDTH else []
+    plain = ~exact & ~absent
+    plain[[r for r, _ in palettes]] = False
+    flags, parts = 0, []
+    if absent.any():  # a scalar's NaN/inf step rows and their walls: 24 of a block's ~77 bytes
+        flags |= ABSENT
+        parts.append(struct.pack("<H", int(np.dot(absent, 1 << np.arange(rows)))))
+    if palettes:
+        flags |= PALETTE
+        parts.append(struct.pack("<H", sum(1 << r for r, _ in palettes)))
+    parts += [_shuffle(data[exact].astype("<f4").ravel()), _shuffle(data[plain].ravel())]
+    for _row, (distinct, index) in palettes:
+        parts += [bytes([len(distinct) - 1]), _shuffle(distinct), index.astype(np.uint8).tobytes()]
+    return _seal(ARRAY, flags, mask, rows, width, b"".join(parts), compressor)
+
+
+PALETTE_WIDTH = 32  # arrays this wide may keep rows as palettes (a vector's summary; heat rows are float32)
+
+
+def _palettes(data: np.ndarray, exact: np.ndarray) -> list:
+    """(row, (distinct bit patterns, index of each slot's)) of the float64 rows with at most 256 distinct
+    values: a summary's wall times, shared by every layer of a step (a block of 16 steps has 16)."""
+    out = []
+    for row in np.flatnonzero(~exact):
+        distinct, index = np.unique(data[row].view("<u8"), return_inverse=True)
+        if len(distinct) <= 256 and 8 * len(distinct) < 4 * data.shape[1]:
+            out.append((int(row), (distinct, index)))
+    return out
 
 
 def decode_array(blob: bytes) -> np.ndarray:
     """``encode_array``'s input back, (rows, width) float64."""
-    kind, _flags, mask, rows, width, body = _open(blob)
-    exact = (mask >> np.arange(rows)) & 1 == 1
-    n32 = int(exact.sum())
-    if kind != ARRAY or len(body) != width * (4 * n32 + 8 * (rows - n32)):
+    kind, flags, mask, rows, width, body = _open(blob)
+    if kind != ARRAY:
+        raise Corrupt("not an array blob")
+    block = _group([body], mask, *_layout(body, flags, mask, rows, width), rows, width, None)
+    if block is None:
         raise Corrupt("rollup blob does not match its header")
-    out = np.empty((rows, width))
-    out[exact] = _unshuffle(body[: 4 * n32 * width], 4).view("<f4").reshape(n32, width)
-    out[~exact] = _unshuffle(body[4 * n32 * width :], 8).view("<f8").reshape(rows - n32, width)
-    return out
+    return block[0]
 
 
 def decode_arrays(blobs: list, rows: int, width: int, slot: int | None = None) -> np.ndarray | None:
@@ -172,27 +243,78 @@ def decode_arrays(blobs: list, rows: int, width: int, slot: int | None = None) -
             packed = view[size : len(blob) - (flags >> 5)]
             how = flags & 3
             body = inflate(packed) if how == ZSTD and inflate else _decompress(packed, how)
-            group = groups.get(mask)
+            key = (
+                (mask, 0, 0, 0, ())
+                if not flags & (ABSENT | PALETTE)
+                else (mask, *_layout(body, flags, mask, rows, width))
+            )
+            group = groups.get(key)
             if group is None:
-                group = groups[mask] = ([], [])
+                group = groups[key] = ([], [])
             group[0].append(i)
             group[1].append(body)
     except (Corrupt, *_DECOMPRESS_ERRORS):
         return None
-    for mask, (index, bodies) in groups.items():
-        exact = (mask >> np.arange(rows)) & 1 == 1
-        n32 = int(exact.sum())
-        size = width * (4 * n32 + 8 * (rows - n32))
-        if any(len(b) != size for b in bodies):
+    for (mask, *layout), (index, bodies) in groups.items():
+        block = _group(bodies, mask, *layout, rows, width, slot)
+        if block is None:
             return None
-        raw = np.frombuffer(b"".join(bodies), np.uint8).reshape(len(bodies), size)
-        block = np.empty((len(bodies), rows, cols))
-        block[:, exact] = _planes(raw, 0, 4, n32, width, slot).view("<f4").reshape(len(bodies), n32, cols)
-        block[:, ~exact] = (
-            _planes(raw, 4 * n32 * width, 8, rows - n32, width, slot).view("<f8").reshape(len(bodies), rows - n32, cols)
-        )
         out[index] = block
     return out
+
+
+def _layout(body: bytes, flags: int, mask: int, rows: int, width: int) -> tuple:
+    """(where the shuffled rows start, absent rows' mask, palette rows' mask, each palette's size) of an
+    array body (plain integers: a chart runs this for ~1,000 blobs); blobs alike decode together."""
+    pos = amask = pmask = 0
+    if len(body) < 2 * bool(flags & ABSENT) + 2 * bool(flags & PALETTE):
+        raise Corrupt("rollup blob too short for its row masks")
+    if flags & ABSENT:
+        (amask,), pos = struct.unpack_from("<H", body, pos), pos + 2
+    if flags & PALETTE:
+        (pmask,), pos = struct.unpack_from("<H", body, pos), pos + 2
+    start, full = pos, (1 << rows) - 1
+    if amask & mask or pmask & mask or amask & pmask or (amask | pmask) & ~full:
+        raise Corrupt("rollup blob's row masks do not match its header")
+    pos += width * (4 * bin(mask & full).count("1") + 8 * bin(~(mask | pmask | amask) & full).count("1"))
+    counts = []
+    for _row in range(bin(pmask).count("1")):
+        if pos >= len(body):
+            raise Corrupt("rollup blob's palettes are cut short")
+        counts.append(body[pos] + 1)
+        pos += 1 + 8 * counts[-1] + width
+    if pos != len(body):
+        raise Corrupt("rollup blob's palettes do not match its header")
+    return start, amask, pmask, tuple(counts)
+
+
+def _group(bodies: list, mask: int, start: int, amask: int, pmask: int, counts: tuple, rows: int, width: int, slot):
+    """(k, rows, cols) of array bodies with one layout, in a few numpy passes; None if they do not add up."""
+    exact = (mask >> np.arange(rows)) & 1 == 1
+    pal = (pmask >> np.arange(rows)) & 1 == 1
+    absent = (amask >> np.arange(rows)) & 1 == 1
+    plain = ~exact & ~pal & ~absent
+    n32, n64 = int(exact.sum()), int(plain.sum())
+    size = start + width * (4 * n32 + 8 * n64) + sum(1 + 8 * c + width for c in counts)
+    if any(len(b) != size for b in bodies):
+        return None
+    k, cols = len(bodies), width if slot is None else 1
+    raw = np.frombuffer(b"".join(bodies), np.uint8).reshape(k, size)
+    block = np.empty((k, rows, cols))
+    block[:, absent] = ABSENT_VALUE
+    block[:, exact] = _planes(raw, start, 4, n32, width, slot).view("<f4").reshape(k, n32, cols)
+    start += 4 * n32 * width
+    block[:, plain] = _planes(raw, start, 8, n64, width, slot).view("<f8").reshape(k, n64, cols)
+    start += 8 * n64 * width
+    for row, count in zip(np.flatnonzero(pal).tolist(), counts):
+        distinct = _interleave(raw[:, start + 1 : start + 1 + 8 * count].reshape(k, 8, count), 1).view("<f8")[..., 0]
+        at = start + 1 + 8 * count
+        index = raw[:, at : at + width] if slot is None else raw[:, at + slot : at + slot + 1]
+        if (index >= count).any():
+            return None
+        block[:, row] = np.take_along_axis(distinct, index.astype(np.intp), axis=1)
+        start = at + width
+    return block
 
 
 def _planes(raw: np.ndarray, start: int, size: int, nrows: int, width: int, slot: int | None) -> np.ndarray:
@@ -201,7 +323,18 @@ def _planes(raw: np.ndarray, start: int, size: int, nrows: int, width: int, slot
     section = raw[:, start : start + size * count].reshape(len(raw), size, count)
     if slot is not None:
         section = section[:, :, slot::width]  # the column's value in every row, each byte plane
-    return np.ascontiguousarray(section.transpose(0, 2, 1))
+    return _interleave(section, 1)
+
+
+def _interleave(planes: np.ndarray, axis: int) -> np.ndarray:
+    """Byte planes along ``axis`` back into values (a last axis of bytes): one strided copy per plane,
+    ~3x faster than a transposing copy of a byte array (what numpy does one byte at a time)."""
+    size = planes.shape[axis]
+    moved = np.moveaxis(planes, axis, 0)
+    out = np.empty((*moved.shape[1:], size), np.uint8)
+    for j in range(size):
+        out[..., j] = moved[j]
+    return out
 
 
 def has_header(blob: bytes, kind: int, rows: int, width: int) -> bool:
@@ -308,6 +441,17 @@ def _unzigzag(u: np.ndarray) -> np.ndarray:
     return ((u >> np.uint64(1)) ^ (np.uint64(0) - (u & np.uint64(1)))).view("<i8")
 
 
+def _zigzag_any(u: np.ndarray) -> np.ndarray:
+    """``_zigzag`` of unsigned bit patterns of any width, read as signed (small offsets either way: small)."""
+    s = u.view(f"<i{u.dtype.itemsize}")
+    return ((s << 1) ^ (s >> (8 * u.dtype.itemsize - 1))).view(u.dtype)
+
+
+def _unzigzag_any(u: np.ndarray) -> np.ndarray:
+    one = u.dtype.type(1)
+    return (u >> one) ^ (u.dtype.type(0) - (u & one))
+
+
 def _shuffle(a: np.ndarray) -> bytes:
     """Byte planes: every value's first byte, then every second byte, ..."""
     return np.ascontiguousarray(a.view(np.uint8).reshape(-1, a.dtype.itemsize).T).tobytes()
@@ -315,4 +459,4 @@ def _shuffle(a: np.ndarray) -> bytes:
 
 def _unshuffle(body: bytes, size: int) -> np.ndarray:
     planes = np.frombuffer(body, dtype=np.uint8).reshape(size, -1)
-    return np.ascontiguousarray(planes.T).view(f"<u{size}").ravel()
+    return _interleave(planes, 0).view(f"<u{size}").ravel()
