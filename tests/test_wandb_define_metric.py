@@ -84,4 +84,9 @@ def test_run_page_draws_a_defined_metric_against_its_step_metric(server, page, t
         zip(page.locator("#run-summary dt").all_inner_texts(), page.locator("#run-summary dd").all_inner_texts())
     )
     assert float(summary["val/acc"]) == pytest.approx(0.8)
+    page.goto(f"{server.url}/?cols=summary.val/loss,summary.val/loss.last")  # the runs table's columns
+    cell = page.locator("td[data-col='summary.val/loss']").first
+    cell.wait_for(timeout=30000)
+    assert float(cell.inner_text()) == pytest.approx(0.5)  # define_metric's min
+    assert float(page.locator("td[data-col='summary.val/loss.last']").first.inner_text()) == pytest.approx(0.7)
     assert not page.js_errors
