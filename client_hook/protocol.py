@@ -62,7 +62,11 @@ CLOSE_RUN_DELETED = 4003  # with {"type": "error", "code": "run_deleted"}: stop 
 VECTOR_F64 = "vector_f64"  # a vector may travel as {"f64": base64 of little-endian float64, "missing": [i]}
 COLUMNS = "columns"  # a batch may carry "columns" (one packed array per key) instead of "records"
 MEDIA = "media"  # a batch may carry "media": histograms, images, tables and text (see MEDIA_KINDS)
-SERVER_FEATURES = [VECTOR_F64, COLUMNS, MEDIA]
+RUN_EVENTS = "run_events"  # a batch's events may be RUN_EVENT_TYPES (W&B's run.summary, config updates, define_metric)
+SERVER_FEATURES = [VECTOR_F64, COLUMNS, MEDIA, RUN_EVENTS]
+# {"type": "summary", "set": {key: value}, "remove": [key]}, {"type": "config", "config": {changes}},
+# {"type": "meta", "meta": {changes}}: a server without RUN_EVENTS refuses them (a client holds them back).
+RUN_EVENT_TYPES = ("summary", "config", "meta")
 # "media" entries: {"step": int, "t": float, "key": str, "kind": one of MEDIA_KINDS, "value": {...}} where value is
 # histogram {"lo", "hi", "counts": [int]} or {"edges": [n + 1], "counts": [n]}, plus "nan", "inf", "ninf" counts;
 # image {"images": [{"png": base64, "width", "height", "caption"?}]}; table {"columns": [str], "rows": [[cell]]}

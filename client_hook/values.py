@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from gradwatch import protocol
+from gradwatch.delivery.run_events import HeldRunEvents
 
 
 class Deferred:
@@ -117,12 +118,13 @@ class Encoder:
         self.media = media  # a gradwatch.media.outgoing.Outbound: encodes ("media", ...) items
         self.layouts: dict[str, list[str]] = {}  # every vector layout seen (repeated in each hello)
         self.frame_limit = MAX_FRAME_BYTES  # lowered to fit a server that accepts less (its welcome says)
+        self.held = HeldRunEvents()  # run events a server without "run_events" would refuse (delivery/run_events.py)
 
     def encode(self, items: list, next_seq: int, features: set, events: list = ()) -> list[tuple[int, bytes, int]]:
         """Batches for ``items`` numbered from ``next_seq``: [(seq, text, record count)]."""
         out: list = []
         chunks = list(_chunks(items))
-        if events:  # extra sender events (a data gap) ride with the first batch
+        if events or self.held.ready(features):  # extra sender events (a data gap) ride with the first batch
             chunks = chunks or [[]]
             chunks[0] = [("event", e) for e in events] + chunks[0]
         seq = next_seq
@@ -171,7 +173,7 @@ class Encoder:
         if media and self.media is not None:
             media, gaps = self.media.encode(media, features)
             events += gaps
-        return plain, layouts, events, media
+        return plain, layouts, self.held.route(events, features), media
 
     def _plain(self, item: tuple, resolved: dict) -> tuple:
         _, step, wall, scalars, vectors = item

@@ -49,6 +49,7 @@ class Services:
                     settings.media_max_item_bytes,
                     settings.media_max_table_rows,
                     settings.media_max_bins,
+                    frozenset(settings.announced_features),
                 ),
             ),
             settings.alert_overrides,

@@ -12,6 +12,7 @@ from pathlib import Path
 from gradwatch.contract import MAX_KEYS_PER_RUN, MAX_LAYERS
 from gradwatch.media.limits import MAX_BINS as MEDIA_BINS
 from gradwatch.media.limits import MAX_TABLE_ROWS as MEDIA_TABLE_ROWS
+from gradwatch.protocol import SERVER_FEATURES
 
 
 def default_db_url() -> str:
@@ -133,6 +134,14 @@ SETTINGS: list[Setting] = [
     Setting("media_max_table_rows", MEDIA_TABLE_ROWS, "Most rows in one logged table.", int),
     Setting("media_max_bins", MEDIA_BINS, "Most bins in one logged histogram.", int),
     Setting(
+        "wire_features",
+        "",
+        "Optional wire-protocol features announced to clients, comma-separated (empty: all this server has: "
+        + ", ".join(SERVER_FEATURES)
+        + "). Naming fewer makes the server take only what a release with just those took (to try a client "
+        "against an older server).",
+    ),
+    Setting(
         "max_buffered_bytes", 64 << 20, "Most bytes of not-yet-committed batches held for one ingest connection.", int
     ),
     Setting(
@@ -227,6 +236,12 @@ class _Settings:
         return json.loads(self.alerts) if self.alerts else {}
 
     @property
+    def announced_features(self) -> list[str]:
+        """The ``wire_features`` setting as a list (validated in ``validate``); every feature when empty."""
+        named = [f.strip() for f in self.wire_features.split(",") if f.strip()]
+        return [f for f in SERVER_FEATURES if f in named] if named else list(SERVER_FEATURES)
+
+    @property
     def allowed_host_names(self) -> frozenset[str]:
         """The ``allowed_hosts`` names, lower-cased, ports dropped."""
         return frozenset(strip_port(h.strip()).lower() for h in self.allowed_hosts.split(",") if h.strip())
@@ -258,6 +273,11 @@ class _Settings:
             raise ValueError("webhook must be an http(s) URL")
         if self.workers < 1:
             raise ValueError(f"workers must be >= 1, got {self.workers}")
+        unknown = {f.strip() for f in self.wire_features.split(",") if f.strip()} - set(SERVER_FEATURES)
+        if unknown:
+            raise ValueError(
+                f"wire_features: unknown {', '.join(sorted(unknown))} (known: {', '.join(SERVER_FEATURES)})"
+            )
         for name in LIMITS:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -196,3 +196,23 @@ def test_small_cpu_histograms_binned_together_match_one_by_one():
         one = bin_tensor(torch, t, 16).tolist()
         assert row[:5] == pytest.approx(one[:5]) and sum(row[5:]) == sum(one[5:])
         assert sum(abs(a - b) for a, b in zip(row[5:], one[5:])) <= 2  # float32 rounding at bin edges only
+
+
+def test_a_sampled_histogram_keeps_the_shape_and_the_size_of_a_big_tensor():
+    from gradwatch.media.histogram import RUN
+
+    torch.manual_seed(0)
+    big = torch.randn(300_000, requires_grad=True)  # a parameter: CPU, float32, requires grad
+    full = Histogram(big.detach().numpy().copy(), num_bins=16).to_wire()  # every value
+    sampled = Histogram(big, num_bins=16, sample=4096).to_wire()
+    k = sampled["sampled"]
+    assert k == -(-300_000 // 4096)
+    assert 300_000 - k * RUN <= sum(sampled["counts"]) <= 300_000  # counts scaled back to the tensor's size
+    assert full["lo"] <= sampled["lo"] < -3 and 3 < sampled["hi"] <= full["hi"]
+    share = np.array(sampled["counts"]) / sum(sampled["counts"])
+    values = big.detach().numpy()
+    truth = np.histogram(values, bins=16, range=(sampled["lo"], sampled["hi"]))[0] / values.size  # the same bins
+    assert np.abs(share - truth).max() < 0.03  # the sample has the tensor's shape
+    as_int = Histogram(torch.arange(300_000, dtype=torch.int64), num_bins=4, sample=4096).to_wire()  # the torch path
+    assert as_int["sampled"] == k and 300_000 - k * RUN <= sum(as_int["counts"]) <= 300_000
+    assert max(as_int["counts"]) - min(as_int["counts"]) <= 2 * k * RUN  # evenly spread over the whole tensor

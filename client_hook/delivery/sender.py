@@ -73,6 +73,7 @@ class Sender(threading.Thread):
         # run.json also names the server the run was meant for (older runs' spools go only there).
         self.outbox = outbox or Outbox(spool_dir, max_memory_bytes, {**run_info, "server": server})
         self.encoder = Encoder(inspect, Outbound())  # encoder.media: the run's media budget (gradwatch.media.outgoing)
+        self.encoder.held.say = lambda text: self.notify("old-server-events", text)
         self.quiet = False  # sync prints its own summary
         self.on_connected = None  # called once, on its own thread, after the first welcome
         self._told: set[str] = set()
@@ -223,7 +224,8 @@ class Sender(threading.Thread):
         self.join(timeout=3.0)
         if self._drain_lock.acquire(timeout=2.0):  # the thread may be stuck inside a drain
             try:
-                while self._queue and not self.link.deleted:
+                self.encoder.held.flush_unknown = True  # never welcomed: the spool keeps them for `gradwatch sync`
+                while (self._queue or self.encoder.held.ready(self.features)) and not self.link.deleted:
                     self._drain_locked()
             finally:
                 self._drain_lock.release()
@@ -280,7 +282,7 @@ class Sender(threading.Thread):
                 self._wait(self.flush_interval)
 
     def _work(self) -> bool:
-        return bool(self._queue) or bool(self._gaps)
+        return bool(self._queue) or bool(self._gaps) or self.encoder.held.ready(self.features)
 
     def _backlog(self) -> bool:
         return self._put_bytes - self._taken_bytes > TARGET_BATCH_BYTES

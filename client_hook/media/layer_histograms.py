@@ -5,9 +5,9 @@ Each parameter gets a post-accumulate-grad hook: when its gradient is complete (
 it, before any clipping) on a sampled backward pass, its gradient and/or weight is captured as a
 ``Histogram`` (a device tensor binned on its device, a CPU one copied and binned on the sender
 thread): no host-device sync, and nothing but a counter on the passes that are not sampled. A
-parameter of more than ``SAMPLE`` values is binned from an evenly strided sample of them (counts
-scaled back): the shape of the distribution for a small fixed cost; a lone NaN may fall between the
-samples, and the gradient norms (which read every value) raise the NaN alerts.
+parameter of more than ``SAMPLE`` values is binned from a sample of them (evenly spaced runs of
+consecutive values, counts scaled back): the shape of the distribution for a small fixed cost; a
+lone NaN may fall outside the sample, and the gradient norms (which read every value) raise the NaN alerts.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ GRAD_PREFIX = "gradients/"  # W&B's names: gradients/<parameter>, parameters/<pa
 PARAM_PREFIX = "parameters/"
 WHICH = {"gradients": ("grad",), "parameters": ("param",), "all": ("grad", "param")}
 MAX_PARAMETERS = 256  # parameters histogrammed per model (the largest first past that): bounds bytes per step
-SAMPLE = 4096  # values binned per parameter: an evenly strided sample of bigger ones (the 5 % budget, #29)
+SAMPLE = 4096  # values binned per parameter: a sample of bigger ones (the 5 % budget, #29)
 
 
 class LayerHistograms:

@@ -22,14 +22,14 @@ import { isHookMetric, isMetric, metricCard, metricSection } from "./run/metrics
 import { renderRanks } from "./run/ranks.js";
 import { mountSections } from "./run/sections.js";
 import { mountSignals } from "./run/signals.js";
-import { offerKeys, seriesAgainst, xAt, xKeyOf } from "./run/xaxis.js";
+import { axisOf, joinByStep, offerKeys, seriesAgainst, xAt, xKeyOf } from "./run/xaxis.js";
 
 const RUN_ID = Number(location.pathname.split("/").pop());
 const S = {
   run: null,
   keys: [],
   series: {},
-  against: {}, // key -> its series against the chosen x key (run_xaxis.js), for that x key only
+  against: {}, // key -> its series against the chosen x key (run/xaxis.js), for that x key only
   alerts: [],
   buffer: new LoadBuffer(), // live messages that arrive while load() fetches
   dirty: {},
@@ -43,6 +43,7 @@ const MEDIA = mountMedia($("media"), RUN_ID); // histograms, images, tables, run
 
 const WATCH_HINT = (what) => `No ${what} yet. run.watch(model, optimizer) records it at every optimizer step.`;
 const xMode = () => $("x-mode").value;
+const modeOf = (c) => axisOf(xMode(), S.run, c.metricKey); // a chart's axis: the page's, or its key's own
 const X_TITLE = (mode) => xKeyOf(mode) ?? (mode === "relative" ? "seconds" : "");
 const CHARTS = {}; // name -> {keys(allKeys), chart, box}; the fixed four, then one per logged metric
 
@@ -75,13 +76,13 @@ function addChart(name, div, box, note, spec) {
   c.chart = new LiveChart(
     div,
     Object.assign(
-      { t0: () => S.t0, redraw: () => c.chart.render(entriesFor(c), xMode()), xTitle: X_TITLE },
+      { t0: () => S.t0, redraw: () => c.chart.render(entriesFor(c), modeOf(c)), xTitle: X_TITLE },
       logOpt,
       spec,
       { onAxis },
     ),
   );
-  box.addEventListener("change", () => c.chart.render(entriesFor(c), xMode()));
+  box.addEventListener("change", () => c.chart.render(entriesFor(c), modeOf(c)));
   CHARTS[name] = c;
   return c;
 }
@@ -119,16 +120,21 @@ function ensureMetricChart(key) {
   if (!isMetric(key) || CHARTS["m:" + key]) return;
   const card = metricCard(key, RUN_ID);
   metricSection($(isHookMetric(key) ? "system-metrics" : "metrics"), key).append(card.root);
-  addChart("m:" + key, card.chart, card.box, card.note, { keys: () => [key], empty: "No points yet.", scalars: true });
+  const spec = { keys: () => [key], empty: "No points yet.", scalars: true, metricKey: key };
+  addChart("m:" + key, card.chart, card.box, card.note, spec);
 }
 
-// With a key as x axis, the charts draw the series aligned to it (S.against), else the raw ones.
-const held = (k) => (xKeyOf(xMode()) ? S.against[k] : S.series[k]);
+// With a key as x axis, the charts draw the series aligned to it (S.against), a chart on its key's own
+// step_metric the series joined to that key's values by step, else the raw ones.
+const held = (k, c) => {
+  if (modeOf(c) !== xMode()) return S.series[k] && joinByStep(S.series[k], S.series[modeOf(c)]);
+  return xKeyOf(xMode()) ? S.against[k] : S.series[k];
+};
 const entriesFor = (c) => {
   const entries = c
     .keys(S.keys)
-    .filter((k) => held(k))
-    .map((k, i) => ({ label: c.label ? c.label(k) : k, series: held(k), color: PALETTE[i % PALETTE.length] }));
+    .filter((k) => held(k, c))
+    .map((k, i) => ({ label: c.label ? c.label(k) : k, series: held(k, c), color: PALETTE[i % PALETTE.length] }));
   return c.sameAsOne ? mergeIdentical(entries) : entries;
 };
 
@@ -177,10 +183,13 @@ async function load() {
     offerKeys($("x-mode"), keys);
     // The memory breakdown's parts are fetched too: they are on the page from the first draw, not
     // only once a live memory point arrives.
-    const wanted = new Set([
-      ...Object.values(CHARTS).flatMap((c) => c.keys(keys)),
-      ...MEMORY_KEYS.filter((k) => keys.includes(k)),
-    ]);
+    const wanted = new Set(
+      [
+        ...Object.values(CHARTS).flatMap((c) => c.keys(keys)),
+        ...MEMORY_KEYS.filter((k) => keys.includes(k)),
+        ...Object.values(run.defined_metrics || {}).map((d) => d.step_metric), // define_metric's x axes
+      ].filter((k) => keys.includes(k)),
+    );
     S.series = await firstSeries;
     // Sketched at once (quickchart.js) while Plotly starts up (1-2 s) and the other series arrive.
     sketchFirst();
@@ -209,6 +218,7 @@ async function load() {
 function sketchFirst() {
   if (window.Plotly || xMode() !== "step") return;
   for (const n of FIRST) {
+    if (modeOf(CHARTS[n]) !== "step") continue; // drawn against its define_metric step_metric: Plotly's
     const c = CHARTS[n],
       entries = entriesFor(c);
     const y =
@@ -231,7 +241,7 @@ function renderText() {
 // loss, gradient norm and LR charts (on a step axis; a key axis waits for its aligned series).
 function renderFirst() {
   renderText();
-  if (!xKeyOf(xMode())) for (const n of FIRST) CHARTS[n].chart.render(entriesFor(CHARTS[n]), xMode());
+  if (!xKeyOf(xMode())) for (const n of FIRST) CHARTS[n].chart.render(entriesFor(CHARTS[n]), modeOf(CHARTS[n]));
   // Per-layer norms are keys grad/<layer>: without any, say so rather than ask for a heatmap (a 404).
   if (!HEAT.zoomed) {
     if (S.keys.some((k) => k.startsWith(KEYS.GRAD_PREFIX) && !GNORMS.includes(k) && !k.startsWith(MODEL_NORM)))
@@ -256,7 +266,7 @@ async function onXMode() {
 }
 
 function renderAll() {
-  for (const c of Object.values(CHARTS)) c.chart.render(entriesFor(c), xMode());
+  for (const c of Object.values(CHARTS)) c.chart.render(entriesFor(c), modeOf(c));
   renderAlertLines();
   renderMemoryBreakdown($("memory-breakdown"), S.series);
   renderLrFind($("lr-find"), S);
@@ -286,11 +296,12 @@ function renderAlertList() {
 async function zoomTo(step) {
   if (xMode() !== "step") {
     $("x-mode").value = "step";
-    renderAll();
+    await onXMode();
   }
   const lo = Math.max(0, step - 50),
     hi = step + 50;
-  for (const c of Object.values(CHARTS)) if (c.chart.drawn) Plotly.relayout(c.chart.div, { "xaxis.range": [lo, hi] });
+  for (const c of Object.values(CHARTS))
+    if (c.chart.drawn && modeOf(c) === "step") Plotly.relayout(c.chart.div, { "xaxis.range": [lo, hi] });
   if (HEAT.loaded) {
     HEAT.zoomed = [lo, hi];
     HEAT.load(HEAT.zoomed);
@@ -442,7 +453,10 @@ function flush() {
     for (const c of Object.values(CHARTS)) {
       const entries = entriesFor(c),
         from = freshOf(entries, fresh);
-      if (entries.some((e) => (e.keys || [e.label]).some((k) => redraw.has(k)))) c.chart.render(entries, xMode());
+      if (modeOf(c) !== xMode()) {
+        if (fresh[c.metricKey] !== undefined || fresh[modeOf(c)] !== undefined) c.chart.render(entries, modeOf(c));
+      } else if (entries.some((e) => (e.keys || [e.label]).some((k) => redraw.has(k))))
+        c.chart.render(entries, xMode());
       else if (entries.some((e) => from[e.label] !== undefined)) c.chart.extend(entries, from, xMode());
     }
   renderMemoryBreakdown($("memory-breakdown"), S.series);
@@ -463,7 +477,7 @@ async function refetchLate() {
   S.late.clear();
   for (const k of keys) {
     S.series[k] = await fetchSeries(RUN_ID, k, "max_points=" + MAX_POINTS);
-    for (const c of Object.values(CHARTS)) if (c.keys(S.keys).includes(k)) c.chart.render(entriesFor(c), xMode());
+    for (const c of Object.values(CHARTS)) if (c.keys(S.keys).includes(k)) c.chart.render(entriesFor(c), modeOf(c));
   }
 }
 
@@ -471,8 +485,8 @@ async function refetchLate() {
 function attachZoom(c) {
   const div = c.chart.div;
   div.on("plotly_relayout", async (ev) => {
-    if (xMode() !== "step" || c.ignoreRelayout) return;
-    if (ev["xaxis.autorange"]) return c.chart.render(entriesFor(c), xMode());
+    if (modeOf(c) !== "step" || c.ignoreRelayout) return;
+    if (ev["xaxis.autorange"]) return c.chart.render(entriesFor(c), modeOf(c));
     const [lo, hi] = xRange(ev);
     if (lo === undefined || hi === undefined) return;
     const q = `start=${Math.floor(lo)}&end=${Math.ceil(hi)}&max_points=${MAX_POINTS}`;

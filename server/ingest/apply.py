@@ -29,6 +29,7 @@ from gradwatch_server.ingest.limits import cap_alert_events
 from gradwatch_server.rules import policy as project_rules
 from gradwatch_server.storage import chunks, db, rollup_writes, summaries
 from gradwatch_server.storage.blocks.clock import Clock
+from gradwatch_server.storage.media import defined
 from gradwatch_server.storage.prepared import Prepared
 
 
@@ -56,6 +57,7 @@ class RunState:
     alerts: AlertBook | None = None
     media_bytes: int | None = None  # media the run holds (ingest/media.py), summed on first use
     clock: Clock | None = None  # the run's step -> wall time (storage/blocks/clock.py), loaded at first use
+    definitions: dict = field(default_factory=dict)  # define_metric's (storage/media/defined.py), from meta.metrics
 
     def run_clock(self, conn) -> Clock:
         if self.clock is None:
@@ -77,6 +79,7 @@ def load_state(conn, run_id: int) -> RunState:
     ).one()
     th, policy = project_rules.for_run(conn, project, _loads(cfg))  # the run's own alerts= win over the project's
     state.monitor = health.Monitor(health.thresholds(th), meta=_loads(meta), policy=policy)
+    state.definitions = defined.of_meta(_loads(meta))
     state.alerts = AlertBook.load(conn, run_id)
     _replay_recent(conn, state)
     return state
@@ -179,7 +182,9 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
     summaries.record(conn, state.run_id, stored)  # last/min/max per key, one upsert per batch
     new_alerts = _observe(state, batch) + state.monitor.take_updates()  # alerts follow their open episodes
     run_changes: dict = {"updated_at": now}  # last_seq: written by claim_seq, in this same transaction
+    redefined = _defines_metrics(batch)
     media_ingest.apply(conn, state, batch, limits.media)  # histograms, images, tables; summary and config events
+    _defined_summaries(conn, state, stored, redefined)
     for ev in cap_alert_events(batch.events, state.alerts.rows, batch.problems):
         try:
             new_alerts += _apply_event(state, ev, run_changes)
@@ -212,6 +217,26 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
         "last_step": run_changes.get("last_step"),
         "refused": "; ".join(batch.problems)[:2000] or None,
     }
+
+
+def _defines_metrics(batch: Batch) -> bool:
+    """Whether the batch carries a ``define_metric`` (a meta event with ``metrics``)."""
+    return any(
+        isinstance(e, dict) and e.get("type") == "meta" and isinstance(e.get("meta"), dict) and "metrics" in e["meta"]
+        for e in batch.events
+    )
+
+
+def _defined_summaries(conn, state: RunState, stored: dict, redefined: bool) -> None:
+    """define_metric's summaries of the batch's keys (of every key when the definitions changed)."""
+    if redefined:
+        meta = conn.execute(select(db.runs.c.meta).where(db.runs.c.id == state.run_id)).scalar()
+        state.definitions = defined.of_meta(_loads(meta))
+        defined.materialize(conn, state.run_id, state.definitions)
+    elif state.definitions:
+        keys = [k for k, (kind, *_rest) in stored.items() if kind == "scalar"]
+        if keys:
+            defined.materialize(conn, state.run_id, state.definitions, keys)
 
 
 def refused_alert(batch: Batch) -> health.Alert:

@@ -25,7 +25,7 @@ from gradwatch_server.storage import db
 from gradwatch_server.storage.media import rows as media_store
 from gradwatch_server.storage.media import summary as run_summary
 
-RUN_EVENTS = ("summary", "config", "meta")  # the events this module takes out of a batch
+RUN_EVENTS = protocol.RUN_EVENT_TYPES  # the events this module takes out of a batch
 MAX_COLUMNS = 1000
 
 
@@ -37,6 +37,9 @@ class MediaLimits:
     item_bytes: int = 4 << 20
     table_rows: int = client_limits.MAX_TABLE_ROWS
     bins: int = client_limits.MAX_BINS
+    # the wire features this server announces (setting ``wire_features``): without MEDIA the batch's media are
+    # ignored, without RUN_EVENTS its run events are left to the other events (refused), as an older server did
+    features: frozenset = frozenset(protocol.SERVER_FEATURES)
 
 
 def apply(conn, state, batch, limits: MediaLimits) -> None:
@@ -46,7 +49,8 @@ def apply(conn, state, batch, limits: MediaLimits) -> None:
     holds (summed once, then kept; a rebuilt state sums again).
     """
     run_id = state.run_id
-    events = [e for e in batch.events if isinstance(e, dict) and e.get("type") in RUN_EVENTS]
+    takes_events = protocol.RUN_EVENTS in limits.features
+    events = [e for e in batch.events if takes_events and isinstance(e, dict) and e.get("type") in RUN_EVENTS]
     if events:
         batch.events = [e for e in batch.events if not (isinstance(e, dict) and e.get("type") in RUN_EVENTS)]
         for ev in events:
@@ -54,7 +58,7 @@ def apply(conn, state, batch, limits: MediaLimits) -> None:
                 _run_event(conn, run_id, ev)
             except (protocol.ProtocolError, TypeError, ValueError) as exc:
                 batch.problems.append(f"{ev.get('type')} event: {exc}")
-    if not batch.media:
+    if not batch.media or protocol.MEDIA not in limits.features:
         return
     held = state.media_bytes
     if held is None:

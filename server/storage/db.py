@@ -168,6 +168,7 @@ summaries = Table(  # per run and scalar key: last, min, max (with their steps),
     Column("min_step", BigInteger),
     Column("max", Float),
     Column("max_step", BigInteger),
+    Column("total", Float),  # the sum of the values but NaN (the mean); NULL: rows from before 0008, or inf - inf
     UniqueConstraint("run_id", "key", name="uq_summaries_run_key"),
 )
 

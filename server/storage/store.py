@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from gradwatch import contract, protocol
 from gradwatch_server.storage import chunks, db, series, summaries
 from gradwatch_server.storage import query as runs_query
+from gradwatch_server.storage.media import defined
 from gradwatch_server.storage.media import summary as scripted_summary
 
 
@@ -179,6 +180,7 @@ def get_run(conn, run_id: int) -> dict:
         error=json.loads(row.error) if row.error else None,
         alert_config=json.loads(row.alert_config or "{}"),
         run_summary=scripted_summary.of_runs(conn, [run_id]).get(run_id, {}),
+        defined_metrics=defined.for_run(conn, run_id, _json_dict(row.meta)),  # key -> its define_metric
         **_job(row),
         created_by=row.created_by,  # the name of the token whose connection created the run (None: before tokens)
     )

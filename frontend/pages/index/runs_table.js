@@ -19,7 +19,8 @@ export function columnValue(run, name) {
     return v === null ? undefined : v;
   }
   if (kind === "summary") {
-    const v = run.summary?.[a]?.[b];
+    // summary.<key> alone: the runs language's rule (run.summary's value, define_metric's summary, else last)
+    const v = b === "" ? (run.run_summary?.[a] ?? run.summary?.[a]?.last) : run.summary?.[a]?.[b];
     return v === null || v === undefined ? undefined : num(v);
   }
   return run[a];

@@ -10,6 +10,30 @@ const POINTS = 2000;
 // The key a mode plots against ("tokens"), or null for step, wall and relative time.
 export const xKeyOf = (mode) => (TIME.includes(mode) ? null : mode);
 
+// The axis a metric's chart is drawn on: on the page's step axis, the key's own define_metric step_metric
+// (the run's `defined_metrics`, resolved by the server) when it has one; otherwise the page's axis.
+export function axisOf(pageMode, run, key) {
+  const own = key ? run?.defined_metrics?.[key]?.step_metric : null;
+  return pageMode === "step" && own && own !== key ? own : pageMode;
+}
+
+// A series against another key's values, joined by step (W&B's step_metric): each point's x is the x key's
+// value at that step, or at its latest step before (a value logged once per epoch holds until the next).
+export function joinByStep(series, xSeries) {
+  const steps = [],
+    values = [];
+  const xs = xSeries?.steps || [];
+  let j = -1;
+  series.steps.forEach((s, i) => {
+    while (j + 1 < xs.length && xs[j + 1] <= s) j++;
+    if (j >= 0) {
+      steps.push(xSeries.values[j]);
+      values.push(series.values[i]);
+    }
+  });
+  return { steps, values, walls: [] };
+}
+
 // One option per scalar key, added as keys show up (live too); the select keeps the user's choice.
 export function offerKeys(select, keys) {
   const have = new Set([...select.options].map((o) => o.value));

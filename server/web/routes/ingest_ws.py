@@ -83,7 +83,7 @@ async def ingest(ws: WebSocket) -> None:
                     "protocol": protocol.PROTOCOL_VERSION,
                     "run_id": run_id,
                     "acked_seq": opened["acked_seq"],
-                    "features": protocol.SERVER_FEATURES,
+                    "features": services.settings.announced_features,
                     "max_frame_bytes": services.settings.max_frame_bytes,
                 }
             )
