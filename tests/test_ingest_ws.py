@@ -354,6 +354,7 @@ class _StubPipeline:
 def _stub_route(frames, **settings):
     import types
 
+    from gradwatch_server.settings import Settings
     from gradwatch_server.web.routes.ingest_ws import ingest
 
     pipeline = _StubPipeline()
@@ -361,7 +362,7 @@ def _stub_route(frames, **settings):
         pipeline=pipeline,
         engine=None,  # the open identity may write any run: the route never asks the database who made it
         liveness=types.SimpleNamespace(connect=lambda run_id: None, disconnect=lambda run_id: None),
-        settings=types.SimpleNamespace(max_buffered_bytes=64 << 20, max_frame_bytes=1 << 20, **settings),
+        settings=Settings(max_buffered_bytes=64 << 20, max_frame_bytes=1 << 20, **settings),  # the real table
     )
     hello = protocol.dumps(
         {"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "run": {"uid": "u", "project": "p"}}
