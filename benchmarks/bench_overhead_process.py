@@ -96,7 +96,11 @@ def pairs(config: str, every: int, n: int, steps: int, env: dict, cpus: str | No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 pairs of short runs, the server on the same cores (CI keeps the script working)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 pairs of short runs, the server on the same cores (CI keeps the script working)",
+    )
     parser.add_argument("--pairs", type=int, default=6)
     parser.add_argument("--steps", type=int, default=200, help="measured steps per process (after 10 warm-up)")
     parser.add_argument("--only", nargs="*", help="modes to run (watch, watch-plain, log)")
