@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -28,8 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 from server_process import ServerProcess  # noqa: E402
-
-from gradwatch_server.cli import demo  # noqa: E402
+from training import demo_healthy_runs  # noqa: E402
 
 WORKER = ROOT / "tests" / "busy_worker.py"
 
@@ -78,15 +76,7 @@ def main() -> None:
                 _workers(server.url, [(f"sweep-{s}", s, "plain") for s in seeds], args.steps)
             for h in range(args.hogwild):
                 _workers(server.url, [(f"hogwild{h}", 100 + h, "hogwild")], args.steps - 50)
-            threads = [
-                threading.Thread(target=demo.train, args=(server.url, n, o, lr, s, 300, 0.005, demo.make_model()))
-                for n, o, lr, s in demo.RUNS
-                if "ramp" not in s
-            ]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(timeout=900)
+            demo_healthy_runs(server.url, timeout=900)
         finally:
             for b in burners:
                 b.kill()

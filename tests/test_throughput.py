@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -14,11 +13,10 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
-from training import Recorder, mlp
+from training import Recorder, demo_healthy_runs, mlp
 
 from gradwatch.contract import keys
 from gradwatch.watcher import Watcher
-from gradwatch_server.cli import demo
 from gradwatch_server.health import monitor as health
 
 STEP_TIME, DATA_WAIT, SAMPLES, LOADER = keys.STEP_TIME, keys.DATA_WAIT, keys.SAMPLES_PER_SEC, keys.LOADER_WAIT
@@ -188,17 +186,9 @@ def test_healthy_runs_on_a_busy_machine_raise_no_incident(server, api):
         for pair in range(2):  # a small sweep, two at a time
             _finish([_worker(server, f"sweep-{pair}-{i}", 2 * pair + i, 250) for i in range(2)])
         _finish([_worker(server, "hogwild", 7, 200, "hogwild")])  # three processes, one shared model
-        threads = [
-            threading.Thread(target=demo.train, args=(server.url, name, opt, lr, sched, 300, 0.005, demo.make_model()))
-            for name, opt, lr, sched in demo.RUNS
-            if "ramp" not in sched
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=240)
+        healthy = demo_healthy_runs(server.url)
     runs = api.get("/api/runs?project=busy") + api.get("/api/runs?project=demo-spirals")
-    assert len(runs) == 4 + 3 + len(threads) and len(threads) == 2
+    assert len(runs) == 4 + 3 + healthy and healthy == 2
     for run in runs:
         assert api.get(f"/api/runs/{run['id']}/incidents") == [], run["name"]
         for note in api.get(f"/api/runs/{run['id']}/contention"):  # information only

@@ -254,3 +254,21 @@ def loop(run, model, opt, batch, steps, loss_fn, sched=None, clip=None, bf16=Fal
         run.log({"loss": loss.float()})
     run.finish()
     return run
+
+
+def demo_healthy_runs(server_url: str, timeout: float = 240.0, steps: int = 300) -> int:
+    """The demo's healthy runs (all but its LR ramp), at once in threads as the demo trains them; how many."""
+    import threading
+
+    from gradwatch_server.cli import demo
+
+    threads = [
+        threading.Thread(target=demo.train, args=(server_url, name, opt, lr, sched, steps, 0.005, demo.make_model()))
+        for name, opt, lr, sched in demo.RUNS
+        if "ramp" not in sched
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=timeout)
+    return len(threads)
