@@ -123,3 +123,38 @@ def test_a_batch_with_bad_media_stores_the_rest(server, api):
     assert [m["key"] for m in api.get(f"/api/runs/{run_id}/media")] == ["good"]
     assert api.get(f"/api/runs/{run_id}/tables?key=good")["text"] == "kept"
     assert any(a["kind"] == "data_refused" for a in api.get(f"/api/runs/{run_id}/alerts"))
+
+
+def test_packed_histogram_counts_are_stored_as_the_list_form_and_an_older_server_refuses_them():
+    from gradwatch.contract import wire
+
+    entry = {"step": 3, "t": 1.0, "key": "h", "kind": "histogram", "value": {"lo": -1.0, "hi": 1.0, "nan": 2}}
+    plain = media_ingest.rows_of(
+        {**entry, "value": {**entry["value"], "counts": [16, 0, 48]}}, media_ingest.MediaLimits()
+    )
+    packed_value = {**entry["value"], "counts": wire.encode_counts([1, 0, 3], 16)}
+    packed = media_ingest.rows_of({**entry, "value": packed_value}, media_ingest.MediaLimits())
+    assert packed == plain and np.frombuffer(packed[0]["body"], "<i8").tolist() == [16, 0, 48]
+    older = media_ingest.MediaLimits(features=frozenset({protocol.MEDIA}))  # wire_features without histogram_packed
+    try:
+        media_ingest.rows_of({**entry, "value": packed_value}, older)
+    except protocol.ProtocolError:
+        assert media_ingest.rows_of({**entry, "value": {**entry["value"], "counts": [16, 0, 48]}}, older) == plain
+    else:
+        raise AssertionError("a server without histogram_packed took packed counts")
+
+
+def test_sampled_histograms_travel_packed_only_where_the_server_announced_it():
+    from gradwatch.media.outgoing import Outbound
+
+    model = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.Linear(64, 3))
+    for features in (set(protocol.SERVER_FEATURES), {protocol.MEDIA}):
+        out = Outbound()
+        items = [out.item(0, f"p/{n}", Histogram(p, num_bins=16, sample=1024)) for n, p in model.named_parameters()]
+        entries, gaps = out.encode(items, features)
+        assert not gaps and len(entries) == 4
+        forms = {type(e["value"]["counts"]) for e in entries}
+        assert forms == ({dict} if protocol.HISTOGRAM_PACKED in features else {list})
+        stored = [media_ingest.rows_of(e, media_ingest.MediaLimits())[0] for e in entries]
+        sizes = [np.frombuffer(r["body"], "<i8").sum() for r in stored]
+        assert [abs(s - p.numel()) < 8 * 64 for s, p in zip(sizes, model.parameters())] == [True] * 4

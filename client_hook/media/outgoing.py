@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import time
 
-from gradwatch import values
+from gradwatch import protocol, values
 from gradwatch.media import histogram, limits
 from gradwatch.media.base import MediaValue
 from gradwatch.media.limits import MediaRefused
@@ -101,6 +101,8 @@ class Outbound:
             raise MediaRefused("a list logged under one key must hold images only")
         if kinds == {"image"}:
             body = {"images": [p.to_wire(resolved) for p in parts]}
+        elif kinds == {"histogram"}:
+            body = parts[0].to_wire(resolved, packed=bool(features) and protocol.HISTOGRAM_PACKED in features)
         else:
             body = parts[0].to_wire(resolved)
         size = sum(len(p.get("png", "")) for p in body.get("images", ())) or 256

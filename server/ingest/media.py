@@ -114,9 +114,11 @@ def _count(value, what: str) -> int:
 
 def _histogram(value: dict, limits: MediaLimits) -> tuple[str, bytes]:
     counts = value.get("counts")
-    if not isinstance(counts, list) or not 0 < len(counts) <= limits.bins:
+    if isinstance(counts, dict) and protocol.HISTOGRAM_PACKED not in limits.features:  # as a release without it did
         raise protocol.ProtocolError(f"histogram counts must be a list of 1-{limits.bins} integers")
-    counts = [_count(c, "counts") for c in counts]
+    counts = contract.wire.decode_counts(counts) if isinstance(counts, (list, dict)) else None
+    if counts is None or not 0 < len(counts) <= limits.bins:
+        raise protocol.ProtocolError(f"histogram counts must be a list of 1-{limits.bins} integers")
     meta: dict = {name: _count(value.get(name, 0), name) for name in ("nan", "inf", "ninf")}
     if "edges" in value:
         edges = value["edges"]
