@@ -70,7 +70,8 @@ SERVER_FEATURES = [VECTOR_F64, COLUMNS, MEDIA, RUN_EVENTS, HISTOGRAM_PACKED]
 RUN_EVENT_TYPES = ("summary", "config", "meta")
 # "media" entries: {"step": int, "t": float, "key": str, "kind": one of MEDIA_KINDS, "value": {...}} where value is
 # histogram {"lo", "hi", "counts": [int]} or {"edges": [n + 1], "counts": [n]}, plus "nan", "inf", "ninf" counts
-# ("counts" {"u16" | "u32": base64} to a server announcing HISTOGRAM_PACKED);
+# ("counts" {"u16" | "u32": base64, "scale": k}, or many of one step as {"keys": [...], "lo": [...], ..., "counts":
+# packed keys x bins} to a server announcing HISTOGRAM_PACKED: docs/protocol.md);
 # image {"images": [{"png": base64, "width", "height", "caption"?}]}; table {"columns": [str], "rows": [[cell]]}
 # (non-finite numbers as the float codec's strings); text {"text": str}. A server without the feature ignores them.
 MEDIA_KINDS = ("histogram", "image", "table", "text")

@@ -144,17 +144,35 @@ def test_packed_histogram_counts_are_stored_as_the_list_form_and_an_older_server
         raise AssertionError("a server without histogram_packed took packed counts")
 
 
-def test_sampled_histograms_travel_packed_only_where_the_server_announced_it():
+def test_a_watch_capture_travels_as_one_packed_group_only_where_the_server_announced_it():
     from gradwatch.media.outgoing import Outbound
 
+    torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.Linear(64, 3))
+    with torch.no_grad():
+        model[1].bias[0] = float("nan")  # a row binned on its own, inside the group
+    stored = {}
     for features in (set(protocol.SERVER_FEATURES), {protocol.MEDIA}):
         out = Outbound()
         items = [out.item(0, f"p/{n}", Histogram(p, num_bins=16, sample=1024)) for n, p in model.named_parameters()]
         entries, gaps = out.encode(items, features)
-        assert not gaps and len(entries) == 4
-        forms = {type(e["value"]["counts"]) for e in entries}
-        assert forms == ({dict} if protocol.HISTOGRAM_PACKED in features else {list})
-        stored = [media_ingest.rows_of(e, media_ingest.MediaLimits())[0] for e in entries]
-        sizes = [np.frombuffer(r["body"], "<i8").sum() for r in stored]
-        assert [abs(s - p.numel()) < 8 * 64 for s, p in zip(sizes, model.parameters())] == [True] * 4
+        assert not gaps and len(entries) == (1 if protocol.HISTOGRAM_PACKED in features else 4)
+        rows = [r for e in json.loads(json.dumps(entries)) for r in media_ingest.rows_of(e, media_ingest.MediaLimits())]
+        stored[len(entries)] = {
+            r["key"]: (json.loads(r["meta"]), np.frombuffer(r["body"], "<i8").tolist()) for r in rows
+        }
+    assert stored[1] == stored[4]  # the group is stored as the histograms one by one are
+    meta, counts = stored[1]["p/1.bias"]
+    assert meta["nan"] == 1 and sum(counts) == 2
+    for name, param in model.named_parameters():
+        meta, counts = stored[1][f"p/{name}"]
+        assert abs(sum(counts) + meta["nan"] - param.numel()) < 8 * 64  # sampled counts scaled back to the size
+    older = media_ingest.MediaLimits(features=frozenset({protocol.MEDIA}))
+    out = Outbound()
+    items = [out.item(0, f"p/{n}", Histogram(p, num_bins=16)) for n, p in model.named_parameters()]
+    (group,), _ = out.encode(items, set(protocol.SERVER_FEATURES))
+    try:
+        media_ingest.rows_of(group, older)
+    except protocol.ProtocolError:
+        return
+    raise AssertionError("a server without histogram_packed took a packed group")

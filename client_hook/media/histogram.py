@@ -197,7 +197,15 @@ def host_tensor(part) -> object | None:
 
 
 def bin_many(torch, tensors: list, bins: int) -> list[list]:
-    """``bin_tensor`` of many small CPU tensors at once, in numpy: [lo, hi, nan, +inf, -inf, counts...] each.
+    """``bin_tensor`` of many small CPU tensors at once: [lo, hi, nan, +inf, -inf, counts...] each."""
+    if sys.modules.get("numpy") is None:
+        return [bin_tensor(torch, t, bins).tolist() for t in tensors]
+    heads, counts = bin_matrix(torch, tensors, bins)
+    return [head + row for head, row in zip(heads, counts.tolist())]
+
+
+def bin_matrix(torch, tensors: list, bins: int) -> tuple[list, object]:
+    """([lo, hi, nan, +inf, -inf] per tensor, int64 counts [tensors x bins]) of many small CPU tensors, in numpy.
 
     numpy, not torch: on the CPU builds measured here torch's elementwise ops on small tensors cost
     ~20-300x numpy's, and this runs every ``every``-th step for hundreds of parameters. Tensors of one
@@ -205,9 +213,7 @@ def bin_many(torch, tensors: list, bins: int) -> list[list]:
     every row's bins get one combined index (row * bins + bin) and one ``bincount`` counts them all.
     A row holding NaN or inf (its min or max is not finite) is binned on its own.
     """
-    np = sys.modules.get("numpy")
-    if np is None:
-        return [bin_tensor(torch, t, bins).tolist() for t in tensors]
+    np = sys.modules["numpy"]
     flats = [(t if t.dtype == torch.float32 else t.float()).numpy().reshape(-1) for t in tensors]
     by_size: dict = {}
     for i, flat in enumerate(flats):
@@ -229,12 +235,32 @@ def bin_many(torch, tensors: list, bins: int) -> list[list]:
         parts.append(scaled.astype(np.intp).reshape(-1))
         for i, a, b in zip(members, lo.tolist(), hi.tolist()):
             heads[i] = [a, b, 0, 0, 0]
-    counts = np.bincount(np.concatenate(parts), minlength=len(flats) * bins) if parts else None
-    rows = counts.reshape(len(flats), bins).tolist() if parts else [None] * len(flats)
-    out = [head + row if head is not None else None for head, row in zip(heads, rows)]
+    size = len(flats) * bins
+    counts = (np.bincount(np.concatenate(parts), minlength=size) if parts else np.zeros(size, np.int64)).reshape(
+        -1, bins
+    )
     for i in alone:
-        out[i] = bin_tensor(torch, tensors[i], bins).tolist()
-    return out
+        row = bin_tensor(torch, tensors[i], bins).tolist()
+        heads[i], counts[i] = row[:HEAD], row[HEAD:]
+    return heads, counts
+
+
+def wire_group(parts: list, heads: list, counts) -> dict:
+    """One packed wire value for many histograms of one step (wire feature ``histogram_packed``): {"keys" (filled
+    by the caller), "lo", "hi", "nan", "inf", "ninf", "scale": [one each], "counts": packed [histograms x bins]}."""
+    scale = [p.scale for p in parts]
+    lo, hi = [], []
+    for head in heads:
+        a, b = (head[0], head[1]) if math.isfinite(head[0]) else (0.0, 1.0)  # nothing finite to bin
+        lo.append(a)
+        hi.append(b if b > a else a + 1.0)
+    return {
+        "lo": lo,
+        "hi": hi,
+        **{name: [int(h[i]) * k for h, k in zip(heads, scale)] for i, name in ((2, "nan"), (3, "inf"), (4, "ninf"))},
+        "scale": scale,
+        "counts": wire.encode_counts(counts.reshape(-1).tolist()),
+    }
 
 
 def _bin_host(data, bins: int) -> list:
