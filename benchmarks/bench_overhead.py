@@ -6,6 +6,7 @@ Prints each measurement next to its baseline, with the ratio, from one run on th
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import tempfile
@@ -89,7 +90,15 @@ def bench_watch(url: str, layers: int = 48, width: int = 256, rounds: int = 8) -
     )
 
 
-def bench_histograms(url: str, layers: int = 48, width: int = 256, rounds: int = 12) -> None:
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread) another process has used so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def bench_histograms(
+    url: str, layers: int = 48, width: int = 256, rounds: int = 12, server_pid: int | None = None
+) -> None:
     """watch(every=10) against watch(every=10, histograms="all"): gradient and weight histograms of every
     parameter every 10th step, interleaved in rounds so drift hits both (the 5 % budget of issue #29).
 
@@ -97,7 +106,10 @@ def bench_histograms(url: str, layers: int = 48, width: int = 256, rounds: int =
     its two means' quotient, and the report gives the median ratio with the spread over rounds (the
     middle half and the extremes), so one noisy round neither hides nor fakes a cost. Two clocks: wall
     time, and the training thread's own CPU time (``time.thread_time``; with ``--threads 1`` torch computes
-    on that thread too), which other processes on a busy machine barely move.
+    on that thread too), which other processes on a busy machine barely move. A third, ``all CPU``: the CPU
+    time this process (training, torch's threads, both runs' sender threads) and the server process spent
+    in the round, per step: what histograms cost the machine, binning and storing included, and barely
+    moved by other processes' load (what they move is the wall time).
     """
     import copy
 
@@ -115,17 +127,32 @@ def bench_histograms(url: str, layers: int = 48, width: int = 256, rounds: int =
         train_steps(model, opt, x, y, 10, run)  # warm-up: first-call costs out of the rounds
     wall: dict = {name: [] for name in configs}
     cpu: dict = {name: [] for name in configs}
+    every_cpu: dict = {name: [] for name in configs}
+    parts: dict = {name: {"sender": [], "server": []} for name in configs}  # where the CPU went, per step
+    server_cpu = (lambda: process_cpu(server_pid)) if server_pid else (lambda: 0.0)
     for i in range(rounds):
         order = list(configs) if i % 2 == 0 else list(configs)[::-1]
         for name in order:
             run, model, opt = configs[name]
-            c0 = time.thread_time()
+            sender_cpu = time.pthread_getcpuclockid(run.recorder.sender.ident)
+            c0, p0, s0, t0 = time.thread_time(), time.process_time(), server_cpu(), time.clock_gettime(sender_cpu)
             wall[name].append(statistics.fmean(train_steps(model, opt, x, y, 30, run)))
+            run.recorder.sender.flush(timeout=30)  # its histograms encoded, sent and stored within its round
             cpu[name].append((time.thread_time() - c0) / 30)
+            every_cpu[name].append((time.process_time() - p0 + server_cpu() - s0) / 30)
+            parts[name]["sender"].append((time.clock_gettime(sender_cpu) - t0) / 30)
+            parts[name]["server"].append((server_cpu() - s0) / 30)
     for run, _model, _opt in configs.values():
         run.finish(timeout=60)
+    spent = {n: {k: statistics.median(v) * 1e3 for k, v in p.items()} for n, p in parts.items()}
+    print(
+        "CPU a step (medians over rounds), without -> with histograms: sender thread "
+        f"{spent['every10']['sender']:.2f} -> {spent['histograms']['sender']:.2f} ms, server "
+        f"{spent['every10']['server']:.2f} -> {spent['histograms']['server']:.2f} ms"
+    )
     # A round's mean counts its histogram steps (one in ten: their cost is what the budget is about).
-    for clock, per_round in (("wall time", wall), ("training-thread CPU", cpu)):
+    clocks = [("wall time", wall), ("training-thread CPU", cpu)] + ([("all CPU", every_cpu)] if server_pid else [])
+    for clock, per_round in clocks:
         ratios = sorted(h / b for b, h in zip(per_round["every10"], per_round["histograms"]))
         q1, _med, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
         base, hist = (statistics.median(per_round[k]) for k in ("every10", "histograms"))
@@ -174,7 +201,7 @@ def main() -> None:
             print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; server in its own process")
             if "--histograms" in sys.argv:  # only the watch(histograms=) case, [--rounds N] (default 12)
                 rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 12
-                bench_histograms(server.url, rounds=rounds)
+                bench_histograms(server.url, rounds=rounds, server_pid=server.pid)
                 return
             bench_log(server.url)
             bench_watch(server.url)

@@ -63,12 +63,15 @@ VECTOR_F64 = "vector_f64"  # a vector may travel as {"f64": base64 of little-end
 COLUMNS = "columns"  # a batch may carry "columns" (one packed array per key) instead of "records"
 MEDIA = "media"  # a batch may carry "media": histograms, images, tables and text (see MEDIA_KINDS)
 RUN_EVENTS = "run_events"  # a batch's events may be RUN_EVENT_TYPES (W&B's run.summary, config updates, define_metric)
-SERVER_FEATURES = [VECTOR_F64, COLUMNS, MEDIA, RUN_EVENTS]
+HISTOGRAM_PACKED = "histogram_packed"  # histogram counts may travel packed (gradwatch.contract.wire.encode_counts)
+SERVER_FEATURES = [VECTOR_F64, COLUMNS, MEDIA, RUN_EVENTS, HISTOGRAM_PACKED]
 # {"type": "summary", "set": {key: value}, "remove": [key]}, {"type": "config", "config": {changes}},
 # {"type": "meta", "meta": {changes}}: a server without RUN_EVENTS refuses them (a client holds them back).
 RUN_EVENT_TYPES = ("summary", "config", "meta")
 # "media" entries: {"step": int, "t": float, "key": str, "kind": one of MEDIA_KINDS, "value": {...}} where value is
-# histogram {"lo", "hi", "counts": [int]} or {"edges": [n + 1], "counts": [n]}, plus "nan", "inf", "ninf" counts;
+# histogram {"lo", "hi", "counts": [int]} or {"edges": [n + 1], "counts": [n]}, plus "nan", "inf", "ninf" counts
+# ("counts" {"u16" | "u32": base64, "scale": k}, or many of one step as {"keys": [...], "lo": [...], ..., "counts":
+# packed keys x bins} to a server announcing HISTOGRAM_PACKED: docs/protocol.md);
 # image {"images": [{"png": base64, "width", "height", "caption"?}]}; table {"columns": [str], "rows": [[cell]]}
 # (non-finite numbers as the float codec's strings); text {"text": str}. A server without the feature ignores them.
 MEDIA_KINDS = ("histogram", "image", "table", "text")

@@ -191,7 +191,12 @@ def test_watch_histograms_add_no_sync_on_the_training_thread(tmp_path):
 def test_small_cpu_histograms_binned_together_match_one_by_one():
     from gradwatch.media.histogram import bin_many, bin_tensor
 
+    odd = torch.randn(100)
+    odd[[3, 50]] = float("nan")
+    odd[7] = -float("inf")
     tensors = [torch.randn(100), torch.randn(4096) * 3, torch.tensor([1.0, float("nan"), float("inf"), -2.0])]
+    tensors += [odd, torch.randn(100) + 5, torch.full((100,), 2.5), torch.full((100,), float("nan"))]  # one size
+    tensors.append(torch.arange(100, dtype=torch.int64))
     for t, row in zip(tensors, bin_many(torch, tensors, 16)):
         one = bin_tensor(torch, t, 16).tolist()
         assert row[:5] == pytest.approx(one[:5]) and sum(row[5:]) == sum(one[5:])

@@ -123,3 +123,56 @@ def test_a_batch_with_bad_media_stores_the_rest(server, api):
     assert [m["key"] for m in api.get(f"/api/runs/{run_id}/media")] == ["good"]
     assert api.get(f"/api/runs/{run_id}/tables?key=good")["text"] == "kept"
     assert any(a["kind"] == "data_refused" for a in api.get(f"/api/runs/{run_id}/alerts"))
+
+
+def test_packed_histogram_counts_are_stored_as_the_list_form_and_an_older_server_refuses_them():
+    from gradwatch.contract import wire
+
+    entry = {"step": 3, "t": 1.0, "key": "h", "kind": "histogram", "value": {"lo": -1.0, "hi": 1.0, "nan": 2}}
+    plain = media_ingest.rows_of(
+        {**entry, "value": {**entry["value"], "counts": [16, 0, 48]}}, media_ingest.MediaLimits()
+    )
+    packed_value = {**entry["value"], "counts": wire.encode_counts([1, 0, 3], 16)}
+    packed = media_ingest.rows_of({**entry, "value": packed_value}, media_ingest.MediaLimits())
+    assert packed == plain and np.frombuffer(packed[0]["body"], "<i8").tolist() == [16, 0, 48]
+    older = media_ingest.MediaLimits(features=frozenset({protocol.MEDIA}))  # wire_features without histogram_packed
+    try:
+        media_ingest.rows_of({**entry, "value": packed_value}, older)
+    except protocol.ProtocolError:
+        assert media_ingest.rows_of({**entry, "value": {**entry["value"], "counts": [16, 0, 48]}}, older) == plain
+    else:
+        raise AssertionError("a server without histogram_packed took packed counts")
+
+
+def test_a_watch_capture_travels_as_one_packed_group_only_where_the_server_announced_it():
+    from gradwatch.media.outgoing import Outbound
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 64), torch.nn.Linear(64, 3))
+    with torch.no_grad():
+        model[1].bias[0] = float("nan")  # a row binned on its own, inside the group
+    stored = {}
+    for features in (set(protocol.SERVER_FEATURES), {protocol.MEDIA}):
+        out = Outbound()
+        items = [out.item(0, f"p/{n}", Histogram(p, num_bins=16, sample=1024)) for n, p in model.named_parameters()]
+        entries, gaps = out.encode(items, features)
+        assert not gaps and len(entries) == (1 if protocol.HISTOGRAM_PACKED in features else 4)
+        rows = [r for e in json.loads(json.dumps(entries)) for r in media_ingest.rows_of(e, media_ingest.MediaLimits())]
+        stored[len(entries)] = {
+            r["key"]: (json.loads(r["meta"]), np.frombuffer(r["body"], "<i8").tolist()) for r in rows
+        }
+    assert stored[1] == stored[4]  # the group is stored as the histograms one by one are
+    meta, counts = stored[1]["p/1.bias"]
+    assert meta["nan"] == 1 and sum(counts) == 2
+    for name, param in model.named_parameters():
+        meta, counts = stored[1][f"p/{name}"]
+        assert abs(sum(counts) + meta["nan"] - param.numel()) < 8 * 64  # sampled counts scaled back to the size
+    older = media_ingest.MediaLimits(features=frozenset({protocol.MEDIA}))
+    out = Outbound()
+    items = [out.item(0, f"p/{n}", Histogram(p, num_bins=16)) for n, p in model.named_parameters()]
+    (group,), _ = out.encode(items, set(protocol.SERVER_FEATURES))
+    try:
+        media_ingest.rows_of(group, older)
+    except protocol.ProtocolError:
+        return
+    raise AssertionError("a server without histogram_packed took a packed group")

@@ -95,3 +95,34 @@ def test_binary_vectors_round_trip_exactly_with_missing_slots():
 def test_bad_binary_vectors_are_refused_clearly(bad):
     with pytest.raises(protocol.ProtocolError, match="vector 'grad'"):
         protocol.decode_record({"step": 0, "t": 1.0, "vectors": {"grad": bad}})
+
+
+@pytest.mark.parametrize(
+    ("counts", "scale", "form"),
+    [
+        ([0, 3, 65535], 1, "u16"),
+        ([1, 65536], 1, "u32"),
+        ([4096, 0, 7], 16, "u16"),
+        ([1 << 32, 1], 1, None),
+        ([5], 1, "u16"),
+    ],
+)
+def test_histogram_counts_round_trip_packed_in_the_narrowest_form(counts, scale, form):
+    from gradwatch.contract import wire
+
+    packed = wire.encode_counts(counts, scale)
+    assert (next(iter(packed)) if isinstance(packed, dict) else None) == form
+    assert wire.decode_counts(json.loads(json.dumps(packed))) == [c * scale for c in counts]
+    assert wire.decode_counts([c * scale for c in counts]) == [c * scale for c in counts]  # the list form, as before
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"u16": "not base64!"}, {"u32": "AAA="}, {"u16": "AAA=", "scale": 0}, {"u16": "AAA=", "u32": "AAAAAA=="},
+     {"u16": "AAA=", "extra": 1}, {"u8": "AA=="}, [1, -1], [1.5], [True], "1,2"],
+)  # fmt: skip
+def test_bad_histogram_counts_are_refused_clearly(bad):
+    from gradwatch.contract import wire
+
+    with pytest.raises(protocol.ProtocolError, match="histogram counts"):
+        wire.decode_counts(bad)

@@ -13,6 +13,7 @@ import math
 import sys
 
 from gradwatch import values
+from gradwatch.contract import wire
 from gradwatch.media import limits
 from gradwatch.media.base import MediaValue
 from gradwatch.media.limits import MediaRefused
@@ -104,13 +105,23 @@ class Histogram(MediaValue):
         """Device vectors to read with the other deferred values (sender thread)."""
         return [self._binned] if self._binned is not None else []
 
-    def to_wire(self, resolved: dict | None = None) -> dict:
-        """{"edges" or "lo"/"hi", "counts", "nan", "inf", "ninf"}; ``resolved`` maps id(deferred) -> floats."""
+    def to_wire(self, resolved: dict | None = None, packed: bool = False) -> dict:
+        """{"edges" or "lo"/"hi", "counts", "nan", "inf", "ninf"}; ``resolved`` maps id(deferred) -> its binned row.
+
+        ``packed``: counts in the packed form (``contract.wire.encode_counts``) of wire feature ``histogram_packed``.
+        """
         if self.refused:
             raise MediaRefused(self.refused)
         if self._given is not None:
             counts, edges = self._given
-            return {"edges": edges, "counts": [int(c) for c in counts], "nan": 0, "inf": 0, "ninf": 0}
+            counts = [int(c) for c in counts]
+            return {
+                "edges": edges,
+                "counts": wire.encode_counts(counts) if packed else counts,
+                "nan": 0,
+                "inf": 0,
+                "ninf": 0,
+            }
         if self._binned is not None:
             row = (resolved or {}).get(id(self._binned)) or values.resolve([self._binned])[0]
         else:
@@ -119,10 +130,13 @@ class Histogram(MediaValue):
         if not math.isfinite(lo):  # nothing finite to bin
             lo, hi = 0.0, 1.0
         k = self.scale  # a sample's counts, scaled back to the tensor's size
+        counts = row[HEAD:]
+        if type(counts[0]) is not int:  # bin_many's rows hold ints already
+            counts = [int(c) for c in counts]
         out = {
             "lo": lo,
             "hi": hi if hi > lo else lo + 1.0,
-            "counts": [int(c) * k for c in row[HEAD:]],
+            "counts": wire.encode_counts(counts, k) if packed else [c * k for c in counts] if k > 1 else counts,
             "nan": int(nan) * k,
             "inf": int(inf) * k,
             "ninf": int(ninf) * k,
@@ -183,32 +197,70 @@ def host_tensor(part) -> object | None:
 
 
 def bin_many(torch, tensors: list, bins: int) -> list[list]:
-    """``bin_tensor`` of many small CPU tensors at once, in numpy (rows padded with NaN, not counted).
+    """``bin_tensor`` of many small CPU tensors at once: [lo, hi, nan, +inf, -inf, counts...] each."""
+    if sys.modules.get("numpy") is None:
+        return [bin_tensor(torch, t, bins).tolist() for t in tensors]
+    heads, counts = bin_matrix(torch, tensors, bins)
+    return [head + row for head, row in zip(heads, counts.tolist())]
+
+
+def bin_matrix(torch, tensors: list, bins: int) -> tuple[list, object]:
+    """([lo, hi, nan, +inf, -inf] per tensor, int64 counts [tensors x bins]) of many small CPU tensors, in numpy.
 
     numpy, not torch: on the CPU builds measured here torch's elementwise ops on small tensors cost
-    ~20-300x numpy's, and this runs every ``every``-th step for hundreds of parameters.
+    ~20-300x numpy's, and this runs every ``every``-th step for hundreds of parameters. Tensors of one
+    size (a watch() capture has two or three sizes) are one matrix, binned row by row in a few calls;
+    every row's bins get one combined index (row * bins + bin) and one ``bincount`` counts them all.
+    A row holding NaN or inf (its min or max is not finite) is binned on its own.
     """
-    np = sys.modules.get("numpy")
-    if np is None:
-        return [bin_tensor(torch, t, bins).tolist() for t in tensors]
-    width_n = max(t.numel() for t in tensors)
-    x = np.full((len(tensors), width_n), np.nan, dtype=np.float32)
-    sizes = np.array([t.numel() for t in tensors])
-    for i, t in enumerate(tensors):
-        x[i, : t.numel()] = (t if t.dtype == torch.float32 else t.float()).numpy().reshape(-1)
-    padding = np.arange(width_n)[None, :] >= sizes[:, None]
-    finite = np.isfinite(x)
-    lo = np.where(finite, x, np.inf).min(1)
-    hi = np.where(finite, x, -np.inf).max(1)
-    base = np.where(finite.any(1), lo, 0.0)
-    width = np.where(hi > lo, hi - lo, 1.0)
-    with np.errstate(invalid="ignore"):
-        scaled = np.clip((x - base[:, None]) * (bins / width)[:, None], 0, bins - 1)
-    index = np.where(finite, scaled, bins).astype(np.int64) + np.arange(len(tensors))[:, None] * (bins + 1)
-    counts = np.bincount(index.reshape(-1), minlength=len(tensors) * (bins + 1)).reshape(len(tensors), bins + 1)
-    nan = (np.isnan(x) & ~padding).sum(1)
-    head = np.stack([lo, hi, nan, (x == np.inf).sum(1), (x == -np.inf).sum(1)], 1).astype(np.float64)
-    return np.concatenate([head, counts[:, :bins].astype(np.float64)], 1).tolist()
+    np = sys.modules["numpy"]
+    flats = [(t if t.dtype == torch.float32 else t.float()).numpy().reshape(-1) for t in tensors]
+    by_size: dict = {}
+    for i, flat in enumerate(flats):
+        by_size.setdefault(flat.size, []).append(i)
+    heads, parts, alone = [None] * len(flats), [], []
+    for members in by_size.values():
+        x = np.stack([flats[i] for i in members])
+        lo, hi = x.min(1), x.max(1)  # NaN propagates: a row with NaN or inf has a non-finite min or max
+        finite = np.isfinite(lo) & np.isfinite(hi)
+        if not finite.all():
+            alone += [i for i, ok in zip(members, finite) if not ok]
+            members, x, lo, hi = [i for i, ok in zip(members, finite) if ok], x[finite], lo[finite], hi[finite]
+        if not members:
+            continue
+        scaled = x - lo[:, None]
+        scaled *= (bins / np.where(hi > lo, hi - lo, 1)).astype(np.float32)[:, None]
+        np.clip(scaled, 0, bins - 1, out=scaled)  # then truncation is floor
+        scaled += (np.asarray(members, dtype=np.float32) * bins)[:, None]  # exact: fewer than 2**24 bins in all
+        parts.append(scaled.astype(np.intp).reshape(-1))
+        for i, a, b in zip(members, lo.tolist(), hi.tolist()):
+            heads[i] = [a, b, 0, 0, 0]
+    size = len(flats) * bins
+    counts = (np.bincount(np.concatenate(parts), minlength=size) if parts else np.zeros(size, np.int64)).reshape(
+        -1, bins
+    )
+    for i in alone:
+        row = bin_tensor(torch, tensors[i], bins).tolist()
+        heads[i], counts[i] = row[:HEAD], row[HEAD:]
+    return heads, counts
+
+
+def wire_group(parts: list, heads: list, counts) -> dict:
+    """One packed wire value for many histograms of one step (wire feature ``histogram_packed``): {"keys" (filled
+    by the caller), "lo", "hi", "nan", "inf", "ninf", "scale": [one each], "counts": packed [histograms x bins]}."""
+    scale = [p.scale for p in parts]
+    lo, hi = [], []
+    for head in heads:
+        a, b = (head[0], head[1]) if math.isfinite(head[0]) else (0.0, 1.0)  # nothing finite to bin
+        lo.append(a)
+        hi.append(b if b > a else a + 1.0)
+    return {
+        "lo": lo,
+        "hi": hi,
+        **{name: [int(h[i]) * k for h, k in zip(heads, scale)] for i, name in ((2, "nan"), (3, "inf"), (4, "ninf"))},
+        "scale": scale,
+        "counts": wire.encode_counts(counts.reshape(-1).tolist()),
+    }
 
 
 def _bin_host(data, bins: int) -> list:

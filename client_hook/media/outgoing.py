@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 import time
 
-from gradwatch import values
+from gradwatch import protocol, values
 from gradwatch.media import histogram, limits
 from gradwatch.media.base import MediaValue
 from gradwatch.media.limits import MediaRefused
@@ -75,9 +75,17 @@ class Outbound:
             self.taken_bytes += item[5]
         deferred = [d for item in items for part in _parts(item[4]) for d in _deferred(part)]
         resolved = dict(zip(map(id, deferred), values.resolve(deferred))) if deferred else {}
-        resolved.update(_bin_small_cpu(items))
-        entries, gaps = [], {}
-        for _kind, step, wall, key, value, _size in items:
+        entries, gaps, grouped = [], {}, set()
+        for members, heads, counts in _bin_small_cpu(items):
+            if features and protocol.MEDIA in features and protocol.HISTOGRAM_PACKED in features:
+                grouped.update(self._grouped(members, heads, counts, entries))
+            resolved.update(
+                (id(m[4]), h + c) for m, h, c in zip(members, heads, counts.tolist()) if id(m) not in grouped
+            )
+        for item in items:
+            if id(item) in grouped:
+                continue
+            _kind, step, wall, key, value, _size = item
             try:
                 entry = self._entry(step, wall, key, value, resolved, features)
             except MediaRefused as exc:
@@ -101,6 +109,8 @@ class Outbound:
             raise MediaRefused("a list logged under one key must hold images only")
         if kinds == {"image"}:
             body = {"images": [p.to_wire(resolved) for p in parts]}
+        elif kinds == {"histogram"}:
+            body = parts[0].to_wire(resolved, packed=bool(features) and protocol.HISTOGRAM_PACKED in features)
         else:
             body = parts[0].to_wire(resolved)
         size = sum(len(p.get("png", "")) for p in body.get("images", ())) or 256
@@ -108,6 +118,25 @@ class Outbound:
             raise MediaRefused(f"the run already sent {limits.MAX_RUN_BYTES:,} bytes of media")
         self.sent_bytes += size
         return {"step": step, "t": wall, "key": key, "kind": parts[0].kind, "value": body}
+
+    def _grouped(self, members: list, heads: list, counts, entries: list) -> set:
+        """One entry per step for the binned watch() histograms ``members`` (items), appended to ``entries``;
+        the ids of the items it took (the rest, and all of a group over the run's budget, go one by one)."""
+        by_step: dict = {}
+        for i, item in enumerate(members):
+            by_step.setdefault(item[1], []).append(i)
+        taken = set()
+        for step, picks in by_step.items():
+            size = 256 * len(picks)
+            if len(picks) < 2 or self.sent_bytes + size > limits.MAX_RUN_BYTES:
+                continue
+            self.sent_bytes += size
+            group = [members[i] for i in picks]
+            value = histogram.wire_group([m[4] for m in group], [heads[i] for i in picks], counts[picks])
+            value["keys"] = [m[3] for m in group]
+            entries.append({"step": step, "t": group[0][2], "key": group[0][3], "kind": "histogram", "value": value})
+            taken.update(id(m) for m in group)
+        return taken
 
     def _refuse(self, gaps: dict, step: int, key: str, why: str) -> None:
         self.refusals[why] = self.refusals.get(why, 0) + 1
@@ -120,20 +149,23 @@ class Outbound:
         first[2] = step
 
 
-def _bin_small_cpu(items: list) -> dict:
-    """id(histogram) -> its binned row, for the small CPU histograms of these items, binned together
+def _bin_small_cpu(items: list) -> list[tuple]:
+    """(items, heads, counts) per bin count for the small CPU histograms of these items, binned together
     (one set of ops for a watch() capture's hundreds of parameters instead of one per parameter)."""
     groups: dict = {}
     for item in items:
-        for part in _parts(item[4]):
-            tensor = histogram.host_tensor(part)
-            if tensor is not None:
-                groups.setdefault(part.num_bins, []).append((part, tensor))
-    torch, out = sys.modules.get("torch"), {}
+        part = item[4]
+        tensor = histogram.host_tensor(part)  # a list of parts (images) is never one
+        if tensor is not None:
+            groups.setdefault(part.num_bins, []).append((item, tensor))
+    torch = sys.modules.get("torch")
+    if sys.modules.get("numpy") is None:
+        return []
+    out = []
     for bins, members in groups.items():
         if len(members) > 1:
-            rows = histogram.bin_many(torch, [t for _p, t in members], bins)
-            out.update((id(p), row) for (p, _t), row in zip(members, rows))
+            heads, counts = histogram.bin_matrix(torch, [t for _i, t in members], bins)
+            out.append(([i for i, _t in members], heads, counts))
     return out
 
 

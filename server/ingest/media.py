@@ -95,6 +95,8 @@ def rows_of(entry, limits: MediaLimits) -> list[dict]:
         raise protocol.ProtocolError(f"unknown media kind {kind!r}")
     base = {"key": key, "kind": kind, "step": step, "wall": float(wall)}
     value = entry["value"]
+    if kind == "histogram" and "keys" in value:  # many histograms of one step (wire feature histogram_packed)
+        return [{**base, "key": k, "idx": 0, "meta": meta, "body": body} for k, meta, body in _group(value, limits)]
     if kind == "histogram":
         meta, body = _histogram(value, limits)
         return [{**base, "idx": 0, "meta": meta, "body": body}]
@@ -114,9 +116,11 @@ def _count(value, what: str) -> int:
 
 def _histogram(value: dict, limits: MediaLimits) -> tuple[str, bytes]:
     counts = value.get("counts")
-    if not isinstance(counts, list) or not 0 < len(counts) <= limits.bins:
+    if isinstance(counts, dict) and protocol.HISTOGRAM_PACKED not in limits.features:  # as a release without it did
         raise protocol.ProtocolError(f"histogram counts must be a list of 1-{limits.bins} integers")
-    counts = [_count(c, "counts") for c in counts]
+    counts = contract.wire.decode_counts(counts) if isinstance(counts, (list, dict)) else None
+    if counts is None or not 0 < len(counts) <= limits.bins:
+        raise protocol.ProtocolError(f"histogram counts must be a list of 1-{limits.bins} integers")
     meta: dict = {name: _count(value.get(name, 0), name) for name in ("nan", "inf", "ninf")}
     if "edges" in value:
         edges = value["edges"]
@@ -134,6 +138,45 @@ def _histogram(value: dict, limits: MediaLimits) -> tuple[str, bytes]:
             raise protocol.ProtocolError("histogram hi must not be below lo")
         meta.update(lo=float(lo), hi=float(hi))
     return json.dumps(meta), np.asarray(counts, dtype="<i8").tobytes()
+
+
+def _group(value: dict, limits: MediaLimits) -> list[tuple[str, str, bytes]]:
+    """(key, meta, counts) of each histogram in a packed group: {"keys", "lo", "hi", "nan", "inf", "ninf", "scale"
+    (one each), "counts": packed histograms x bins}; decoded with a few numpy calls, not a check per count."""
+    if protocol.HISTOGRAM_PACKED not in limits.features:
+        raise protocol.ProtocolError("histogram keys (a packed group) need the histogram_packed feature")
+    keys = value.get("keys")
+    if not isinstance(keys, list) or not keys:
+        raise protocol.ProtocolError("histogram keys must be a non-empty list")
+    keys = [protocol.check_key(k) for k in keys]
+    n = len(keys)
+    columns = {}
+    for name in ("lo", "hi", "nan", "inf", "ninf", "scale"):
+        column = value.get(name)
+        if not isinstance(column, list) or len(column) != n:
+            raise protocol.ProtocolError(f"histogram {name} must be a list with one entry per key")
+        columns[name] = column
+    for name in ("nan", "inf", "ninf", "scale"):
+        if not all(type(c) is int and c >= (name == "scale") for c in columns[name]):
+            raise protocol.ProtocolError(
+                f"histogram {name} must be {'positive' if name == 'scale' else 'non-negative'} integers"
+            )
+    lo, hi = columns["lo"], columns["hi"]
+    if not all(type(v) in (int, float) and math.isfinite(v) for v in lo + hi) or any(b < a for a, b in zip(lo, hi)):
+        raise protocol.ProtocolError("histogram lo and hi must be finite numbers, hi not below lo")
+    if not isinstance(value.get("counts"), dict):
+        raise protocol.ProtocolError("histogram counts of a packed group must be packed")
+    flat = contract.wire.decode_counts(value["counts"])
+    bins = len(flat) // n
+    if not 0 < bins <= limits.bins or bins * n != len(flat):
+        raise protocol.ProtocolError(f"histogram counts must hold 1-{limits.bins} counts for each key")
+    counts = np.asarray(flat, dtype="<i8").reshape(n, bins) * np.asarray(columns["scale"], dtype="<i8")[:, None]
+    out = []
+    for i, key in enumerate(keys):  # the meta each row gets from _histogram, without a json.dumps per row
+        nan, inf, ninf, a, b = columns["nan"][i], columns["inf"][i], columns["ninf"][i], float(lo[i]), float(hi[i])
+        meta = f'{{"nan": {nan}, "inf": {inf}, "ninf": {ninf}, "lo": {a!r}, "hi": {b!r}}}'
+        out.append((key, meta, counts[i].tobytes()))
+    return out
 
 
 def _images(value: dict, limits: MediaLimits) -> list[tuple[str, bytes]]:
