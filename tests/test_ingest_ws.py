@@ -350,6 +350,9 @@ class _StubPipeline:
     def publish(self, run_id, result):
         pass
 
+    def synced(self):
+        return None  # every commit on disk at once (no group fsync)
+
 
 def _stub_route(frames, **settings):
     import types
@@ -361,7 +364,9 @@ def _stub_route(frames, **settings):
         pipeline=pipeline,
         engine=None,  # the open identity may write any run: the route never asks the database who made it
         liveness=types.SimpleNamespace(connect=lambda run_id: None, disconnect=lambda run_id: None),
-        settings=types.SimpleNamespace(max_buffered_bytes=64 << 20, max_frame_bytes=1 << 20, **settings),
+        settings=types.SimpleNamespace(
+            max_buffered_bytes=64 << 20, max_frame_bytes=1 << 20, announced_features=[], **settings
+        ),
     )
     hello = protocol.dumps(
         {"type": "hello", "protocol": protocol.PROTOCOL_VERSION, "run": {"uid": "u", "project": "p"}}
