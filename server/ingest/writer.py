@@ -126,11 +126,9 @@ class Writer:
 
     def _committed(self) -> None:
         """Count a commit (before its futures resolve, so a caller's ``synced`` covers it)."""
-        if self.sync is None:
-            return
         with self._lock:
             self.commits += 1
-        if self._due is None:
+        if self.sync is not None and self._due is None:
             self._due = time.perf_counter() + self.sync_delay
 
     def _sync(self) -> None:
