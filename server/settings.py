@@ -101,6 +101,14 @@ SETTINGS: list[Setting] = [
         "power loss) or normal (faster; survives a server crash, not a power loss).",
     ),
     Setting(
+        "sqlite_group_fsync_ms",
+        5.0,
+        "With sqlite_synchronous=full: SQLite commits without syncing and the writer fsyncs the WAL "
+        "once for every commit of up to this many milliseconds; acks wait for that fsync, pages do "
+        "not (docs/storage.md). 0: SQLite syncs at every commit.",
+        float,
+    ),
+    Setting(
         "token",
         "",
         "Shared secret every route, websocket and page requires (Authorization: Bearer <token>, "
@@ -294,6 +302,8 @@ class _Settings:
             raise ValueError("header_timeout and session_days must be > 0")
         if self.retention_days < 0:
             raise ValueError(f"retention_days must be >= 0 (0 keeps everything), got {self.retention_days}")
+        if not 0 <= self.sqlite_group_fsync_ms <= 1000:
+            raise ValueError(f"sqlite_group_fsync_ms must be between 0 and 1000, got {self.sqlite_group_fsync_ms}")
         if self.sqlite_synchronous not in ("full", "normal"):
             raise ValueError(f"sqlite_synchronous must be full or normal, got {self.sqlite_synchronous!r}")
         return self

@@ -170,6 +170,10 @@ class Pipeline:
         state.last_seq = seq - 1
         return state
 
+    def synced(self) -> asyncio.Future | None:
+        """None when every batch committed so far is on disk, else a future resolved once it is (``Writer.synced``)."""
+        return self.writer.synced()
+
     def publish(self, run_id: int, result: dict) -> None:
         """Tell open pages (and the webhook) about a stored batch, after its commit."""
         self.stats.add(batch_points(result))

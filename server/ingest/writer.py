@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import threading
 import time
@@ -23,14 +24,31 @@ class Writer:
     with ``group=True`` that are waiting together share one transaction (group commit): under
     load the commit cost is paid once per group instead of once per batch. If a group fails,
     its jobs are run again one by one, so one bad job cannot fail the others.
+
+    With ``sync`` (the group fsync, ``storage.database.wal_sync``: SQLite commits without syncing),
+    the writer calls it at most ``sync_delay`` seconds after a commit, once for every commit since;
+    ``synced`` tells a caller when what it saw committed is on disk (an ack waits for it).
     """
 
-    def __init__(self, engine: Engine, on_group_failure: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        on_group_failure: Callable[[], None] | None = None,
+        sync: Callable[[], None] | None = None,
+        sync_delay: float = 0.0,
+    ):
         self.engine = engine
         self.on_group_failure = on_group_failure
+        self.sync, self.sync_delay = sync, sync_delay
         self._jobs: queue.Queue = queue.Queue()
         self._held = None  # a job taken while collecting a group that did not belong to it
         self.busy_seconds = 0.0  # seconds spent running jobs (read by Pipeline.preferred_gap, any thread)
+        # Commits made and commits known on disk (written on this thread; read under the lock by synced()).
+        self._lock = threading.Lock()
+        self.commits = self.synced_commits = 0
+        self.syncs = 0  # group fsyncs done (for tests and metrics)
+        self._waiters: list = []  # (commits needed, asyncio future, its loop), resolved by _sync
+        self._due: float | None = None  # when the commits not yet synced must be synced
         self._thread = threading.Thread(target=self._loop, name="gradwatch-writer", daemon=True)
         self._thread.start()
 
@@ -39,6 +57,22 @@ class Writer:
         future: Future = Future()
         self._jobs.put((fn, args, future, group))
         return future
+
+    def synced(self) -> asyncio.Future | None:
+        """None when every commit made so far is on disk; else a future of this loop resolved once it is.
+
+        Call it after a job's future resolved: its commit is then counted. Without ``sync`` (SQLite
+        syncing each commit itself, PostgreSQL) a commit is on disk when its job resolves: None.
+        """
+        if self.sync is None:
+            return None
+        with self._lock:
+            if self.synced_commits >= self.commits:
+                return None
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+            self._waiters.append((self.commits, waiter, loop))
+        return waiter
 
     def depth(self) -> int:
         """Jobs waiting (for metrics and back-pressure)."""
@@ -52,13 +86,28 @@ class Writer:
         if self._held is not None:
             job, self._held = self._held, None
             return job
-        return self._jobs.get() if block else self._jobs.get_nowait()
+        if not block:
+            return self._jobs.get_nowait()
+        while self._due is not None:  # commits wait for their fsync: wait for a job only until it is due
+            wait = self._due - time.perf_counter()
+            if wait <= 0:
+                self._sync()  # a failed one is due again soon
+                continue
+            try:
+                return self._jobs.get(timeout=wait)
+            except queue.Empty:
+                continue
+        return self._jobs.get()
 
     def _loop(self) -> None:
         with self.engine.connect() as conn:
+            if self.sync is not None:
+                self._committed()  # what the migrations committed at start is synced too
             while True:
                 job = self._next()
                 if job is _STOP:
+                    if self._due is not None:
+                        self._sync()
                     return
                 jobs = [job]
                 while job[3] and len(jobs) < GROUP_MAX:
@@ -75,6 +124,40 @@ class Writer:
                 self._run(conn, [j for j in jobs if j[2].set_running_or_notify_cancel()])
                 self.busy_seconds += time.perf_counter() - started
 
+    def _committed(self) -> None:
+        """Count a commit (before its futures resolve, so a caller's ``synced`` covers it)."""
+        with self._lock:
+            self.commits += 1
+        if self.sync is not None and self._due is None:
+            self._due = time.perf_counter() + self.sync_delay
+
+    def _sync(self) -> None:
+        """One fsync for every commit so far; then the waiters it covers are told (one wake-up per loop)."""
+        self._due = None
+        with self._lock:
+            target = self.commits
+        error = None
+        try:
+            self.sync()
+        except Exception as exc:  # nothing it covers may be acked as on disk; the writer keeps going
+            error = exc if isinstance(exc, OSError) else OSError(f"the WAL fsync failed: {exc!r}")
+        self.syncs += 1
+        if error is not None:
+            self._due = time.perf_counter() + max(self.sync_delay, 0.1)  # try again: later acks wait for it
+        with self._lock:
+            if error is None:
+                self.synced_commits = target
+            done = [w for w in self._waiters if w[0] <= target]
+            self._waiters = [w for w in self._waiters if w[0] > target]
+        by_loop: dict = {}
+        for _need, waiter, loop in done:
+            by_loop.setdefault(loop, []).append(waiter)
+        for loop, waiters in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve, waiters, error)
+            except RuntimeError:  # that loop is closed: nobody waits any more
+                pass
+
     def _run(self, conn, jobs: list) -> None:
         if len(jobs) > 1:
             try:
@@ -84,6 +167,7 @@ class Writer:
                 if self.on_group_failure is not None:
                     self.on_group_failure()
             else:
+                self._committed()
                 for (_fn, _args, future, _group), result in zip(jobs, results):
                     future.set_result(result)
                 return
@@ -94,4 +178,15 @@ class Writer:
             except BaseException as exc:  # the caller sees it; the writer keeps going
                 future.set_exception(exc)
             else:
+                self._committed()
                 future.set_result(result)
+
+
+def _resolve(waiters: list, error: OSError | None) -> None:
+    """On the waiters' loop: the fsync they waited for is done (or failed)."""
+    for waiter in waiters:
+        if not waiter.done():
+            if error is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(error)

@@ -2,8 +2,9 @@
 
 Batches are read, decoded and queued for the writer while earlier ones are still being
 committed (a pipeline of at most ``IN_FLIGHT`` per connection), and answered in order: ``ack``
-once committed (with ``refused`` when part of it could not be stored), ``ack`` again for a
-duplicate, ``nack`` for a gap, and ``error`` + close for a run deleted meanwhile.
+once committed and on disk (with ``refused`` when part of it could not be stored; pages see it at
+the commit, the ack waits for the writer's group fsync), ``ack`` again for a duplicate, ``nack``
+for a gap, and ``error`` + close for a run deleted meanwhile.
 """
 
 from __future__ import annotations
@@ -215,11 +216,19 @@ async def _answer(ws: WebSocket, pipeline, run_id: int, replies: asyncio.Queue, 
             if "expected" in result:
                 await ws.send_text(protocol.dumps({"type": "nack", "expected": result["expected"]}))
                 continue
-            gap = pipeline.preferred_gap(received, run_id)  # many runs, or a busy server: fewer, larger batches
             refused = None
             if "duplicate" not in result:
-                pipeline.publish(run_id, result)
+                pipeline.publish(run_id, result)  # pages get it at commit; the ack waits until it is on disk
                 refused = result.get("refused")
+            synced = pipeline.synced()
+            if synced is not None:
+                try:
+                    await synced
+                except OSError as exc:  # committed, but not known on disk: no ack; the client resends it
+                    log.warning("run %s batch %s: the WAL could not be synced: %r", run_id, seq, exc)
+                    await _refuse(ws, "the server could not store a batch (it will be resent)", 1011)
+                    return
+            gap = pipeline.preferred_gap(received, run_id)  # many runs, or a busy server: fewer, larger batches
             await ws.send_text(ack_text(seq, gap, refused))
         except (WebSocketDisconnect, RuntimeError):
             return

@@ -39,6 +39,13 @@ def _registry(services):
                 "gradwatch_points_ingested", "Metric points committed (vector slots count each).", value=stats.points
             )
             yield CounterMetricFamily("gradwatch_batches_ingested", "Client batches committed.", value=stats.batches)
+            writer = services.writer
+            yield CounterMetricFamily(
+                "gradwatch_writer_commits", "Transactions the writer committed.", value=writer.commits
+            )
+            yield CounterMetricFamily(
+                "gradwatch_wal_fsyncs", "Group fsyncs of the SQLite WAL (sqlite_group_fsync_ms).", value=writer.syncs
+            )
             yield GaugeMetricFamily(
                 "gradwatch_points_per_second",
                 f"Points committed per second, last {RATE_WINDOW_S:g} s.",
