@@ -65,7 +65,7 @@ def check_instability_warning(state: dict, obs: Observation, th: dict) -> list[A
         and not lr_ramp.ramped(state["ramp"], obs.step, th)  # a ratio grown with a ramped LR: the ramp check's
     )
     # The cooldown is in steps: that many quiet steps are this many quiet samples.
-    if not episode(state, bad, max(1, th["instability_warning.cooldown"] / max(1, gap))) or _open(state, "ramp"):
+    if not episode(state, bad, max(1, th["instability_warning.cooldown"] / max(1, gap))) or state["ramp"].get("open"):
         return out
     return [*out, _alert(state, obs, level, base, th)]
 
@@ -92,11 +92,6 @@ def _ramp(state: dict, obs: Observation, th: dict) -> list[Alert]:
             message=text + ". " + _when(state) + lr_ramp.advice(rs) + _logit_advice(where) + ".",
         )
     ]
-
-
-def _open(state: dict, name: str) -> bool:
-    """Whether the episode kept under this state key is open."""
-    return bool(state.get(name, {}).get("open"))
 
 
 def start(meta) -> dict:

@@ -20,7 +20,8 @@ from collections import deque
 import numpy as np
 
 from gradwatch.contract import rules as specs
-from gradwatch.contract.keys import LR, is_loss_key, lr_key
+from gradwatch.contract.keys import LR, lr_key
+from gradwatch_server.health import loss
 from gradwatch_server.health.common import GLOBAL, Observation, fmt
 from gradwatch_server.health.rule import Columns
 
@@ -29,9 +30,7 @@ RISING_OVER = 3  # "still rising": above the LR this many steps ago
 MEDIAN_OF = 10  # the loss and the gradient norm are read as medians of this many values (one bad batch is not news)
 
 
-def start(meta) -> dict:
-    """The run's declared loss (``init(loss_key=...)``) is the one watched, else the first loss meant to fall."""
-    return {"main": meta.get("loss_key")}
+start = loss.divergence_start  # the run's declared loss (``init(loss_key=...)``) is the one watched
 
 
 def lr_of(scalars: dict) -> float | None:
@@ -44,7 +43,7 @@ def _watched(rs: dict, key: str, th: dict) -> bool:
     """Whether this is the loss the check reads: the first loss meant to fall (contract.rules.loss_goal) it saw."""
     if rs.get("key") is not None:
         return key == rs["key"]
-    if is_loss_key(key) and specs.loss_goal(key, th, rs.get("main")) == "fall":
+    if loss.watched(rs, key, th):
         rs["key"] = key
         return True
     return False
@@ -114,14 +113,9 @@ def _loss(rs: dict, step: int, value: float, th: dict) -> str | None:
     if best is None or level < best:
         lrs = rs.get("lrs")
         rs["best"], rs["best_step"], rs["best_lr"] = level, step, lrs[-1][1] if lrs else None
-    rs["rise_n"] = rs.get("rise_n", 0) + 1 if risen else 0
-    if rs["rise_n"] < th["instability_warning.patience"]:
-        return None
-    rs["growth"] = g
-    return (
-        f"the learning rate is still rising ({g:.1f}x over the last {int(th['instability_warning.lr_window'])} "
-        f"steps, now {fmt(rs['lrs'][-1][1])}) and the loss has climbed {level / best:.1f}x above its best "
-        f"({fmt(best)} at step {rs['best_step']}{_at_lr(rs)})"
+    head = _held(rs, "rise_n", risen, g, th)
+    return head and head + (
+        f"the loss has climbed {level / best:.1f}x above its best ({fmt(best)} at step {rs['best_step']}{_at_lr(rs)})"
     )
 
 
@@ -132,15 +126,22 @@ def _grad(rs: dict, step: int, grads: deque, th: dict) -> str | None:
     g = growth(rs, step, th)
     grown = g is not None and len(before) >= MEDIAN_OF // 2 and statistics.median(before) > 0
     ratio = statistics.median(now) / statistics.median(before) if grown else 0.0
-    rs["grad_n"] = rs.get("grad_n", 0) + 1 if grown and ratio >= th["instability_warning.grad_growth"] else 0
-    if rs["grad_n"] < th["instability_warning.patience"]:
-        return None
-    rs["growth"] = g
-    return (
-        f"the learning rate is still rising ({g:.1f}x over the last {w} steps, now {fmt(rs['lrs'][-1][1])}) and "
-        f"the gradient norm grew {ratio:.1f}x (median {fmt(statistics.median(now))}, was {fmt(statistics.median(before))})"
+    head = _held(rs, "grad_n", grown and ratio >= th["instability_warning.grad_growth"], g, th)
+    return head and (
+        head
+        + f"the gradient norm grew {ratio:.1f}x (median {fmt(statistics.median(now))}, was {fmt(statistics.median(before))})"
         + (f"; the loss did best at step {rs['best_step']}{_at_lr(rs)}" if rs.get("best_step") is not None else "")
     )
+
+
+def _held(rs: dict, counter: str, bad: bool, g: float | None, th: dict) -> str | None:
+    """Count ``bad`` checks in a row under ``counter``; past ``patience``, the message's common opening."""
+    rs[counter] = rs.get(counter, 0) + 1 if bad else 0
+    if rs[counter] < th["instability_warning.patience"]:
+        return None
+    rs["growth"] = g
+    w = int(th["instability_warning.lr_window"])
+    return f"the learning rate is still rising ({g:.1f}x over the last {w} steps, now {fmt(rs['lrs'][-1][1])}) and "
 
 
 def _at_lr(rs: dict) -> str:
@@ -183,7 +184,7 @@ def _watched_loss(rs: dict, cols: Columns):
     """(rows, finite values) of the watched loss in this batch; (None, None) when it is not chosen yet."""
     for key, rows, vals in cols.losses:
         fine = np.isfinite(vals)
-        if rs.get("key") is None and fine.any() and specs.loss_goal(key, cols.th, rs.get("main")) == "fall":
+        if rs.get("key") is None and fine.any() and specs.loss_goal(key, cols.th, rs.get(loss.MAIN)) == "fall":
             return None, None
         if key == rs.get("key"):
             rows, vals = rows[fine], vals[fine]
