@@ -113,6 +113,7 @@ def test_acknowledge_snooze_resolve_and_the_inbox(server, api):
     assert api.request("POST", f"/api/incidents/{first['id']}/status", {"status": "snoozed", "minutes": -1})[0] == 400
     assert api.request("POST", "/api/incidents/999/status", {"status": "resolved"})[0] == 404
     assert api.request("GET", "/api/runs/999/incidents")[0] == 404
+    assert api.request("GET", "/api/runs/999/contention")[0] == 404
     runs = {r["id"]: r for r in api.get("/api/runs")}
     assert runs[1]["open_incidents"] == 0 and runs[2]["open_incidents"] == 0  # acknowledged/resolved, snoozed
     assert runs[2]["last_alert"]["step"] == 41  # the banner headlines the root cause, not the last consequence

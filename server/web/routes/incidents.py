@@ -28,9 +28,7 @@ def run_incidents(request: Request, run_id: int) -> list[dict]:
 @router.get("/api/runs/{run_id}/contention")
 def run_contention(request: Request, run_id: int) -> list[dict]:
     """Slowdowns that are not the run's own (other processes on the machine): information, not incidents."""
-    services = _services(request)
-    services.read(store.get_run, run_id)
-    return services.read(contention.notes, run_id)
+    return _services(request).read(contention.notes, run_id)  # notes() reads the run: 404 for an unknown one
 
 
 @router.get("/api/incidents")
