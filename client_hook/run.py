@@ -195,7 +195,7 @@ class Run(WandbRunMixin):
         Raises:
             TrainingDiverged: only with on_nan="raise", once a loss is NaN/inf.
         """
-        if self.recorder.finished and os.getpid() != self._pid:
+        if self.recorder.finished and self.forked:
             signals.say_not_in_worker()  # a forked child: the parent's run is not ours to log to
             return
         try:

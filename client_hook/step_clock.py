@@ -62,7 +62,6 @@ class StepClock:
         self.scalers: dict[int, tuple] = {}  # id(scaler) -> (scaler, its original update)
         self.round: int | None = None  # the step of the training step under way (some optimizer stepped)
         self.stepped: set[int] = set()  # optimizers that stepped in it
-        self.taking = False  # between an optimizer's pre and post hook
         self.closure = False  # ... and that step was given a closure (gradients come inside it)
         self.moved = False  # an optimizer stepped since the last GradScaler.update
 
@@ -170,7 +169,7 @@ class StepClock:
         if self.round is None:
             self.round = self.step
         given = [a for a in args if a is not optimizer]  # the hook's args start with the optimizer itself
-        self.taking, self.closure = True, callable(kwargs.get("closure", given[0] if given else None))
+        self.closure = callable(kwargs.get("closure", given[0] if given else None))
         step = self.step
         for sub in self._concerned(optimizer):
             if sub.before is not None and sub.due:
@@ -178,17 +177,18 @@ class StepClock:
 
     def _post(self, optimizer, args, kwargs) -> None:
         step = self.step  # a framework may have pinned its step inside step(closure)
+        concerned = self._concerned(optimizer)
         try:
-            for sub in self._concerned(optimizer):
+            for sub in concerned:
                 if sub.after is not None and sub.due:
                     self.recorder.guarded(lambda sub=sub: sub.after(step))
         finally:
-            for sub in self._concerned(optimizer):
+            for sub in concerned:
                 sub.seen += 1
-            self.taking = self.closure = False
+            self.closure = False
             self.moved = True
             self.stepped.add(id(optimizer))
-            if self.stepped >= set(self.hooks):
+            if self.stepped.issuperset(self.hooks):
                 self._end(skipped=False)
 
     def _scaler_updated(self, scaler) -> None:
