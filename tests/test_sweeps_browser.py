@@ -343,6 +343,8 @@ def test_parcoords_log_axes_hold_a_zero_and_skip_constant_keys(server, page):
 def test_ids_with_group_and_a_bad_filter(points_server, page):
     page.goto(points_server.url + "/compare?ids=1,2,3,4,5,6&group=optimizer&key=loss&band=minmax&agg=median")
     page.wait_for_function("() => document.getElementById('group-chart')?.dataset.groups === '3'", timeout=20000)
+    # the count is written once the runs list answers, which may come after the chart on a loaded machine
+    page.wait_for_function("() => document.getElementById('sweep-count').textContent !== ''", timeout=20000)
     assert page.locator("#sweep-count").inner_text() == "6 of 6"
     page.goto(points_server.url + "/compare?project=sweep&where=config.lr%20%3C&group=lr&key=loss")
     page.wait_for_selector("#missing [data-kind='load-failed']", timeout=20000)
