@@ -15,7 +15,7 @@ import math
 import time
 
 import numpy as np
-from sqlalchemy import select, update
+from sqlalchemy import and_, case, select, update
 
 from gradwatch.contract import keys as vocab
 from gradwatch_server.storage import chunks, db, store
@@ -246,14 +246,14 @@ def lr_cause(conn, run_id: int, alert: dict) -> str | None:
     return f"learning rate {at_onset:.3g} at onset (step {onset})"
 
 
-def incident_dict(inc, alerts: list[dict]) -> dict:
-    """An incident in API form: its root, every alert in step order and the one-line story."""
+def incident_dict(inc, alerts: list[dict], now: float | None = None) -> dict:
+    """An incident in API form: its root, every alert in step order and the one-line story (snoozes end at ``now``)."""
     get = inc.get if isinstance(inc, dict) else lambda name: getattr(inc, name)
     ordered = sorted(alerts, key=_order)
     root = next((a for a in alerts if a["id"] == get("root_alert_id")), ordered[0] if ordered else None)
     status = get("status")
     until = get("snoozed_until")
-    if status == "snoozed" and until is not None and until <= time.time():
+    if status == "snoozed" and until is not None and until <= (time.time() if now is None else now):
         status = "open"  # a snooze that ran out
     return {
         "id": get("id"),
@@ -313,15 +313,22 @@ def list_incidents(conn, run_id: int) -> list[dict]:
 
 
 def inbox(conn, project: str | None = None, status: str | None = None, limit: int = 200) -> list[dict]:
-    """Incidents across runs, open first, each with its run's name and project."""
+    """Incidents across runs, open first, each with its run's name and project (at most ``limit``)."""
+    now = time.time()
+    inc = db.incidents.c
+    expired = and_(inc.status == "snoozed", inc.snoozed_until.is_not(None), inc.snoozed_until <= now)
+    shown = case((expired, "open"), else_=inc.status)  # what incident_dict will say the status is
+    # the status and the order are SQL's, before the LIMIT: old open incidents are never cut off by newer ones
     query = (
         select(db.incidents, db.runs.c.name.label("run_name"), db.runs.c.project)
-        .join(db.runs, db.runs.c.id == db.incidents.c.run_id)
-        .order_by(db.incidents.c.updated_at.desc())
+        .join(db.runs, db.runs.c.id == inc.run_id)
+        .order_by(case(*((shown == s, i) for i, s in enumerate(STATUSES)), else_=len(STATUSES)), inc.updated_at.desc())
         .limit(limit)
     )
     if project:
         query = query.where(db.runs.c.project == project)
+    if status is not None:
+        query = query.where(shown == status)
     rows = conn.execute(query).all()
     ids = [r.id for r in rows]
     alerts: dict = {}
@@ -330,10 +337,9 @@ def inbox(conn, project: str | None = None, status: str | None = None, limit: in
             alerts.setdefault(a.incident_id, []).append(store.alert_dict(a))
     out = []
     for r in rows:
-        inc = incident_dict(r, alerts.get(r.id, []))
-        inc["run_name"], inc["project"] = r.run_name, r.project
-        if status is None or inc["status"] == status:
-            out.append(inc)
+        found = incident_dict(r, alerts.get(r.id, []), now)
+        found["run_name"], found["project"] = r.run_name, r.project
+        out.append(found)
     return sorted(out, key=_rank)
 
 

@@ -59,12 +59,12 @@ def run(args) -> int:
             run_id = resolve(source, args.run)
             meta = source.run(run_id)
             found = [brief(i, meta) for i in source.incidents(run_id)]
-        else:
-            found = [brief(i) for i in source.inbox(project=args.project)]
+            if args.open:  # a run's list has no status filter of its own; it is short
+                found = [i for i in found if i["status"] == "open"]
+        else:  # the inbox filters before its limit, so no open incident is cut off by newer closed ones
+            found = [brief(i) for i in source.inbox(project=args.project, status="open" if args.open else None)]
     finally:
         source.close()
-    if args.open:
-        found = [i for i in found if i["status"] == "open"]
     if args.json:
         print(json.dumps(found, indent=1))
         return 0
