@@ -15,7 +15,7 @@ import math
 import time
 
 import numpy as np
-from sqlalchemy import and_, case, select, update
+from sqlalchemy import case, select, update
 
 from gradwatch.contract import keys as vocab
 from gradwatch_server.storage import chunks, db, store
@@ -316,8 +316,7 @@ def inbox(conn, project: str | None = None, status: str | None = None, limit: in
     """Incidents across runs, open first, each with its run's name and project (at most ``limit``)."""
     now = time.time()
     inc = db.incidents.c
-    expired = and_(inc.status == "snoozed", inc.snoozed_until.is_not(None), inc.snoozed_until <= now)
-    shown = case((expired, "open"), else_=inc.status)  # what incident_dict will say the status is
+    shown = case((store.needs_look(now), "open"), else_=inc.status)  # what incident_dict will say the status is
     # the status and the order are SQL's, before the LIMIT: old open incidents are never cut off by newer ones
     query = (
         select(db.incidents, db.runs.c.name.label("run_name"), db.runs.c.project)

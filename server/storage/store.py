@@ -123,50 +123,42 @@ def list_runs(
     alerted = [r["id"] for r in out if r["alert_count"]]
     last = _last_alerts(conn, alerted) if alerted else {}
     needing = open_incidents(conn, alerted) if alerted else {}
-    worst = worst_open_incidents(conn, alerted) if alerted else {}
     for r in out:
         r["last_alert"] = last.get(r["id"])
-        r["open_incidents"] = needing.get(r["id"], 0)
-        r["worst_incident"] = worst.get(r["id"])
+        r["open_incidents"], r["worst_incident"] = needing.get(r["id"], (0, None))
     return out
 
 
 SEVERITY_RANK = {s: i for i, s in enumerate(contract.SEVERITIES)}  # info < warning < critical
 
 
-def worst_open_incidents(conn, run_ids: list[int]) -> dict:
-    """run id -> its worst incident that needs a look (open, or a snooze run out): the most severe, then the
-    earliest; in brief: id, kind, severity, first_step, last_step, cause, message (its root's)."""
-    now = time.time()
+def needs_look(now: float):
+    """SQL: an incident that needs a look (open, or snoozed until a time now past; a mute has no end)."""
     inc = db.incidents.c
-    needing = (inc.status == "open") | ((inc.status == "snoozed") & (inc.snoozed_until <= now))
+    return (inc.status == "open") | ((inc.status == "snoozed") & (inc.snoozed_until <= now))
+
+
+def open_incidents(conn, run_ids: list[int]) -> dict:
+    """run id -> (how many incidents need a look, the worst of them: most severe, then earliest).
+
+    The worst in brief: id, kind, severity, first_step, last_step, cause, message (its root's).
+    """
+    inc = db.incidents.c
     rows = conn.execute(
         select(db.incidents, db.alerts.c.message)
         .outerjoin(db.alerts, db.alerts.c.id == inc.root_alert_id)
-        .where(inc.run_id.in_(run_ids), needing)
+        .where(inc.run_id.in_(run_ids), needs_look(time.time()))
     )
     out: dict = {}
     for r in rows:
         key = (-SEVERITY_RANK.get(r.severity, 0), r.first_step if r.first_step is not None else 1 << 62, r.id)
-        if r.run_id not in out or key < out[r.run_id][0]:
+        count, best, brief = out.get(r.run_id, (0, None, None))
+        if best is None or key < best:
             brief = {"id": r.id, "kind": r.kind, "severity": r.severity, "first_step": r.first_step}
             brief.update({"last_step": r.last_step, "cause": r.cause, "message": r.message})
-            out[r.run_id] = (key, brief)
-    return {run_id: brief for run_id, (_, brief) in out.items()}
-
-
-def open_incidents(conn, run_ids: list[int]) -> dict:
-    """run id -> how many of its incidents need a look (open, or snoozed until a time now past)."""
-    now = time.time()
-    needing = (db.incidents.c.status == "open") | (
-        (db.incidents.c.status == "snoozed") & (db.incidents.c.snoozed_until <= now)
-    )
-    rows = conn.execute(
-        select(db.incidents.c.run_id, func.count().label("n"))
-        .where(db.incidents.c.run_id.in_(run_ids), needing)
-        .group_by(db.incidents.c.run_id)
-    )
-    return {r.run_id: r.n for r in rows}
+            best = key
+        out[r.run_id] = (count + 1, best, brief)
+    return {run_id: (count, brief) for run_id, (count, _, brief) in out.items()}
 
 
 def get_run(conn, run_id: int) -> dict:
@@ -210,7 +202,7 @@ def _with_alerts(conn, run_id: int, row) -> dict:
     count = conn.execute(select(func.count()).select_from(db.alerts).where(db.alerts.c.run_id == run_id)).scalar()
     out = _summary(row, count)
     out["last_alert"] = _last_alerts(conn, [run_id]).get(run_id) if count else None
-    out["open_incidents"] = open_incidents(conn, [run_id]).get(run_id, 0) if count else 0
+    out["open_incidents"] = open_incidents(conn, [run_id]).get(run_id, (0, None))[0] if count else 0
     return out
 
 
