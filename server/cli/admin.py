@@ -43,6 +43,20 @@ def reporting(url: str):
         sys.exit(f"gradwatch: cannot use the database {redacted(url)}: {first_line(exc)} (check --db)")
 
 
+@contextlib.contextmanager
+def connection(url: str, write: bool = False):
+    """A connection to the database at its newest schema (created or upgraded, as `gradwatch serve` does at start);
+    with ``write``, one transaction committed at the end. The engine is disposed of either way."""
+    from gradwatch_server.storage import database
+
+    engine = database.make_engine(url)
+    try:
+        with engine.begin() if write else engine.connect() as conn:
+            yield conn
+    finally:
+        engine.dispose()
+
+
 def describe(run: dict) -> str:
     tags = f", tags {', '.join(map(str, run['tags']))}" if run["tags"] else ""
     return printable(  # names and tags may hold terminal escapes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from gradwatch_server.cli.admin import database_url, db_flag, reporting, utc
+from gradwatch_server.cli.admin import connection, database_url, db_flag, reporting, utc
 from gradwatch_server.cli.source import printable
 
 
@@ -23,17 +23,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from gradwatch_server.storage import database
     from gradwatch_server.web import audit
 
     url = database_url(args)
-    with reporting(url):
-        engine = database.make_engine(url)
-        try:
-            with engine.connect() as conn:
-                rows = audit.listing(conn, args.limit, args.who, args.project)
-        finally:
-            engine.dispose()
+    with reporting(url), connection(url) as conn:
+        rows = audit.listing(conn, args.limit, args.who, args.project)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0

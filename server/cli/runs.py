@@ -6,7 +6,7 @@ import json
 import sys
 
 from gradwatch.contract import STATUSES, options
-from gradwatch_server.cli.source import SourceError, open_source, printable, resolve
+from gradwatch_server.cli.source import SourceError, open_source, print_table, resolve
 
 
 def add_parser(sub) -> None:
@@ -61,10 +61,7 @@ def _ls(source, args) -> int:
         )
         for r in runs
     ]
-    rows = [tuple(printable(cell) for cell in row) for row in rows]  # names may hold terminal escapes
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())  # cells made printable above
+    print_table(rows)  # names may hold terminal escapes: print_table makes every cell printable
     return 0
 
 

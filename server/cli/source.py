@@ -164,6 +164,14 @@ def printable(text) -> str:
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], str(text))
 
 
+def print_table(rows: list[tuple]) -> None:
+    """Rows (the first the header) as columns aligned with two spaces; every cell made printable."""
+    rows = [tuple(printable(cell) for cell in row) for row in rows]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+
+
 class Progress:
     """A progress line on stderr, rewritten in place on a terminal, a line every few seconds otherwise."""
 

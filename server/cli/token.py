@@ -6,7 +6,8 @@ import json
 import sys
 import time
 
-from gradwatch_server.cli.admin import database_url, db_flag, reporting, utc
+from gradwatch_server.cli.admin import connection, database_url, db_flag, reporting, utc
+from gradwatch_server.cli.source import print_table
 
 
 def add_parser(sub) -> None:
@@ -39,12 +40,6 @@ def run(args) -> int:
         return {"create": _create, "ls": _ls, "revoke": _revoke}[args.token_command](args, url)
 
 
-def _engine(url: str):
-    from gradwatch_server.storage import database
-
-    return database.make_engine(url)  # creates or upgrades the schema, as `gradwatch serve` does
-
-
 def _create(args, url: str) -> int:
     from gradwatch_server.storage import retention
     from gradwatch_server.web import audit, tokens
@@ -53,15 +48,12 @@ def _create(args, url: str) -> int:
         expires = None if args.expires is None else time.time() + retention.parse_duration(args.expires)
     except ValueError as exc:
         sys.exit(f"gradwatch: --expires {exc}")
-    engine = _engine(url)
     try:
-        with engine.begin() as conn:
+        with connection(url, write=True) as conn:
             made = tokens.create(conn, args.name, args.role, args.project, expires, by="cli")
             audit.record(conn, "cli", "admin", f"token create {made['name']}", 200, detail={"role": made["role"]})
     except ValueError as exc:
         sys.exit(f"gradwatch token create: {exc}")
-    finally:
-        engine.dispose()
     if args.json:
         print(json.dumps(made, indent=1))
         return 0
@@ -74,12 +66,8 @@ def _create(args, url: str) -> int:
 def _ls(args, url: str) -> int:
     from gradwatch_server.web import tokens
 
-    engine = _engine(url)
-    try:
-        with engine.connect() as conn:
-            rows = tokens.listing(conn)
-    finally:
-        engine.dispose()
+    with connection(url) as conn:
+        rows = tokens.listing(conn)
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
@@ -88,25 +76,19 @@ def _ls(args, url: str) -> int:
         expires = "-" if r["expires_at"] is None else ("expired" if r["expired"] else utc(r["expires_at"]))
         used = "never" if r["last_used_at"] is None else utc(r["last_used_at"])
         table.append((r["name"], r["role"], ",".join(r["projects"] or ["*"]), expires, used))
-    widths = [max(len(row[i]) for row in table) for i in range(5)]
-    for row in table:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    print_table(table)
     return 0
 
 
 def _revoke(args, url: str) -> int:
     from gradwatch_server.web import audit, sessions, tokens
 
-    engine = _engine(url)
-    try:
-        with engine.begin() as conn:
-            key = conn.execute(tokens.select_digest(args.name)).scalar()
-            if key is None:
-                sys.exit(f"gradwatch token revoke: no token named {args.name!r} (see gradwatch token ls)")
-            sessions.end_of_token(conn, key)
-            tokens.revoke(conn, args.name)
-            audit.record(conn, "cli", "admin", f"token revoke {args.name}", 200)
-    finally:
-        engine.dispose()
+    with connection(url, write=True) as conn:
+        key = conn.execute(tokens.select_digest(args.name)).scalar()
+        if key is None:
+            sys.exit(f"gradwatch token revoke: no token named {args.name!r} (see gradwatch token ls)")
+        sessions.end_of_token(conn, key)
+        tokens.revoke(conn, args.name)
+        audit.record(conn, "cli", "admin", f"token revoke {args.name}", 200)
     print(f"gradwatch: token {args.name!r} revoked (a server stops taking it within 30 s)")
     return 0
