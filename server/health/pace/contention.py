@@ -13,7 +13,7 @@ from gradwatch_server.health.common import Observation
 from gradwatch_server.health.pace import cause, throughput
 from gradwatch_server.storage import store
 
-MAX_POINTS = 200_000  # points per key a replay reads (a longer run: its latest ones)
+MAX_STEPS = 200_000  # the steps a replay reads (a longer run: its latest ones, read as a range, not sliced)
 
 
 def notes(conn, run_id: int) -> list[dict]:
@@ -21,11 +21,12 @@ def notes(conn, run_id: int) -> list[dict]:
     run = store.get_run(conn, run_id)
     th = specs.merged(run.get("alert_config"))
     have = set(store.list_keys(conn, run_id))
+    start = None if run.get("last_step") is None else run["last_step"] - MAX_STEPS + 1
     columns = []
     for key in sorted(have.intersection({throughput.STEP_TIME, *cause.READS})):
-        got = store.get_series(conn, run_id, key)
+        got = store.get_series(conn, run_id, key, start=start)
         values = [v if isinstance(v, (int, float)) else float("nan") for v in got["values"]]  # NaN comes encoded
-        columns.append((key, got["steps"][-MAX_POINTS:], values[-MAX_POINTS:]))
+        columns.append((key, got["steps"], values))
     order = sorted(
         ((int(s), k == throughput.STEP_TIME, k, float(v)) for k, steps, vals in columns for s, v in zip(steps, vals)),
     )
