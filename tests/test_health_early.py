@@ -67,6 +67,32 @@ def test_a_warning_after_the_run_already_blew_up_says_again():
     assert "comes before divergence" not in warn[0].message
 
 
+def _gan_stream():
+    """(step, scalars): a D loss that rises 7x at step 5 (it may), then update ratios that grow late."""
+    out = []
+    for step in range(500):
+        out.append((step, {"loss_G": 3.0, "loss_D": 0.7 if step < 5 else 5.0}))
+        if step >= 200 and step % 10 == 0:
+            out.append((step, {"signals/update_ratio_max": 0.01 if step < 400 else 0.3}))
+    return out
+
+
+def test_a_discriminator_loss_that_rises_is_not_taken_for_a_blow_up_on_either_path():
+    import numpy as np
+
+    one, many = Monitor(), Monitor()
+    expected = [a for step, sc in _gan_stream() for a in one.observe(step, sc, {})]
+    warn = [a for a in expected if a.kind == "instability_warning" and not a.update]
+    assert warn and "comes before divergence" in warn[0].message and "already blew up" not in warn[0].message
+    got, head = [], [(s, sc) for s, sc in _gan_stream() if s < 200]
+    for start in range(0, 200, 64):  # losses only: the batch path's bulk check reads them
+        steps = np.arange(start, min(start + 64, 200))
+        rows = np.arange(len(steps))
+        got += many.observe_batch(steps, {k: (rows, np.array([head[s][1][k] for s in steps])) for k in head[0][1]}, {})
+    got += [a for step, sc in _gan_stream() if step >= 200 for a in many.observe(step, sc, {})]
+    assert [(a.kind, a.step, a.message) for a in got] == [(a.kind, a.step, a.message) for a in expected]
+
+
 # -- losses that are not meant to fall ------------------------------------------------------------------
 def gan(run, steps: int, seed: int) -> None:
     """A tiny 1-D GAN on CPU: D and G losses settle at an equilibrium, they do not fall."""

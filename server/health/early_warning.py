@@ -18,8 +18,7 @@ from collections import deque
 import numpy as np
 
 from gradwatch.contract import keys
-from gradwatch.contract.keys import is_loss_key
-from gradwatch_server.health import lr_ramp
+from gradwatch_server.health import loss, lr_ramp
 from gradwatch_server.health.common import GLOBAL, Alert, Observation, episode, fmt
 from gradwatch_server.health.rule import Columns, Rule
 
@@ -40,7 +39,7 @@ def check_instability_warning(state: dict, obs: Observation, th: dict) -> list[A
     if obs.layers:
         state["layers"] = obs.layers  # the signals come in a record of their own: name layers from the last layout
     for key, value in obs.scalars.items():
-        if is_loss_key(key):
+        if loss.watched(state.get("ramp", {}), key, th):  # a GAN's discriminator loss may rise: not a blow-up
             _blown(state, obs.step, key, value, th)
     u = obs.scalars.get(RATIO)
     for key, name in ((ACT, "act"), (GLOBAL, "grad")):
@@ -220,6 +219,8 @@ def bulk_instability_warning(state: dict, cols: Columns) -> bool:
     if state.get("blown") is None:
         found = []
         for key, rows, vals in cols.losses:
+            if not loss.watched(state["ramp"], key, cols.th):
+                continue  # as in check: a loss not meant to fall (a GAN's discriminator's) may rise
             order = np.argsort(rows, kind="stable")
             rows, vals = rows[order], vals[order]
             start = state.setdefault("starts", {}).get(key)
