@@ -277,3 +277,20 @@ def test_tail_follows_a_live_run_in_a_pty_and_leaves_on_ctrl_c(server, api):
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+def test_tail_sparkline_covers_the_whole_run_so_an_early_spike_shows(server, api):
+    import subprocess
+    import sys
+
+    run = gradwatch.init(project="spark", name="spike", server=server.url)
+    for step in range(3000):
+        run.log({"loss": 50.0 if step == 200 else 1.0 + 0.1 * (step % 7)}, step=step)  # one spike, early on
+    run.finish(timeout=30)
+    run_id = api.get("/api/runs?project=spark")[0]["id"]
+    cmd = [sys.executable, "-m", "gradwatch_server.cli", "tail", str(run_id), "--server", server.url, "--once"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    line = next(row for row in out.stdout.splitlines() if row.startswith("loss"))
+    bars = line[13:].split("  ")[0]
+    assert "█" in bars[: len(bars) // 4], line  # step 200 of 3000 sits in the first quarter of the sparkline

@@ -44,7 +44,7 @@ def num(x) -> str:
 
 
 def sparkline(values: list, width: int = WIDTH) -> str:
-    """The last ``width`` values as block characters (log scale when they span decades); '!' for NaN/inf."""
+    """The last ``width`` values as block characters (log scale when they span decades); '!' for NaN/inf or a gap."""
     values = values[-width:]
     fin = [v for v in values if v is not None and math.isfinite(v)]
     if not fin:
@@ -62,9 +62,10 @@ def sparkline(values: list, width: int = WIDTH) -> str:
 
 
 def _points(source, run_id: int, key: str | None) -> tuple[list, list]:
+    """The whole run in at most WIDTH points: the server's min/max envelope, so a spike or NaN anywhere shows."""
     if key is None:
         return [], []
-    got = source.series(run_id, key, max_points=4 * WIDTH)
+    got = source.series(run_id, key, max_points=WIDTH)
     return got["steps"][-WIDTH:], decode(got["values"])[-WIDTH:]
 
 
