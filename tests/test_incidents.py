@@ -293,4 +293,4 @@ def test_tail_sparkline_covers_the_whole_run_so_an_early_spike_shows(server, api
     assert out.returncode == 0, out.stderr
     line = next(row for row in out.stdout.splitlines() if row.startswith("loss"))
     bars = line[13:].split("  ")[0]
-    assert "█" in bars[: len(bars) // 4], line  # step 200 of 3000 sits in the first quarter of the sparkline
+    assert bars.count("█") == 1 and bars.index("█") < len(bars) // 4, line  # the spike (step 200 of 3000), early
