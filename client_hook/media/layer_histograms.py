@@ -1,19 +1,29 @@
 """``watch(..., histograms=True)``: per-parameter gradient and weight histograms (TensorBoard's "Distributions",
 W&B's ``watch(log="all")``), bounded in bytes per step.
 
-Each parameter gets a post-accumulate-grad hook: when its gradient is complete (as backward produced
-it, before any clipping) on a sampled backward pass, its gradient and/or weight is captured as a
-``Histogram`` (a device tensor binned on its device, a CPU one copied and binned on the sender
-thread): no host-device sync, and nothing but a counter on the passes that are not sampled. A
-parameter of more than ``SAMPLE`` values is binned from a sample of them (evenly spaced runs of
-consecutive values, counts scaled back): the shape of the distribution for a small fixed cost; a
-lone NaN may fall outside the sample, and the gradient norms (which read every value) raise the NaN alerts.
+They are captured when ``watch()`` reads its gradient norms (``capture/modes.py``), every ``every``-th time:
+with an optimizer, when the step's gradients are final, before anything clips them (``clip_grad_norm_``,
+else the optimizer's pre-step: after the last backward of an accumulation); without one, when a backward
+pass ends (once a step: the first pass of a step counts). No hook per parameter is added with an
+optimizer, and nothing runs on the steps that are not sampled but the clock's counter. A parameter
+whose ``.grad`` is None then (not used in the step's backward) gets neither histogram.
+
+CPU tensors are copied into one ``HistogramGroup`` (a matrix per sample size, binned together on the
+sender thread); a device tensor is a ``Histogram`` binned on its device: no host-device sync either way.
+A parameter of more than ``SAMPLE`` values is binned from a sample of them (evenly spaced runs of
+consecutive values, counts scaled back): the shape of the distribution for a small fixed cost; a lone
+NaN may fall outside the sample, and the gradient norms (which read every value) raise the NaN alerts.
 """
 
 from __future__ import annotations
 
+from gradwatch import protocol
+from gradwatch.capture.board import Part
+from gradwatch.capture.modes import AfterBackward, AtOptimizerStep
 from gradwatch.media import limits, route
 from gradwatch.media.histogram import Histogram
+from gradwatch.media.histogram_group import HistogramGroup
+from gradwatch.step_clock import clock_of
 
 GRAD_PREFIX = "gradients/"  # W&B's names: gradients/<parameter>, parameters/<parameter>
 PARAM_PREFIX = "parameters/"
@@ -23,20 +33,29 @@ SAMPLE = 4096  # values binned per parameter: a sample of bigger ones (the 5 % b
 
 
 class LayerHistograms:
-    """Histograms of a model's gradients and/or weights every ``every``-th backward pass.
+    """Histograms of a model's gradients and/or weights every ``every``-th optimizer step (backward pass).
+
+    It is driven by a capture mode as a ``Watcher`` is (``capture``, ``trainable``, ``params``,
+    ``optimizers``, ``clock``, ``recorder``), with its own ``every``.
 
     Args:
-        recorder: the run's ``Recorder`` (where the histograms go, at its current step).
+        recorder: the run's ``Recorder`` (where the histograms go, at the clock's step).
         model: the ``torch.nn.Module``.
         log: "gradients", "parameters" or "all".
-        every: sample every N-th backward pass (1 = all).
+        every: every N-th optimizer step of ``optimizer`` (without one, every N-th backward pass; 1 = all).
         bins: bins per histogram.
+        optimizer: the model's optimizer, or None.
     """
 
-    def __init__(self, recorder, model, log: str = "gradients", every: int = 1, bins: int = limits.DEFAULT_BINS):
+    def __init__(
+        self, recorder, model, log: str = "gradients", every: int = 1, bins: int = limits.DEFAULT_BINS, optimizer=None
+    ):
+        import torch
+
         if log not in WHICH:
             raise ValueError(f"histograms must be one of {', '.join(WHICH)}, got {log!r}")
-        self.recorder, self.which, self.every, self.bins = recorder, WHICH[log], max(1, int(every)), bins
+        self.torch, self.recorder, self.model, self.which, self.bins = torch, recorder, model, WHICH[log], bins
+        self.clock = clock_of(recorder)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if len(named) > MAX_PARAMETERS:
             recorder.warn_once(
@@ -44,41 +63,46 @@ class LayerHistograms:
                 f"gradwatch: histograms of the {MAX_PARAMETERS} largest of {len(named)} parameters only (bytes per step)",
             )
             named = sorted(named, key=lambda item: -item[1].numel())[:MAX_PARAMETERS]
-        self.handles = []
-        self.passes: dict[str, int] = {}
-        self.taken: dict[str, int] = {}  # the step each parameter was last captured at: once per step
-        for name, param in named:
-            self.passes[name] = 0
-            self.handles.append(param.register_post_accumulate_grad_hook(self._hook(name)))
+        for name, _ in named:
+            protocol.check_key(GRAD_PREFIX + name)
+        self.params = named
+        self.keys = [(GRAD_PREFIX + n, PARAM_PREFIX + n) for n, _ in named]
+        self.optimizers = [optimizer] if optimizer is not None else []
+        self.taken: int | None = None  # the step captured last: once per step (a second backward of it is skipped)
+        self.mode = AtOptimizerStep(every) if optimizer is not None else AfterBackward(every)
+        self.mode.start(self)
 
-    def _hook(self, name: str):
-        grad_key, param_key = GRAD_PREFIX + name, PARAM_PREFIX + name
+    def trainable(self) -> list:
+        """What the capture mode asks of a watcher; the norms are the watcher's."""
+        return []
 
-        def on_grad(param) -> None:
-            seen = self.passes[name]
-            self.passes[name] = seen + 1
-            if seen % self.every:
-                return
-            step = self.recorder.current_step()
-            if self.taken.get(name) == step:  # a second backward in the same step (accumulation): the first counts
-                return
-            self.taken[name] = step
-            self.recorder.guarded(lambda: self._capture(param, grad_key, param_key, step))
-
-        return on_grad
-
-    def _capture(self, param, grad_key: str, param_key: str, step: int) -> None:
-        if self.recorder.finished:
-            return
-        media = {}
-        if "grad" in self.which and param.grad is not None:
-            media[grad_key] = Histogram(param.grad, num_bins=self.bins, sample=SAMPLE)
-        if "param" in self.which:
-            media[param_key] = Histogram(param, num_bins=self.bins, sample=SAMPLE)
-        route.put(self.recorder, step, media)
+    def capture(self) -> Part:
+        """Histograms of every hooked parameter that has a gradient now, at the clock's step."""
+        step = self.clock.step
+        if self.recorder.finished or (self.taken == step and not self.optimizers):
+            return Part([], None, [])
+        self.taken = step
+        torch, host, device = self.torch, [], {}
+        grads, weights = "grad" in self.which, "param" in self.which
+        for (grad_key, param_key), (_name, param) in zip(self.keys, self.params):
+            grad = param.grad
+            if grad is None:
+                continue
+            for key, tensor in ((grad_key, grad if grads else None), (param_key, param if weights else None)):
+                if tensor is None:
+                    continue
+                if tensor.device.type == "cpu" and tensor.dtype in (torch.float32, torch.float64, torch.float16):
+                    host.append((key, tensor.numpy(force=True).reshape(-1)))  # a view: copied by the group
+                else:
+                    device[key] = Histogram(tensor, num_bins=self.bins, sample=SAMPLE)
+        if host:
+            group = HistogramGroup(host, self.bins, SAMPLE)
+            outbound = self.recorder.sender.encoder.media
+            self.recorder.sender.put(outbound.item(step, host[0][0], group))
+        if device:
+            route.put(self.recorder, step, device)
+        return Part([], None, [])
 
     def remove(self) -> None:
-        """Unhook every parameter."""
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
+        """Stop capturing (unhook the backward hooks, if any)."""
+        self.mode.stop()
