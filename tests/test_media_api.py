@@ -8,11 +8,14 @@ import urllib.request
 
 import numpy as np
 import torch
+from sqlalchemy import select
 
 import gradwatch
 from gradwatch import protocol
 from gradwatch.media import Histogram, Image, Table, png, route
 from gradwatch_server.ingest import media as media_ingest
+from gradwatch_server.storage import database, db
+from gradwatch_server.storage.media import rows as media_store
 
 ONE_PIXEL = base64.b64encode(png.encode(b"\x00", 1, 1, 1)).decode()
 
@@ -176,3 +179,57 @@ def test_a_watch_capture_travels_as_one_packed_group_only_where_the_server_annou
     except protocol.ProtocolError:
         return
     raise AssertionError("a server without histogram_packed took a packed group")
+
+
+def stored_media(engine, run_id) -> list[tuple]:
+    m = db.media.c
+    with engine.connect() as conn:
+        rows = conn.execute(select(m.key, m.kind, m.step, m.idx, m.meta, m.body, m.nbytes).where(m.run_id == run_id))
+        return sorted((k, kind, s, i, meta, bytes(body), n) for k, kind, s, i, meta, body, n in rows)
+
+
+def check_store_replaces(engine) -> None:
+    """Histograms upserted, images deleted first: a key logged again at a step replaces what it held there."""
+    with engine.begin() as conn:
+        run_id = conn.execute(
+            db.runs.insert().values(
+                uid=f"store-{engine.dialect.name}",
+                project="m",
+                name="r",
+                status="running",
+                created_at=0.0,
+                updated_at=0.0,
+            )
+        ).inserted_primary_key[0]
+
+    def row(key, kind, step, body, idx=0, meta="{}"):
+        return {"key": key, "kind": kind, "step": step, "idx": idx, "wall": 1.0, "meta": meta, "body": body}
+
+    def store(rows):
+        with engine.begin() as conn:
+            media_store.store(conn, run_id, rows)
+
+    store([row("h", "histogram", 0, b"\1" * 8), row("h", "histogram", 1, b"\2" * 8)])
+    store([row("h", "histogram", 1, b"\3" * 16, meta='{"lo": 1}'), row("h", "histogram", 2, b"\4" * 8)])
+    store([row("pics", "image", 5, b"a", i) for i in range(3)])
+    store([row("pics", "image", 5, b"b")])  # logged again with one image: the other two go
+    assert stored_media(engine, run_id) == [
+        ("h", "histogram", 0, 0, "{}", b"\1" * 8, 8),
+        ("h", "histogram", 1, 0, '{"lo": 1}', b"\3" * 16, 16),  # replaced in place, its size with it
+        ("h", "histogram", 2, 0, "{}", b"\4" * 8, 8),
+        ("pics", "image", 5, 0, "{}", b"b", 1),
+    ]
+    with engine.connect() as conn:
+        assert media_store.run_bytes(conn, run_id) == 33
+
+
+def test_a_media_row_logged_again_replaces_the_old_one_on_sqlite(tmp_path):
+    check_store_replaces(database.make_engine(f"sqlite:///{tmp_path}/m.db"))
+
+
+def test_a_media_row_logged_again_replaces_the_old_one_on_postgres(postgres_url):
+    engine = database.make_engine(postgres_url)
+    try:
+        check_store_replaces(engine)
+    finally:
+        engine.dispose()
