@@ -159,31 +159,34 @@ def test_the_sync_counter_sees_a_sync():
     assert "aten::_local_scalar_dense" in mode.syncs and "aten::nonzero" in mode.syncs
 
 
-def watched_loop_syncs(tmp_path, histograms):
+def watched_loop_syncs(tmp_path, histograms, with_optimizer=True):
     """Syncs a CPU training loop's thread would make on a device, watched with or without histograms."""
     import gradwatch
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    spool = str(tmp_path / f"s{histograms}")
+    spool = str(tmp_path / f"s{histograms}{with_optimizer}")
     run = gradwatch.init(project="m", server="http://127.0.0.1:9", mode="offline", spool_dir=spool)
-    run.watch(model, opt, every=2, histograms=histograms, system_every=None)
+    run.watch(model, opt if with_optimizer else None, every=2, histograms=histograms, system_every=None)
     x, y = torch.randn(4, 8), torch.randn(4, 1)
     with CountSyncs() as mode:
-        for _ in range(6):
+        for step in range(6):
             loss = ((model(x) - y) ** 2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if not with_optimizer:
+                run.log({"loss": 1.0}, step=step)
     outbound = run.recorder.sender.encoder.media
     run.finish()
     return mode.syncs, outbound
 
 
-def test_watch_histograms_add_no_sync_on_the_training_thread(tmp_path):
-    without, _ = watched_loop_syncs(tmp_path, None)
-    with_histograms, outbound = watched_loop_syncs(tmp_path, "all")
+@pytest.mark.parametrize("with_optimizer", [True, False])
+def test_watch_histograms_add_no_sync_on_the_training_thread(tmp_path, with_optimizer):
+    without, _ = watched_loop_syncs(tmp_path, None, with_optimizer)
+    with_histograms, outbound = watched_loop_syncs(tmp_path, "all", with_optimizer)
     assert with_histograms == without  # what watch() itself reads is its own business (its tests count it)
     assert outbound.put_count == 3 * 4 * 2 and not outbound.refusals  # steps 0, 2, 4 x 4 parameters x (grad, weight)
 
