@@ -159,17 +159,19 @@ def test_the_sync_counter_sees_a_sync():
     assert "aten::_local_scalar_dense" in mode.syncs and "aten::nonzero" in mode.syncs
 
 
-def watched_loop_syncs(tmp_path, histograms, with_optimizer=True):
-    """Syncs a CPU training loop's thread would make on a device, watched with or without histograms."""
+def watched_loop_syncs(tmp_path, histograms, with_optimizer=True, dtype=torch.float32):
+    """Syncs a CPU training loop's thread would make on a device, watched with or without histograms.
+
+    ``dtype=torch.bfloat16``: the parameters take the device path (stacked and binned by torch ops, as on a GPU)."""
     import gradwatch
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    spool = str(tmp_path / f"s{histograms}{with_optimizer}")
+    spool = str(tmp_path / f"s{histograms}{with_optimizer}{dtype}")
     run = gradwatch.init(project="m", server="http://127.0.0.1:9", mode="offline", spool_dir=spool)
     run.watch(model, opt if with_optimizer else None, every=2, histograms=histograms, system_every=None)
-    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    x, y = torch.randn(4, 8, dtype=dtype), torch.randn(4, 1, dtype=dtype)
     with CountSyncs() as mode:
         for step in range(6):
             loss = ((model(x) - y) ** 2).mean()
@@ -183,10 +185,12 @@ def watched_loop_syncs(tmp_path, histograms, with_optimizer=True):
     return mode.syncs, outbound
 
 
-@pytest.mark.parametrize("with_optimizer", [True, False])
-def test_watch_histograms_add_no_sync_on_the_training_thread(tmp_path, with_optimizer):
-    without, _ = watched_loop_syncs(tmp_path, None, with_optimizer)
-    with_histograms, outbound = watched_loop_syncs(tmp_path, "all", with_optimizer)
+@pytest.mark.parametrize(
+    "with_optimizer, dtype", [(True, torch.float32), (False, torch.float32), (True, torch.bfloat16)]
+)
+def test_watch_histograms_add_no_sync_on_the_training_thread(tmp_path, with_optimizer, dtype):
+    without, _ = watched_loop_syncs(tmp_path, None, with_optimizer, dtype)
+    with_histograms, outbound = watched_loop_syncs(tmp_path, "all", with_optimizer, dtype)
     assert with_histograms == without  # what watch() itself reads is its own business (its tests count it)
     assert outbound.put_count == 3 * 4 * 2 and not outbound.refusals  # steps 0, 2, 4 x 4 parameters x (grad, weight)
 
@@ -204,6 +208,24 @@ def test_small_cpu_histograms_binned_together_match_one_by_one():
         one = bin_tensor(torch, t, 16).tolist()
         assert row[:5] == pytest.approx(one[:5]) and sum(row[5:]) == sum(one[5:])
         assert sum(abs(a - b) for a, b in zip(row[5:], one[5:])) <= 2  # float32 rounding at bin edges only
+
+
+def test_rows_binned_at_once_on_a_device_match_bin_tensor_row_by_row():
+    from gradwatch.media.histogram import bin_rows, bin_rows_tensor, bin_tensor
+
+    torch.manual_seed(0)
+    x = torch.randn(7, 300) * torch.arange(1, 8)[:, None]
+    x[1, [3, 50]] = float("nan")
+    x[2, 7] = -float("inf")
+    x[3, 9] = float("inf")
+    x[4] = 2.5  # constant
+    x[5] = float("nan")  # nothing finite
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        rows = bin_rows_tensor(torch, x.to(dtype), 16).tolist()
+        assert rows == [bin_tensor(torch, row, 16).tolist() for row in x.to(dtype)]
+    heads, counts = bin_rows(torch, [([0, 1, 2, 3, 4, 5, 6], x.numpy())], 7, 16)  # numpy, on the sender thread
+    for i, row in enumerate(bin_rows_tensor(torch, x, 16).tolist()):
+        assert heads[i] == pytest.approx(row[:5], nan_ok=True) and counts[i].tolist() == row[5:]
 
 
 def test_a_sampled_histogram_keeps_the_shape_and_the_size_of_a_big_tensor():

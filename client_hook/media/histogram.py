@@ -194,6 +194,27 @@ def bin_tensor(torch, tensor, bins: int):
     return torch.cat([head.to(torch.float64), counts[:bins].to(torch.float64)])
 
 
+def bin_rows_tensor(torch, x, bins: int):
+    """``bin_tensor`` of every row of a [rows x values] tensor at once: [rows x (HEAD + bins)] float64 on its device,
+    a fixed handful of kernels for all the rows (one scatter_add_) and no host-device sync."""
+    rows = x.shape[0]
+    x = x.float() if not x.is_floating_point() or x.dtype in (torch.float16, torch.bfloat16) else x
+    finite = torch.isfinite(x)
+    inf = math.inf
+    lo = torch.where(finite, x, inf).amin(1)
+    hi = torch.where(finite, x, -inf).amax(1)
+    base = torch.where(finite.any(1), lo, torch.zeros_like(lo))
+    width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
+    scaled = ((x - base[:, None]) * (bins / width)[:, None]).clamp_(0, bins - 1)
+    index = torch.where(finite, scaled, torch.full_like(scaled, bins)).long()  # non-finite: the slot past the last
+    index += torch.arange(rows, device=x.device)[:, None] * (bins + 1)
+    counts = torch.zeros(rows * (bins + 1), dtype=torch.int64, device=x.device)
+    counts.scatter_add_(0, index.reshape(-1), torch.ones(1, dtype=torch.int64, device=x.device).expand(index.numel()))
+    nonfinite = [torch.isnan(x).sum(1), (x == inf).sum(1), (x == -inf).sum(1)]
+    head = torch.stack([lo, hi, *(c.to(x.dtype) for c in nonfinite)], 1)
+    return torch.cat([head.to(torch.float64), counts.view(rows, bins + 1)[:, :bins].to(torch.float64)], 1)
+
+
 BATCHED = 65536  # CPU tensors up to this size are binned together, one [tensors x values] matrix (sender thread)
 
 

@@ -8,8 +8,8 @@ pass ends (once a step: the first pass of a step counts). No hook per parameter 
 optimizer, and nothing runs on the steps that are not sampled but the clock's counter. A parameter
 whose ``.grad`` is None then (not used in the step's backward) gets neither histogram.
 
-CPU tensors are copied into one ``HistogramGroup`` (a matrix per sample size, binned together on the
-sender thread); a device tensor is a ``Histogram`` binned on its device: no host-device sync either way.
+A capture is one ``HistogramGroup``: CPU tensors copied into a matrix per sample shape and binned together
+on the sender thread, device tensors stacked and binned on their device: no host-device sync either way.
 A parameter of more than ``SAMPLE`` values is binned from a sample of them (evenly spaced runs of
 consecutive values, counts scaled back): the shape of the distribution for a small fixed cost; a lone
 NaN may fall outside the sample, and the gradient norms (which read every value) raise the NaN alerts.
@@ -20,8 +20,7 @@ from __future__ import annotations
 from gradwatch import protocol
 from gradwatch.capture.board import Part
 from gradwatch.capture.modes import AfterBackward, AtOptimizerStep
-from gradwatch.media import limits, route
-from gradwatch.media.histogram import Histogram
+from gradwatch.media import limits
 from gradwatch.media.histogram_group import HistogramGroup
 from gradwatch.step_clock import clock_of
 
@@ -82,25 +81,19 @@ class LayerHistograms:
         if self.recorder.finished or (self.taken == step and not self.optimizers):
             return Part([], None, [])
         self.taken = step
-        torch, host, device = self.torch, [], {}
+        tensors = []
         grads, weights = "grad" in self.which, "param" in self.which
         for (grad_key, param_key), (_name, param) in zip(self.keys, self.params):
             grad = param.grad
             if grad is None:
                 continue
-            for key, tensor in ((grad_key, grad if grads else None), (param_key, param if weights else None)):
-                if tensor is None:
-                    continue
-                if tensor.device.type == "cpu" and tensor.dtype in (torch.float32, torch.float64, torch.float16):
-                    host.append((key, tensor.numpy(force=True).reshape(-1)))  # a view: copied by the group
-                else:
-                    device[key] = Histogram(tensor, num_bins=self.bins, sample=SAMPLE)
-        if host:
-            group = HistogramGroup(host, self.bins, SAMPLE)
-            outbound = self.recorder.sender.encoder.media
-            self.recorder.sender.put(outbound.item(step, host[0][0], group))
-        if device:
-            route.put(self.recorder, step, device)
+            if grads:
+                tensors.append((grad_key, grad))
+            if weights:
+                tensors.append((param_key, param))
+        if tensors:
+            group = HistogramGroup(tensors, self.bins, SAMPLE)
+            self.recorder.sender.put(self.recorder.sender.encoder.media.item(step, tensors[0][0], group))
         return Part([], None, [])
 
     def remove(self) -> None:

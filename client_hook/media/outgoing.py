@@ -92,7 +92,7 @@ class Outbound:
             count = len(value.keys) if whole else value.count if isinstance(value, Refused) else 1
             try:
                 if whole:
-                    entries += self._group_entries(step, wall, value, features)
+                    entries += self._group_entries(step, wall, value, features, resolved)
                 else:
                     entries.append(self._entry(step, wall, key, value, resolved, features))
             except MediaRefused as exc:
@@ -102,7 +102,7 @@ class Outbound:
                 self._refuse(gaps, step, key, why, count)
         return entries, [_gap_event(*g) for g in gaps.values()]
 
-    def _group_entries(self, step, wall, group: HistogramGroup, features) -> list[dict]:
+    def _group_entries(self, step, wall, group: HistogramGroup, features, resolved: dict) -> list[dict]:
         """A watch() capture's wire entries: one packed group (wire feature ``histogram_packed``), else one each."""
         if group.refused:
             raise MediaRefused(group.refused)
@@ -113,7 +113,7 @@ class Outbound:
             raise MediaRefused(f"the run already sent {limits.MAX_RUN_BYTES:,} bytes of media")
         if not group.keys:
             return []
-        heads, counts = group.binned()
+        heads, counts = group.binned(resolved)
         self.sent_bytes += size
         if features and protocol.HISTOGRAM_PACKED in features:
             value = histogram.wire_group(group.scale, heads, counts)
