@@ -62,10 +62,8 @@ class LayerHistograms:
                 f"gradwatch: histograms of the {MAX_PARAMETERS} largest of {len(named)} parameters only (bytes per step)",
             )
             named = sorted(named, key=lambda item: -item[1].numel())[:MAX_PARAMETERS]
-        for name, _ in named:
-            protocol.check_key(GRAD_PREFIX + name)
-        self.params = named
-        self.keys = [(GRAD_PREFIX + n, PARAM_PREFIX + n) for n, _ in named]
+        self.params = [(n, p) for n, p in named if _valid(recorder, n)]
+        self.keys = [(GRAD_PREFIX + n, PARAM_PREFIX + n) for n, _ in self.params]
         self.optimizers = [optimizer] if optimizer is not None else []
         self.taken: int | None = None  # the step captured last: once per step (a second backward of it is skipped)
         self.mode = AtOptimizerStep(every) if optimizer is not None else AfterBackward(every)
@@ -99,3 +97,14 @@ class LayerHistograms:
     def remove(self) -> None:
         """Stop capturing (unhook the backward hooks, if any)."""
         self.mode.stop()
+
+
+def _valid(recorder, name: str) -> bool:
+    """Whether a parameter's histogram keys can be sent (one warning line for one that cannot)."""
+    try:
+        protocol.check_key(GRAD_PREFIX + name)
+        protocol.check_key(PARAM_PREFIX + name)
+    except protocol.ProtocolError as exc:
+        recorder.warn_once(f"key:{name}", f"gradwatch: no histograms of {name!r}: {exc}")
+        return False
+    return True
