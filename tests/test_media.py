@@ -246,3 +246,21 @@ def test_a_sampled_histogram_keeps_the_shape_and_the_size_of_a_big_tensor():
     as_int = Histogram(torch.arange(300_000, dtype=torch.int64), num_bins=4, sample=4096).to_wire()  # the torch path
     assert as_int["sampled"] == k and 300_000 - k * RUN <= sum(as_int["counts"]) <= 300_000
     assert max(as_int["counts"]) - min(as_int["counts"]) <= 2 * k * RUN  # evenly spread over the whole tensor
+
+
+def test_a_parameter_whose_histogram_keys_cannot_be_sent_is_left_out_with_one_line(tmp_path, capsys):
+    import gradwatch
+
+    model = torch.nn.Linear(4, 2)
+    model.register_parameter("w" * 300, torch.nn.Parameter(torch.randn(3)))  # its key would be over 256 characters
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = gradwatch.init(project="m", server="http://127.0.0.1:9", mode="offline", spool_dir=str(tmp_path))
+    run.watch(model, opt, histograms="all", system_every=None)
+    for _ in range(2):
+        opt.zero_grad()
+        (model(torch.randn(2, 4)).sum() + model.get_parameter("w" * 300).sum()).backward()
+        opt.step()
+    outbound = run.recorder.sender.encoder.media
+    run.finish()
+    assert "no histograms of 'www" in capsys.readouterr().err
+    assert outbound.put_count == 2 * 2 * 2 and not outbound.refusals  # weight and bias, grad and weight, 2 steps
