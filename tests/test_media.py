@@ -210,6 +210,22 @@ def test_small_cpu_histograms_binned_together_match_one_by_one():
         assert sum(abs(a - b) for a, b in zip(row[5:], one[5:])) <= 2  # float32 rounding at bin edges only
 
 
+def test_a_watch_capture_binned_on_its_device_does_not_sync():
+    from gradwatch.media.histogram_group import HistogramGroup
+
+    model = torch.nn.Sequential(torch.nn.Linear(100, 50), torch.nn.Linear(50, 3)).to(torch.bfloat16)
+    model(torch.randn(4, 100, dtype=torch.bfloat16)).sum().backward()
+    tensors = [(f"g/{n}", p.grad) for n, p in model.named_parameters()] + list(model.named_parameters())
+    with CountSyncs() as mode:
+        group = HistogramGroup(tensors, 16, 1024, on_device=True)  # what a GPU's tensors take
+    assert mode.syncs == [] and group.refused is None and len(group.deferred()) == 4  # 4 shapes: 4 binned matrices
+    heads, counts = group.binned()  # the sender thread reads them
+    assert group.scale == [5, 1, 1, 1] * 2  # 5,000 weights: one run of 64 in every 320 (15 runs), the rest all
+    assert counts.sum(1).tolist() == [15 * 64, 50, 150, 3] * 2 and all(
+        h[0] <= h[1] and h[2:] == [0, 0, 0] for h in heads
+    )
+
+
 def test_rows_binned_at_once_on_a_device_match_bin_tensor_row_by_row():
     from gradwatch.media.histogram import bin_rows, bin_rows_tensor, bin_tensor
 

@@ -168,6 +168,7 @@ def test_a_watch_capture_travels_as_one_packed_group_only_where_the_server_annou
         }
     assert stored[1] == stored[4]  # the group is stored as the histograms one by one are
     arrays = [(f"p/{n}", p) for n, p in model.named_parameters()]
+    limits = media_ingest.MediaLimits()
     for features in (set(protocol.SERVER_FEATURES), {protocol.MEDIA}, None):  # None: spooled before any welcome
         out = Outbound()
         entries, gaps = out.encode([out.item(0, "p/0.weight", HistogramGroup(arrays, 16, 1024))], features)
@@ -175,14 +176,23 @@ def test_a_watch_capture_travels_as_one_packed_group_only_where_the_server_annou
         rows = [r for e in json.loads(json.dumps(entries)) for r in media_ingest.rows_of(e, media_ingest.MediaLimits())]
         grouped = {r["key"]: (json.loads(r["meta"]), np.frombuffer(r["body"], "<i8").tolist()) for r in rows}
         assert grouped == stored[1]  # watch()'s HistogramGroup: the same rows, packed or one by one
-    halves = [(f"p/{n}", p.detach().to(torch.bfloat16)) for n, p in model.named_parameters()]  # the device path
-    stored_as = []
-    for items in ([HistogramGroup(halves, 16, 1024)], [Histogram(t, num_bins=16, sample=1024) for _k, t in halves]):
-        out = Outbound()
-        entries, _ = out.encode([out.item(0, k, v) for (k, _t), v in zip(halves, items)], set(protocol.SERVER_FEATURES))
-        rows = [r for e in json.loads(json.dumps(entries)) for r in media_ingest.rows_of(e, media_ingest.MediaLimits())]
-        stored_as.append({r["key"]: (json.loads(r["meta"]), np.frombuffer(r["body"], "<i8").tolist()) for r in rows})
-    assert stored_as[0] == stored_as[1] and len(stored_as[0]) == 4  # stacked and binned by torch ops: the same
+    halves = [(f"p/{n}", p.detach().to(torch.bfloat16)) for n, p in model.named_parameters()]  # not for numpy
+    for tensors in (halves, [(f"p/{n}", p) for n, p in model.named_parameters()]):
+        stored_as = []
+        one_by_one = [Histogram(t, num_bins=16, sample=1024) for _k, t in tensors]
+        for on_device in (None, True):  # True: stacked and binned by torch ops, as on a GPU
+            for items in ([HistogramGroup(tensors, 16, 1024, on_device)], one_by_one):
+                out = Outbound()
+                entries, _ = out.encode(
+                    [out.item(0, k, v) for (k, _t), v in zip(tensors, items)], set(protocol.SERVER_FEATURES)
+                )
+                rows = [r for e in json.loads(json.dumps(entries)) for r in media_ingest.rows_of(e, limits)]
+                stored_as.append({r["key"]: (json.loads(r["meta"]), np.frombuffer(r["body"], "<i8")) for r in rows})
+        assert all(len(one) == 4 for one in stored_as)
+        for one in stored_as[1:]:
+            assert {k: (m, c.tolist()) for k, (m, c) in one.items()} == {
+                k: (m, c.tolist()) for k, (m, c) in stored_as[0].items()
+            }  # the same rows, whichever path binned them
     meta, counts = stored[1]["p/1.bias"]
     assert meta["nan"] == 1 and sum(counts) == 2
     for name, param in model.named_parameters():
