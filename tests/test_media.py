@@ -280,3 +280,21 @@ def test_a_parameter_whose_histogram_keys_cannot_be_sent_is_left_out_with_one_li
     run.finish()
     assert "no histograms of 'www" in capsys.readouterr().err
     assert outbound.put_count == 2 * 2 * 2 and not outbound.refusals  # weight and bias, grad and weight, 2 steps
+
+
+def test_watch_histograms_without_numpy_go_one_by_one(tmp_path, monkeypatch):
+    import sys
+
+    import gradwatch
+
+    model = torch.nn.Linear(4, 3).to(torch.bfloat16)  # torch can bin these without numpy (on the sender thread)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = gradwatch.init(project="m", server="http://127.0.0.1:9", mode="offline", spool_dir=str(tmp_path))
+    run.watch(model, opt, histograms="all", system_every=None)
+    monkeypatch.setitem(sys.modules, "numpy", None)  # a client machine with torch and no numpy
+    opt.zero_grad()
+    model(torch.randn(2, 4, dtype=torch.bfloat16)).sum().backward()
+    opt.step()
+    outbound = run.recorder.sender.encoder.media
+    run.finish()
+    assert outbound.put_count == 4 and not outbound.refusals

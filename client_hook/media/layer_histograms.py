@@ -9,7 +9,8 @@ optimizer, and nothing runs on the steps that are not sampled but the clock's co
 whose ``.grad`` is None then (not used in the step's backward) gets neither histogram.
 
 A capture is one ``HistogramGroup``: CPU tensors copied into a matrix per sample shape and binned together
-on the sender thread, device tensors stacked and binned on their device: no host-device sync either way.
+on the sender thread, device tensors stacked and binned on their device: no host-device sync either way
+(a client without numpy sends a ``Histogram`` per tensor instead).
 A parameter of more than ``SAMPLE`` values is binned from a sample of them (evenly spaced runs of
 consecutive values, counts scaled back): the shape of the distribution for a small fixed cost; a lone
 NaN may fall outside the sample, and the gradient norms (which read every value) raise the NaN alerts.
@@ -17,10 +18,13 @@ NaN may fall outside the sample, and the gradient norms (which read every value)
 
 from __future__ import annotations
 
+import sys
+
 from gradwatch import protocol
 from gradwatch.capture.board import Part
 from gradwatch.capture.modes import AfterBackward, AtOptimizerStep
-from gradwatch.media import limits
+from gradwatch.media import limits, route
+from gradwatch.media.histogram import Histogram
 from gradwatch.media.histogram_group import HistogramGroup
 from gradwatch.step_clock import clock_of
 
@@ -89,7 +93,9 @@ class LayerHistograms:
                 tensors.append((grad_key, grad))
             if weights:
                 tensors.append((param_key, param))
-        if tensors:
+        if tensors and sys.modules.get("numpy") is None:  # torch without numpy: one Histogram each, as before
+            route.put(self.recorder, step, {k: Histogram(t, num_bins=self.bins, sample=SAMPLE) for k, t in tensors})
+        elif tensors:
             group = HistogramGroup(tensors, self.bins, SAMPLE)
             self.recorder.sender.put(self.recorder.sender.encoder.media.item(step, tensors[0][0], group))
         return Part([], None, [])
