@@ -1,6 +1,7 @@
 """How much gradwatch costs the training thread, and how fast the server ingests.
 
-Run: .venv/bin/python benchmarks/bench_overhead.py [--histograms [--rounds N] [--threads N]]   (--histograms: only watch(histograms=))
+Run: .venv/bin/python benchmarks/bench_overhead.py [--histograms [--rounds N] [--threads N] [--control]]   (--histograms: only
+watch(histograms=); --control: the same, both runs without histograms: the benchmark's own spread and bias)
 Prints each measurement next to its baseline, with the ratio, from one run on this machine.
 """
 
@@ -97,7 +98,12 @@ def process_cpu(pid: int) -> float:
 
 
 def bench_histograms(
-    url: str, layers: int = 48, width: int = 256, rounds: int = 12, server_pid: int | None = None
+    url: str,
+    layers: int = 48,
+    width: int = 256,
+    rounds: int = 12,
+    server_pid: int | None = None,
+    control: bool = False,
 ) -> None:
     """watch(every=10) against watch(every=10, histograms="all"): gradient and weight histograms of every
     parameter every 10th step, interleaved in rounds so drift hits both (the 5 % budget of issue #29).
@@ -109,7 +115,8 @@ def bench_histograms(
     on that thread too), which other processes on a busy machine barely move. A third, ``all CPU``: the CPU
     time this process (training, torch's threads, both runs' sender threads) and the server process spent
     in the round, per step: what histograms cost the machine, binning and storing included, and barely
-    moved by other processes' load (what they move is the wall time).
+    moved by other processes' load (what they move is the wall time). ``control``: the second run without
+    histograms too (an A/A run: what the ratios read when there is nothing to measure).
     """
     import copy
 
@@ -117,7 +124,7 @@ def bench_histograms(
     first = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
     x, y = torch.randn(64, width), torch.randn(64, width)
     configs = {}
-    for name, hist in (("every10", None), ("histograms", "all")):
+    for name, hist in (("every10", None), ("histograms", None if control else "all")):
         model = copy.deepcopy(first)  # a model each: one run's hooks must not fire in the other's steps
         opt = torch.optim.SGD(model.parameters(), lr=1e-4)
         run = gradwatch.init(project="bench", name=f"watch-{name}", server=url)
@@ -152,12 +159,13 @@ def bench_histograms(
     )
     # A round's mean counts its histogram steps (one in ten: their cost is what the budget is about).
     clocks = [("wall time", wall), ("training-thread CPU", cpu)] + ([("all CPU", every_cpu)] if server_pid else [])
+    what = "nothing (control: no histograms in either run)" if control else "histograms='all'"
     for clock, per_round in clocks:
         ratios = sorted(h / b for b, h in zip(per_round["every10"], per_round["histograms"]))
         q1, _med, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
         base, hist = (statistics.median(per_round[k]) for k in ("every10", "histograms"))
         print(
-            f"watch(every=10) + histograms='all', {clock}: {base * 1e3:7.2f} ms a step without, {hist * 1e3:.2f} "
+            f"watch(every=10) + {what}, {clock}: {base * 1e3:7.2f} ms a step without, {hist * 1e3:.2f} "
             f"ms with; ratio median {statistics.median(ratios):.3f}x over {rounds} alternating rounds (middle half "
             f"{q1:.3f}-{q3:.3f}, all {ratios[0]:.3f}-{ratios[-1]:.3f}; {2 * len(list(first.parameters()))} "
             "histograms every 10th step)"
@@ -201,7 +209,7 @@ def main() -> None:
             print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; server in its own process")
             if "--histograms" in sys.argv:  # only the watch(histograms=) case, [--rounds N] (default 12)
                 rounds = int(sys.argv[sys.argv.index("--rounds") + 1]) if "--rounds" in sys.argv else 12
-                bench_histograms(server.url, rounds=rounds, server_pid=server.pid)
+                bench_histograms(server.url, rounds=rounds, server_pid=server.pid, control="--control" in sys.argv)
                 return
             bench_log(server.url)
             bench_watch(server.url)

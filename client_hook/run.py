@@ -256,7 +256,7 @@ class Run(WandbRunMixin):
                 thread (``pip install gradwatch[system]``; absent counters are left out). None: off.
             histograms: per-parameter histograms of "gradients" (True), "parameters" or "all", under
                 ``gradients/<name>`` and ``parameters/<name>`` (no host-device sync; docs/wandb.md).
-            histograms_every: every N-th backward pass (default ``every``).
+            histograms_every: every N-th optimizer step (without an optimizer, backward pass; default ``every``).
             **wandb: W&B's ``log=``, ``log_freq=``, ``criterion=``, ``idx=``, ``log_graph=`` (docs/wandb.md).
 
         Returns:
@@ -266,9 +266,9 @@ class Run(WandbRunMixin):
 
         optimizer, scaler, every, w_hist, w_every = translate(optimizer, scaler, every, wandb)
         histograms = "gradients" if histograms is True else (histograms or w_hist)
-        self.watch_histograms(model, histograms, histograms_every or w_every or every)
         if on_nan not in (None, "skip"):
             raise ValueError(f"watch(on_nan=...) must be None or 'skip', got {on_nan!r}")
+        self.watch_histograms(model, histograms, histograms_every or w_every or every, optimizer)
         options = dict(
             scaler=scaler,
             every=every,

@@ -159,31 +159,38 @@ def test_the_sync_counter_sees_a_sync():
     assert "aten::_local_scalar_dense" in mode.syncs and "aten::nonzero" in mode.syncs
 
 
-def watched_loop_syncs(tmp_path, histograms):
-    """Syncs a CPU training loop's thread would make on a device, watched with or without histograms."""
+def watched_loop_syncs(tmp_path, histograms, with_optimizer=True, dtype=torch.float32):
+    """Syncs a CPU training loop's thread would make on a device, watched with or without histograms.
+
+    ``dtype=torch.bfloat16``: the parameters take the device path (stacked and binned by torch ops, as on a GPU)."""
     import gradwatch
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    spool = str(tmp_path / f"s{histograms}")
+    spool = str(tmp_path / f"s{histograms}{with_optimizer}{dtype}")
     run = gradwatch.init(project="m", server="http://127.0.0.1:9", mode="offline", spool_dir=spool)
-    run.watch(model, opt, every=2, histograms=histograms, system_every=None)
-    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    run.watch(model, opt if with_optimizer else None, every=2, histograms=histograms, system_every=None)
+    x, y = torch.randn(4, 8, dtype=dtype), torch.randn(4, 1, dtype=dtype)
     with CountSyncs() as mode:
-        for _ in range(6):
+        for step in range(6):
             loss = ((model(x) - y) ** 2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if not with_optimizer:
+                run.log({"loss": 1.0}, step=step)
     outbound = run.recorder.sender.encoder.media
     run.finish()
     return mode.syncs, outbound
 
 
-def test_watch_histograms_add_no_sync_on_the_training_thread(tmp_path):
-    without, _ = watched_loop_syncs(tmp_path, None)
-    with_histograms, outbound = watched_loop_syncs(tmp_path, "all")
+@pytest.mark.parametrize(
+    "with_optimizer, dtype", [(True, torch.float32), (False, torch.float32), (True, torch.bfloat16)]
+)
+def test_watch_histograms_add_no_sync_on_the_training_thread(tmp_path, with_optimizer, dtype):
+    without, _ = watched_loop_syncs(tmp_path, None, with_optimizer, dtype)
+    with_histograms, outbound = watched_loop_syncs(tmp_path, "all", with_optimizer, dtype)
     assert with_histograms == without  # what watch() itself reads is its own business (its tests count it)
     assert outbound.put_count == 3 * 4 * 2 and not outbound.refusals  # steps 0, 2, 4 x 4 parameters x (grad, weight)
 
@@ -201,6 +208,40 @@ def test_small_cpu_histograms_binned_together_match_one_by_one():
         one = bin_tensor(torch, t, 16).tolist()
         assert row[:5] == pytest.approx(one[:5]) and sum(row[5:]) == sum(one[5:])
         assert sum(abs(a - b) for a, b in zip(row[5:], one[5:])) <= 2  # float32 rounding at bin edges only
+
+
+def test_a_watch_capture_binned_on_its_device_does_not_sync():
+    from gradwatch.media.histogram_group import HistogramGroup
+
+    model = torch.nn.Sequential(torch.nn.Linear(100, 50), torch.nn.Linear(50, 3)).to(torch.bfloat16)
+    model(torch.randn(4, 100, dtype=torch.bfloat16)).sum().backward()
+    tensors = [(f"g/{n}", p.grad) for n, p in model.named_parameters()] + list(model.named_parameters())
+    with CountSyncs() as mode:
+        group = HistogramGroup(tensors, 16, 1024, on_device=True)  # what a GPU's tensors take
+    assert mode.syncs == [] and group.refused is None and len(group.deferred()) == 4  # 4 shapes: 4 binned matrices
+    heads, counts = group.binned()  # the sender thread reads them
+    assert group.scale == [5, 1, 1, 1] * 2  # 5,000 weights: one run of 64 in every 320 (15 runs), the rest all
+    assert counts.sum(1).tolist() == [15 * 64, 50, 150, 3] * 2 and all(
+        h[0] <= h[1] and h[2:] == [0, 0, 0] for h in heads
+    )
+
+
+def test_rows_binned_at_once_on_a_device_match_bin_tensor_row_by_row():
+    from gradwatch.media.histogram import bin_rows, bin_rows_tensor, bin_tensor
+
+    torch.manual_seed(0)
+    x = torch.randn(7, 300) * torch.arange(1, 8)[:, None]
+    x[1, [3, 50]] = float("nan")
+    x[2, 7] = -float("inf")
+    x[3, 9] = float("inf")
+    x[4] = 2.5  # constant
+    x[5] = float("nan")  # nothing finite
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        rows = bin_rows_tensor(torch, x.to(dtype), 16).tolist()
+        assert rows == [bin_tensor(torch, row, 16).tolist() for row in x.to(dtype)]
+    heads, counts = bin_rows(torch, [([0, 1, 2, 3, 4, 5, 6], x.numpy())], 7, 16)  # numpy, on the sender thread
+    for i, row in enumerate(bin_rows_tensor(torch, x, 16).tolist()):
+        assert heads[i] == pytest.approx(row[:5], nan_ok=True) and counts[i].tolist() == row[5:]
 
 
 def test_a_sampled_histogram_keeps_the_shape_and_the_size_of_a_big_tensor():
@@ -221,3 +262,39 @@ def test_a_sampled_histogram_keeps_the_shape_and_the_size_of_a_big_tensor():
     as_int = Histogram(torch.arange(300_000, dtype=torch.int64), num_bins=4, sample=4096).to_wire()  # the torch path
     assert as_int["sampled"] == k and 300_000 - k * RUN <= sum(as_int["counts"]) <= 300_000
     assert max(as_int["counts"]) - min(as_int["counts"]) <= 2 * k * RUN  # evenly spread over the whole tensor
+
+
+def test_a_parameter_whose_histogram_keys_cannot_be_sent_is_left_out_with_one_line(tmp_path, capsys):
+    import gradwatch
+
+    model = torch.nn.Linear(4, 2)
+    model.register_parameter("w" * 300, torch.nn.Parameter(torch.randn(3)))  # its key would be over 256 characters
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = gradwatch.init(project="m", server="http://127.0.0.1:9", mode="offline", spool_dir=str(tmp_path))
+    run.watch(model, opt, histograms="all", system_every=None)
+    for _ in range(2):
+        opt.zero_grad()
+        (model(torch.randn(2, 4)).sum() + model.get_parameter("w" * 300).sum()).backward()
+        opt.step()
+    outbound = run.recorder.sender.encoder.media
+    run.finish()
+    assert "no histograms of 'www" in capsys.readouterr().err
+    assert outbound.put_count == 2 * 2 * 2 and not outbound.refusals  # weight and bias, grad and weight, 2 steps
+
+
+def test_watch_histograms_without_numpy_go_one_by_one(tmp_path, monkeypatch):
+    import sys
+
+    import gradwatch
+
+    model = torch.nn.Linear(4, 3).to(torch.bfloat16)  # torch can bin these without numpy (on the sender thread)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = gradwatch.init(project="m", server="http://127.0.0.1:9", mode="offline", spool_dir=str(tmp_path))
+    run.watch(model, opt, histograms="all", system_every=None)
+    monkeypatch.setitem(sys.modules, "numpy", None)  # a client machine with torch and no numpy
+    opt.zero_grad()
+    model(torch.randn(2, 4, dtype=torch.bfloat16)).sum().backward()
+    opt.step()
+    outbound = run.recorder.sender.encoder.media
+    run.finish()
+    assert outbound.put_count == 4 and not outbound.refusals

@@ -7,12 +7,17 @@ import json
 import urllib.request
 
 import numpy as np
+import pytest
 import torch
+from sqlalchemy import select
 
 import gradwatch
 from gradwatch import protocol
 from gradwatch.media import Histogram, Image, Table, png, route
+from gradwatch.media.histogram_group import HistogramGroup
 from gradwatch_server.ingest import media as media_ingest
+from gradwatch_server.storage import database, db
+from gradwatch_server.storage.media import rows as media_store
 
 ONE_PIXEL = base64.b64encode(png.encode(b"\x00", 1, 1, 1)).decode()
 
@@ -162,6 +167,32 @@ def test_a_watch_capture_travels_as_one_packed_group_only_where_the_server_annou
             r["key"]: (json.loads(r["meta"]), np.frombuffer(r["body"], "<i8").tolist()) for r in rows
         }
     assert stored[1] == stored[4]  # the group is stored as the histograms one by one are
+    arrays = [(f"p/{n}", p) for n, p in model.named_parameters()]
+    limits = media_ingest.MediaLimits()
+    for features in (set(protocol.SERVER_FEATURES), {protocol.MEDIA}, None):  # None: spooled before any welcome
+        out = Outbound()
+        entries, gaps = out.encode([out.item(0, "p/0.weight", HistogramGroup(arrays, 16, 1024))], features)
+        assert not gaps and len(entries) == (1 if features and protocol.HISTOGRAM_PACKED in features else 4)
+        rows = [r for e in json.loads(json.dumps(entries)) for r in media_ingest.rows_of(e, media_ingest.MediaLimits())]
+        grouped = {r["key"]: (json.loads(r["meta"]), np.frombuffer(r["body"], "<i8").tolist()) for r in rows}
+        assert grouped == stored[1]  # watch()'s HistogramGroup: the same rows, packed or one by one
+    halves = [(f"p/{n}", p.detach().to(torch.bfloat16)) for n, p in model.named_parameters()]  # not for numpy
+    for tensors in (halves, [(f"p/{n}", p) for n, p in model.named_parameters()]):
+        stored_as = []
+        one_by_one = [Histogram(t, num_bins=16, sample=1024) for _k, t in tensors]
+        for on_device in (None, True):  # True: stacked and binned by torch ops, as on a GPU
+            for items in ([HistogramGroup(tensors, 16, 1024, on_device)], one_by_one):
+                out = Outbound()
+                entries, _ = out.encode(
+                    [out.item(0, k, v) for (k, _t), v in zip(tensors, items)], set(protocol.SERVER_FEATURES)
+                )
+                rows = [r for e in json.loads(json.dumps(entries)) for r in media_ingest.rows_of(e, limits)]
+                stored_as.append({r["key"]: (json.loads(r["meta"]), np.frombuffer(r["body"], "<i8")) for r in rows})
+        assert all(len(one) == 4 for one in stored_as)
+        for one in stored_as[1:]:
+            assert {k: (m, c.tolist()) for k, (m, c) in one.items()} == {
+                k: (m, c.tolist()) for k, (m, c) in stored_as[0].items()
+            }  # the same rows, whichever path binned them
     meta, counts = stored[1]["p/1.bias"]
     assert meta["nan"] == 1 and sum(counts) == 2
     for name, param in model.named_parameters():
@@ -176,3 +207,127 @@ def test_a_watch_capture_travels_as_one_packed_group_only_where_the_server_annou
     except protocol.ProtocolError:
         return
     raise AssertionError("a server without histogram_packed took a packed group")
+
+
+def stored_media(engine, run_id) -> list[tuple]:
+    m = db.media.c
+    with engine.connect() as conn:
+        rows = conn.execute(select(m.key, m.kind, m.step, m.idx, m.meta, m.body, m.nbytes).where(m.run_id == run_id))
+        return sorted((k, kind, s, i, meta, bytes(body), n) for k, kind, s, i, meta, body, n in rows)
+
+
+def check_store_replaces(engine) -> None:
+    """Histograms upserted, images deleted first: a key logged again at a step replaces what it held there."""
+    with engine.begin() as conn:
+        run_id = conn.execute(
+            db.runs.insert().values(
+                uid=f"store-{engine.dialect.name}",
+                project="m",
+                name="r",
+                status="running",
+                created_at=0.0,
+                updated_at=0.0,
+            )
+        ).inserted_primary_key[0]
+
+    def row(key, kind, step, body, idx=0, meta="{}"):
+        return {"key": key, "kind": kind, "step": step, "idx": idx, "wall": 1.0, "meta": meta, "body": body}
+
+    def store(rows):
+        with engine.begin() as conn:
+            media_store.store(conn, run_id, rows)
+
+    store([row("h", "histogram", 0, b"\1" * 8), row("h", "histogram", 1, b"\2" * 8)])
+    store([row("h", "histogram", 1, b"\3" * 16, meta='{"lo": 1}'), row("h", "histogram", 2, b"\4" * 8)])
+    store([row("pics", "image", 5, b"a", i) for i in range(3)])
+    store([row("pics", "image", 5, b"b")])  # logged again with one image: the other two go
+    assert stored_media(engine, run_id) == [
+        ("h", "histogram", 0, 0, "{}", b"\1" * 8, 8),
+        ("h", "histogram", 1, 0, '{"lo": 1}', b"\3" * 16, 16),  # replaced in place, its size with it
+        ("h", "histogram", 2, 0, "{}", b"\4" * 8, 8),
+        ("pics", "image", 5, 0, "{}", b"b", 1),
+    ]
+    with engine.connect() as conn:
+        assert media_store.run_bytes(conn, run_id) == 33
+
+
+def test_a_media_row_logged_again_replaces_the_old_one_on_sqlite(tmp_path):
+    check_store_replaces(database.make_engine(f"sqlite:///{tmp_path}/m.db"))
+
+
+def test_a_media_row_logged_again_replaces_the_old_one_on_postgres(postgres_url):
+    engine = database.make_engine(postgres_url)
+    try:
+        check_store_replaces(engine)
+    finally:
+        engine.dispose()
+
+
+def histogram_steps(api, run_id: int) -> dict:
+    """{key: {step: histogram}} of every histogram key of a run."""
+    out = {}
+    for m in api.get(f"/api/runs/{run_id}/media"):
+        hist = api.get(f"/api/runs/{run_id}/histograms?key={m['key']}")["histograms"]
+        out[m["key"]] = {h["step"]: h for h in hist}
+    return out
+
+
+def test_watch_histograms_are_taken_at_the_optimizer_step_with_accumulation_and_unused_parameters(server, api):
+    torch.manual_seed(0)
+    nn = torch.nn
+    model = nn.ModuleDict({"body": nn.Linear(8, 16), "head": nn.Linear(16, 1), "spare": nn.Linear(16, 1)})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = gradwatch.init(project="media", name="accumulation", server=server.url)
+    run.watch(model, opt, every=2, histograms="all", system_every=None)
+    seen = {}  # step -> what the optimizer got: the accumulated gradient, the weights before the update
+    for step in range(6):
+        opt.zero_grad()
+        for micro in range(3):  # gradient accumulation: three backward passes a step
+            out = model["body"](torch.randn(4, 8)).relu()
+            out = model["spare"](out) if step % 3 == 0 else model["head"](out)  # spare: steps 0 and 3 only
+            out.pow(2).mean().backward()
+            if micro == 0:
+                first = model["body"].weight.grad.clone()
+        seen[step] = {
+            n: (p.grad.clone() if p.grad is not None else None, p.detach().clone()) for n, p in model.named_parameters()
+        }
+        seen[step]["first"] = first
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1e-3)  # after the capture: the histogram is pre-clip
+        opt.step()
+    run.finish()
+    got = histogram_steps(api, run.id)
+    assert sorted(got["gradients/body.weight"]) == [0, 2, 4]  # every 2nd optimizer step, not every 2nd backward
+    assert sorted(got["gradients/spare.weight"]) == sorted(got["parameters/spare.weight"]) == [0]  # unused: none
+    assert sorted(got["gradients/head.bias"]) == sorted(got["parameters/head.bias"]) == [2, 4]
+    for step in (0, 2, 4):
+        grad, weight = seen[step]["body.weight"]
+        hist, weights = got["gradients/body.weight"][step], got["parameters/body.weight"][step]
+        assert (hist["lo"], hist["hi"]) == pytest.approx((grad.min().item(), grad.max().item()), rel=1e-6)
+        assert hist["hi"] != pytest.approx(seen[step]["first"].max().item(), rel=1e-3)  # all three micro-batches
+        assert (weights["lo"], weights["hi"]) == pytest.approx((weight.min().item(), weight.max().item()), rel=1e-6)
+        assert sum(hist["counts"]) == sum(weights["counts"]) == grad.numel()
+        truth = np.histogram(grad.numpy(), bins=64, range=(hist["lo"], hist["hi"]))[0]
+        assert np.abs(np.array(hist["counts"]) - truth).sum() <= 2  # float32 rounding at bin edges only
+
+
+def test_watch_histograms_without_an_optimizer_count_backward_passes_and_take_the_first_of_a_step(server, api):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    run = gradwatch.init(project="media", name="no-optimizer", server=server.url)
+    run.watch(model, histograms=True, every=2, system_every=None)
+    expected, passes = {}, 0
+    for step in range(4):
+        model.zero_grad()
+        for _ in range(3):  # three backward passes per logged step; passes 0, 2, 4, ... are sampled
+            model(torch.randn(3, 8)).pow(2).mean().backward()
+            if passes % 2 == 0 and step not in expected:  # a second sampled pass in the same step is skipped
+                expected[step] = model.weight.grad.clone()
+            passes += 1
+        run.log({"loss": 1.0}, step=step)
+    run.finish()
+    got = histogram_steps(api, run.id)
+    assert set(got) == {"gradients/weight", "gradients/bias"}  # histograms=True: gradients only
+    assert sorted(got["gradients/weight"]) == [0, 1, 2, 3]
+    for step, grad in expected.items():
+        hist = got["gradients/weight"][step]
+        assert (hist["lo"], hist["hi"]) == pytest.approx((grad.min().item(), grad.max().item()), rel=1e-6)

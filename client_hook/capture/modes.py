@@ -6,6 +6,9 @@
   gradients are still AMP-scaled there, so the loss scale is divided back out (a device op, no sync).
 - ``Driven``: a framework calls ``capture_at(step)``; with ``pre_clip`` the norms are read when each
   backward ends, before the framework clips, and the clipped global norm is kept beside them.
+
+A mode drives anything with a ``Watcher``'s surface (``capture()``, ``trainable()``, ``params``, ``optimizers``,
+``clock``, ``recorder``, ``torch``): ``media/layer_histograms.py`` is driven by one too, with its own ``every``.
 """
 
 from __future__ import annotations

@@ -30,14 +30,19 @@ class WandbRunMixin:
         self.pending_step: int | None = None
         self.layer_histograms: list = []
 
-    def watch_histograms(self, model, which: str | None, every: int) -> None:
-        """Per-parameter gradient/weight histograms of a model (or a list of them) every ``every``-th backward."""
+    def watch_histograms(self, model, which: str | None, every: int, optimizer=None) -> None:
+        """Per-parameter gradient/weight histograms of a model (or a list of them, with a list of optimizers)
+        every ``every``-th optimizer step (backward pass without one); the same model again replaces its own."""
+        from gradwatch import watch_set
         from gradwatch.media.layer_histograms import LayerHistograms
 
         if not which:
             return
-        for one in model if isinstance(model, (list, tuple)) else [model]:
-            self.layer_histograms.append(LayerHistograms(self.recorder, one, which, every))
+        for one, opt, _label in watch_set.pairs(model, optimizer, None):
+            for old in [h for h in self.layer_histograms if h.model is one]:
+                old.remove()
+                self.layer_histograms.remove(old)
+            self.layer_histograms.append(LayerHistograms(self.recorder, one, which, every, optimizer=opt))
 
     def unwatch_histograms(self) -> None:
         for hooks in self.layer_histograms:

@@ -104,6 +104,15 @@ def encode_counts(counts: list, scale: int = 1) -> list | dict:
     return [c * scale for c in counts]
 
 
+def encode_count_array(counts) -> list | dict:
+    """``encode_counts`` of a numpy array of non-negative integers, packed by numpy (no list of ints on the way)."""
+    top = int(counts.max()) if counts.size else 0
+    for name, (_code, size, limit) in COUNT_WIDTHS.items():
+        if top < limit:
+            return {name: base64.b64encode(counts.astype(f"<u{size}").tobytes()).decode("ascii")}
+    return counts.reshape(-1).tolist()
+
+
 def decode_counts(value: Any) -> list:
     """Counts in either form as a list of non-negative ints (scaled); ProtocolError otherwise."""
     if isinstance(value, list):

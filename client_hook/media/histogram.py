@@ -126,32 +126,42 @@ class Histogram(MediaValue):
             row = (resolved or {}).get(id(self._binned)) or values.resolve([self._binned])[0]
         else:
             row = (resolved or {}).get(id(self)) or _bin_host(self._host, self.num_bins)
-        lo, hi, nan, inf, ninf = row[:HEAD]
-        if not math.isfinite(lo):  # nothing finite to bin
-            lo, hi = 0.0, 1.0
-        k = self.scale  # a sample's counts, scaled back to the tensor's size
         counts = row[HEAD:]
         if type(counts[0]) is not int:  # bin_many's rows hold ints already
             counts = [int(c) for c in counts]
-        out = {
-            "lo": lo,
-            "hi": hi if hi > lo else lo + 1.0,
-            "counts": wire.encode_counts(counts, k) if packed else [c * k for c in counts] if k > 1 else counts,
-            "nan": int(nan) * k,
-            "inf": int(inf) * k,
-            "ninf": int(ninf) * k,
-        }
-        if k > 1:
-            out["sampled"] = k
-        return out
+        return wire_one(row[:HEAD], counts, self.scale, packed)
+
+
+def wire_one(head: list, counts: list, k: int, packed: bool) -> dict:
+    """One binned histogram's wire value from its head [lo, hi, nan, +inf, -inf] and its sample's int ``counts``,
+    scaled back by ``k`` (``packed``: counts in the form of wire feature ``histogram_packed``)."""
+    lo, hi, nan, inf, ninf = head
+    if not math.isfinite(lo):  # nothing finite to bin
+        lo, hi = 0.0, 1.0
+    out = {
+        "lo": lo,
+        "hi": hi if hi > lo else lo + 1.0,
+        "counts": wire.encode_counts(counts, k) if packed else [c * k for c in counts] if k > 1 else counts,
+        "nan": int(nan) * k,
+        "inf": int(inf) * k,
+        "ninf": int(ninf) * k,
+    }
+    if k > 1:
+        out["sampled"] = k
+    return out
 
 
 def _runs(flat, k: int):
-    """One run of ``RUN`` consecutive values out of every ``k * RUN`` of a flat tensor or array (a view where the
-    input is contiguous); the tail past the last whole stretch is left out (fewer than ``k * RUN`` values)."""
+    """``sample_runs`` as one flat tensor or array (a copy)."""
+    return sample_runs(flat, k).reshape(-1)
+
+
+def sample_runs(flat, k: int):
+    """One run of ``RUN`` consecutive values out of every ``k * RUN`` of a flat tensor or array, as a [runs x RUN]
+    view (where the input is contiguous); the tail past the last whole stretch is left out (fewer than ``k * RUN``)."""
     stretch = k * RUN
     whole = flat.shape[0] // stretch * stretch
-    return flat[:whole].reshape(-1, stretch)[:, :RUN].reshape(-1)
+    return flat[:whole].reshape(-1, stretch)[:, :RUN]
 
 
 def _check_count(n: int) -> None:
@@ -184,6 +194,27 @@ def bin_tensor(torch, tensor, bins: int):
     return torch.cat([head.to(torch.float64), counts[:bins].to(torch.float64)])
 
 
+def bin_rows_tensor(torch, x, bins: int):
+    """``bin_tensor`` of every row of a [rows x values] tensor at once: [rows x (HEAD + bins)] float64 on its device,
+    a fixed handful of kernels for all the rows (one scatter_add_) and no host-device sync."""
+    rows = x.shape[0]
+    x = x.float() if not x.is_floating_point() or x.dtype in (torch.float16, torch.bfloat16) else x
+    finite = torch.isfinite(x)
+    inf = math.inf
+    lo = torch.where(finite, x, inf).amin(1)
+    hi = torch.where(finite, x, -inf).amax(1)
+    base = torch.where(finite.any(1), lo, torch.zeros_like(lo))
+    width = torch.where(hi > lo, hi - lo, torch.ones_like(hi))
+    scaled = ((x - base[:, None]) * (bins / width)[:, None]).clamp_(0, bins - 1)
+    index = torch.where(finite, scaled, torch.full_like(scaled, bins)).long()  # non-finite: the slot past the last
+    index += torch.arange(rows, device=x.device)[:, None] * (bins + 1)
+    counts = torch.zeros(rows * (bins + 1), dtype=torch.int64, device=x.device)
+    counts.scatter_add_(0, index.reshape(-1), torch.ones(1, dtype=torch.int64, device=x.device).expand(index.numel()))
+    nonfinite = [torch.isnan(x).sum(1), (x == inf).sum(1), (x == -inf).sum(1)]
+    head = torch.stack([lo, hi, *(c.to(x.dtype) for c in nonfinite)], 1)
+    return torch.cat([head.to(torch.float64), counts.view(rows, bins + 1)[:, :bins].to(torch.float64)], 1)
+
+
 BATCHED = 65536  # CPU tensors up to this size are binned together, one [tensors x values] matrix (sender thread)
 
 
@@ -209,46 +240,55 @@ def bin_matrix(torch, tensors: list, bins: int) -> tuple[list, object]:
 
     numpy, not torch: on the CPU builds measured here torch's elementwise ops on small tensors cost
     ~20-300x numpy's, and this runs every ``every``-th step for hundreds of parameters. Tensors of one
-    size (a watch() capture has two or three sizes) are one matrix, binned row by row in a few calls;
-    every row's bins get one combined index (row * bins + bin) and one ``bincount`` counts them all.
-    A row holding NaN or inf (its min or max is not finite) is binned on its own.
+    size (a watch() capture has two or three sizes) are one matrix (``bin_rows``).
     """
     np = sys.modules["numpy"]
     flats = [(t if t.dtype == torch.float32 else t.float()).numpy().reshape(-1) for t in tensors]
     by_size: dict = {}
     for i, flat in enumerate(flats):
         by_size.setdefault(flat.size, []).append(i)
-    heads, parts, alone = [None] * len(flats), [], []
-    for members in by_size.values():
-        x = np.stack([flats[i] for i in members])
+    blocks = [(members, np.stack([flats[i] for i in members])) for members in by_size.values()]
+    return bin_rows(torch, blocks, len(flats), bins)
+
+
+def bin_rows(torch, blocks: list, n: int, bins: int) -> tuple[list, object]:
+    """``bin_matrix`` of ``blocks``: [(row numbers, a float32 matrix of those rows' values)], ``n`` rows in all.
+
+    Each block is binned row by row in a few numpy calls; every row's bins get one combined index
+    (row * bins + bin), written into one buffer, and one ``bincount`` counts them all. A row holding
+    NaN or inf (its min or max is not finite) is binned on its own (``bin_tensor``).
+    """
+    np = sys.modules["numpy"]
+    heads: list = [None] * n
+    index = np.empty(sum(x.size for _m, x in blocks), dtype=np.intp)
+    used, alone = 0, []
+    for members, x in blocks:
         lo, hi = x.min(1), x.max(1)  # NaN propagates: a row with NaN or inf has a non-finite min or max
         finite = np.isfinite(lo) & np.isfinite(hi)
         if not finite.all():
-            alone += [i for i, ok in zip(members, finite) if not ok]
+            alone += [(i, x[j]) for j, (i, ok) in enumerate(zip(members, finite)) if not ok]
             members, x, lo, hi = [i for i, ok in zip(members, finite) if ok], x[finite], lo[finite], hi[finite]
         if not members:
             continue
-        scaled = x - lo[:, None]
+        scaled = np.subtract(x, lo[:, None], dtype=np.float32)
         scaled *= (bins / np.where(hi > lo, hi - lo, 1)).astype(np.float32)[:, None]
         np.clip(scaled, 0, bins - 1, out=scaled)  # then truncation is floor
-        scaled += (np.asarray(members, dtype=np.float32) * bins)[:, None]  # exact: fewer than 2**24 bins in all
-        parts.append(scaled.astype(np.intp).reshape(-1))
+        rows = index[used : used + scaled.size].reshape(scaled.shape)
+        np.copyto(rows, scaled, casting="unsafe")
+        rows += (np.asarray(members, dtype=np.intp) * bins)[:, None]  # in integers: no rounding across a bin edge
+        used += scaled.size
         for i, a, b in zip(members, lo.tolist(), hi.tolist()):
             heads[i] = [a, b, 0, 0, 0]
-    size = len(flats) * bins
-    counts = (np.bincount(np.concatenate(parts), minlength=size) if parts else np.zeros(size, np.int64)).reshape(
-        -1, bins
-    )
-    for i in alone:
-        row = bin_tensor(torch, tensors[i], bins).tolist()
-        heads[i], counts[i] = row[:HEAD], row[HEAD:]
+    counts = np.bincount(index[:used], minlength=n * bins).reshape(-1, bins)
+    for i, row in alone:
+        binned = bin_tensor(torch, torch.from_numpy(np.ascontiguousarray(row)), bins).tolist()
+        heads[i], counts[i] = binned[:HEAD], binned[HEAD:]
     return heads, counts
 
 
-def wire_group(parts: list, heads: list, counts) -> dict:
+def wire_group(scale: list, heads: list, counts) -> dict:
     """One packed wire value for many histograms of one step (wire feature ``histogram_packed``): {"keys" (filled
     by the caller), "lo", "hi", "nan", "inf", "ninf", "scale": [one each], "counts": packed [histograms x bins]}."""
-    scale = [p.scale for p in parts]
     lo, hi = [], []
     for head in heads:
         a, b = (head[0], head[1]) if math.isfinite(head[0]) else (0.0, 1.0)  # nothing finite to bin
@@ -259,7 +299,7 @@ def wire_group(parts: list, heads: list, counts) -> dict:
         "hi": hi,
         **{name: [int(h[i]) * k for h, k in zip(heads, scale)] for i, name in ((2, "nan"), (3, "inf"), (4, "ninf"))},
         "scale": scale,
-        "counts": wire.encode_counts(counts.reshape(-1).tolist()),
+        "counts": wire.encode_count_array(counts),
     }
 
 

@@ -15,6 +15,7 @@ import time
 from gradwatch import protocol, values
 from gradwatch.media import histogram, limits
 from gradwatch.media.base import MediaValue
+from gradwatch.media.histogram_group import HistogramGroup
 from gradwatch.media.limits import MediaRefused
 
 MEDIA = "media"  # the wire feature (gradwatch.protocol.MEDIA) a server announces when it stores these
@@ -26,8 +27,8 @@ class Refused(MediaValue):
 
     kind = "refused"
 
-    def __init__(self, why: str):
-        self.refused = why
+    def __init__(self, why: str, count: int = 1):
+        self.refused, self.count = why, count  # count: the values it stands for (a whole watch() capture)
 
     def estimated_bytes(self) -> int:
         return 0
@@ -38,7 +39,7 @@ class Outbound:
 
     def __init__(self):
         self.put_bytes = 0  # written by the training thread only
-        self.put_count = 0  # values handed over (refusals included)
+        self.put_count = 0  # values handed over (refusals included; a watch() capture counts its histograms)
         self.taken_bytes = 0  # written by the sender thread only
         self.sent_bytes = 0
         self._step = None
@@ -52,6 +53,7 @@ class Outbound:
         ``wall``: its time (default now; an import keeps the original)."""
         parts = value if isinstance(value, list) else [value]
         size = sum(p.estimated_bytes() for p in parts)
+        count = len(value.keys) if isinstance(value, HistogramGroup) else 1
         if step != self._step:
             self._step, self._step_bytes = step, 0
         if len(parts) > limits.MAX_IMAGES_PER_VALUE:
@@ -60,12 +62,12 @@ class Outbound:
                 0,
             )
         elif self._step_bytes + size > limits.MAX_STEP_BYTES:
-            value, size = Refused(f"step {step} already holds {limits.MAX_STEP_BYTES:,} bytes of media"), 0
+            value, size = Refused(f"step {step} already holds {limits.MAX_STEP_BYTES:,} bytes of media", count), 0
         elif self.put_bytes - self.taken_bytes + size > MAX_QUEUED_BYTES:
-            value, size = Refused("the sender fell behind with media values (queue over its memory bound)"), 0
+            value, size = Refused("the sender fell behind with media values (queue over its memory bound)", count), 0
         self._step_bytes += size
         self.put_bytes += size
-        self.put_count += 1
+        self.put_count += count
         return ("media", step, time.time() if wall is None else wall, key, value, size)
 
     # -- sender thread ------------------------------------------------------------------------
@@ -86,16 +88,41 @@ class Outbound:
             if id(item) in grouped:
                 continue
             _kind, step, wall, key, value, _size = item
+            whole = isinstance(value, HistogramGroup)
+            count = len(value.keys) if whole else value.count if isinstance(value, Refused) else 1
             try:
-                entry = self._entry(step, wall, key, value, resolved, features)
+                if whole:
+                    entries += self._group_entries(step, wall, value, features, resolved)
+                else:
+                    entries.append(self._entry(step, wall, key, value, resolved, features))
             except MediaRefused as exc:
-                self._refuse(gaps, step, key, str(exc))
-                continue
+                self._refuse(gaps, step, key, str(exc), count)
             except Exception as exc:  # an encoder failure on odd data: counted, never raised
-                self._refuse(gaps, step, key, f"could not be encoded ({type(exc).__name__}: {exc})"[:300])
-                continue
-            entries.append(entry)
+                why = f"could not be encoded ({type(exc).__name__}: {exc})"[:300]
+                self._refuse(gaps, step, key, why, count)
         return entries, [_gap_event(*g) for g in gaps.values()]
+
+    def _group_entries(self, step, wall, group: HistogramGroup, features, resolved: dict) -> list[dict]:
+        """A watch() capture's wire entries: one packed group (wire feature ``histogram_packed``), else one each."""
+        if group.refused:
+            raise MediaRefused(group.refused)
+        if features and MEDIA not in features:
+            raise MediaRefused("the server does not store histograms, images or tables (an older gradwatch server)")
+        size = 256 * len(group.keys)
+        if self.sent_bytes + size > limits.MAX_RUN_BYTES:
+            raise MediaRefused(f"the run already sent {limits.MAX_RUN_BYTES:,} bytes of media")
+        if not group.keys:
+            return []
+        heads, counts = group.binned(resolved)
+        self.sent_bytes += size
+        if features and protocol.HISTOGRAM_PACKED in features:
+            value = histogram.wire_group(group.scale, heads, counts)
+            value["keys"] = group.keys
+            return [{"step": step, "t": wall, "key": group.keys[0], "kind": "histogram", "value": value}]
+        return [
+            {"step": step, "t": wall, "key": key, "kind": "histogram", "value": histogram.wire_one(h, c, k, False)}
+            for key, h, c, k in zip(group.keys, heads, counts.tolist(), group.scale)
+        ]
 
     def _entry(self, step, wall, key, value, resolved, features) -> dict:
         if features and MEDIA not in features:  # connected to a server that does not take them (before: spooled as is)
@@ -132,20 +159,20 @@ class Outbound:
                 continue
             self.sent_bytes += size
             group = [members[i] for i in picks]
-            value = histogram.wire_group([m[4] for m in group], [heads[i] for i in picks], counts[picks])
+            value = histogram.wire_group([m[4].scale for m in group], [heads[i] for i in picks], counts[picks])
             value["keys"] = [m[3] for m in group]
             entries.append({"step": step, "t": group[0][2], "key": group[0][3], "kind": "histogram", "value": value})
             taken.update(id(m) for m in group)
         return taken
 
-    def _refuse(self, gaps: dict, step: int, key: str, why: str) -> None:
-        self.refusals[why] = self.refusals.get(why, 0) + 1
+    def _refuse(self, gaps: dict, step: int, key: str, why: str, count: int = 1) -> None:
+        self.refusals[why] = self.refusals.get(why, 0) + count
         tag = why.split(" ")[0] + why[-24:]
         if tag not in self._told:
             self._told.add(tag)
             print(f"gradwatch: {key!r} at step {step} not kept: {why} (counted as a data gap)", file=sys.stderr)
         first = gaps.setdefault(why, [0, step, step, why])
-        first[0] += 1
+        first[0] += count
         first[2] = step
 
 

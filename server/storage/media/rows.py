@@ -8,25 +8,55 @@ the range asked for holds fewer than ``max_steps``), so a long run's distributio
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
 from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy.dialects import postgresql, sqlite
 
 from gradwatch_server.storage import db
+from gradwatch_server.storage.prepared import Prepared
 from gradwatch_server.storage.store import NotFound
 
 
 def store(conn, run_id: int, rows: list[dict]) -> None:
-    """Insert media rows ({key, kind, step, idx, wall, meta, body}); a key logged again at a step replaces it."""
+    """Insert media rows ({key, kind, step, idx, wall, meta, body}); a key logged again at a step replaces it.
+
+    A histogram (one row, idx 0) is upserted on the unique (run, key, step, idx) index, one executemany
+    for the lot: a watch() capture's hundreds of rows then cost no ``DELETE`` (which almost never matched,
+    and cost more than the insert); images, tables and text have their (key, step) rows deleted first,
+    so a list logged again with fewer images keeps none of the old ones.
+    """
     m = db.media.c
     latest = {(r["key"], r["step"], r["idx"]): r for r in rows}  # the same key twice at a step in one batch: the last
-    rows = list(latest.values())
+    rows, upserted = [], []
+    for r in latest.values():
+        as_one = r["kind"] == "histogram" and r["idx"] == 0 and conn.dialect.name in UPSERT_DIALECTS
+        (upserted if as_one else rows).append({"run_id": run_id, "nbytes": len(r["body"]), **r})
     pairs = sorted({(r["key"], r["step"]) for r in rows})
     for i in range(0, len(pairs), 400):  # one statement per 400 (key, step) pairs, not one per row
         conn.execute(delete(db.media).where(m.run_id == run_id, tuple_(m.key, m.step).in_(pairs[i : i + 400])))
     if rows:
-        conn.execute(db.media.insert(), [{"run_id": run_id, "nbytes": len(r["body"]), **r} for r in rows])
+        conn.execute(db.media.insert(), rows)
+    if upserted:
+        _upsert_statement(conn.dialect.name).run_many(conn, upserted)
+
+
+UPSERT_DIALECTS = ("sqlite", "postgresql")
+COLUMNS = ["run_id", "key", "kind", "step", "idx", "wall", "meta", "body", "nbytes"]
+
+
+@functools.lru_cache(maxsize=4)
+def _upsert_statement(dialect: str) -> Prepared:
+    """INSERT ... ON CONFLICT (run_id, key, step, idx) DO UPDATE, built once per dialect."""
+    stmt = (postgresql if dialect == "postgresql" else sqlite).insert(db.media)
+    m, new = db.media.c, stmt.excluded
+    stmt = stmt.on_conflict_do_update(
+        index_elements=[m.run_id, m.key, m.step, m.idx],
+        set_={c: new[c] for c in ("kind", "wall", "meta", "body", "nbytes")},
+    )
+    return Prepared(stmt, COLUMNS)
 
 
 def run_bytes(conn, run_id: int) -> int:
