@@ -38,7 +38,7 @@ def check_instability_warning(state: dict, obs: Observation, th: dict) -> list[A
     # Windows count steps, not samples: the client samples the ratios every ``signals_every`` steps (default 10).
     if obs.layers:
         state["layers"] = obs.layers  # the signals come in a record of their own: name layers from the last layout
-    for key, value in obs.scalars.items():
+    for key, value in obs.scalars.items() if state.get("blown") is None else ():  # once blown, nothing to read
         if loss.watched(state.get("ramp", {}), key, th):  # a GAN's discriminator loss may rise: not a blow-up
             _blown(state, obs.step, key, value, th)
     u = obs.scalars.get(RATIO)
@@ -101,8 +101,6 @@ def start(meta) -> dict:
 def _blown(state: dict, step: int, key: str, value: float, th: dict) -> None:
     """Remember the first step a loss went non-finite or past divergence's factors over its start: a warning
     after it cannot say it comes "before divergence"."""
-    if state.get("blown") is not None:
-        return
     starts = state.setdefault("starts", {})
     if not math.isfinite(value):
         state["blown"] = step

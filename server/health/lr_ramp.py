@@ -19,7 +19,6 @@ from collections import deque
 
 import numpy as np
 
-from gradwatch.contract import rules as specs
 from gradwatch.contract.keys import LR, lr_key
 from gradwatch_server.health import loss
 from gradwatch_server.health.common import GLOBAL, Observation, fmt
@@ -184,7 +183,7 @@ def _watched_loss(rs: dict, cols: Columns):
     """(rows, finite values) of the watched loss in this batch; (None, None) when it is not chosen yet."""
     for key, rows, vals in cols.losses:
         fine = np.isfinite(vals)
-        if rs.get("key") is None and fine.any() and specs.loss_goal(key, cols.th, rs.get(loss.MAIN)) == "fall":
+        if rs.get("key") is None and fine.any() and loss.watched(rs, key, cols.th):
             return None, None
         if key == rs.get("key"):
             rows, vals = rows[fine], vals[fine]
