@@ -11,6 +11,7 @@ class MediaValue:
 
     kind = "media"
     refused: str | None = None
+    count = 1  # the values it stands for in the counts of what was handed over and refused (a group: its rows)
 
     def _refuse(self, why: str) -> None:
         self.refused = why

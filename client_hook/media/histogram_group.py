@@ -4,8 +4,8 @@ at a time and sent as one packed group.
 CPU tensors are copied on the training thread (a sample of a big one) into one float32 matrix per sample
 shape and binned together on the sender thread, in numpy. Device tensors are stacked the same way on
 their device and binned there by one set of kernels per matrix (``bin_rows_tensor``: no host-device
-sync), the result read by the sender thread with the other deferred values. One value instead of one ``Histogram`` per tensor: one item for the sender,
-a few numpy calls or kernels per capture instead of some per tensor.
+sync), the result read by the sender thread with the other deferred values. One value instead of one
+``Histogram`` per tensor: one item for the sender, a few numpy calls or kernels per capture, not per tensor.
 """
 
 from __future__ import annotations
@@ -75,6 +75,10 @@ class HistogramGroup(MediaValue):
                 continue
             binned = histogram.bin_rows_tensor(torch, x, self.num_bins)
             self.on_device.append((rows, values.defer_vector(binned.reshape(-1))))
+
+    @property
+    def count(self) -> int:
+        return len(self.keys)
 
     def estimated_bytes(self) -> int:
         return len(self.keys) * (64 + 12 * self.num_bins)

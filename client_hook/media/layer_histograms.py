@@ -96,8 +96,7 @@ class LayerHistograms:
         if tensors and sys.modules.get("numpy") is None:  # torch without numpy: one Histogram each, as before
             route.put(self.recorder, step, {k: Histogram(t, num_bins=self.bins, sample=SAMPLE) for k, t in tensors})
         elif tensors:
-            group = HistogramGroup(tensors, self.bins, SAMPLE)
-            self.recorder.sender.put(self.recorder.sender.encoder.media.item(step, tensors[0][0], group))
+            route.put(self.recorder, step, {tensors[0][0]: HistogramGroup(tensors, self.bins, SAMPLE)})
         return Part([], None, [])
 
     def remove(self) -> None:

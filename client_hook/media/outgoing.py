@@ -53,7 +53,7 @@ class Outbound:
         ``wall``: its time (default now; an import keeps the original)."""
         parts = value if isinstance(value, list) else [value]
         size = sum(p.estimated_bytes() for p in parts)
-        count = len(value.keys) if isinstance(value, HistogramGroup) else 1
+        count = value.count if isinstance(value, MediaValue) else 1
         if step != self._step:
             self._step, self._step_bytes = step, 0
         if len(parts) > limits.MAX_IMAGES_PER_VALUE:
@@ -89,7 +89,7 @@ class Outbound:
                 continue
             _kind, step, wall, key, value, _size = item
             whole = isinstance(value, HistogramGroup)
-            count = len(value.keys) if whole else value.count if isinstance(value, Refused) else 1
+            count = value.count if isinstance(value, MediaValue) else 1
             try:
                 if whole:
                     entries += self._group_entries(step, wall, value, features, resolved)
@@ -116,9 +116,7 @@ class Outbound:
         heads, counts = group.binned(resolved)
         self.sent_bytes += size
         if features and protocol.HISTOGRAM_PACKED in features:
-            value = histogram.wire_group(group.scale, heads, counts)
-            value["keys"] = group.keys
-            return [{"step": step, "t": wall, "key": group.keys[0], "kind": "histogram", "value": value}]
+            return [_packed(step, wall, group.keys, group.scale, heads, counts)]
         return [
             {"step": step, "t": wall, "key": key, "kind": "histogram", "value": histogram.wire_one(h, c, k, False)}
             for key, h, c, k in zip(group.keys, heads, counts.tolist(), group.scale)
@@ -159,9 +157,8 @@ class Outbound:
                 continue
             self.sent_bytes += size
             group = [members[i] for i in picks]
-            value = histogram.wire_group([m[4].scale for m in group], [heads[i] for i in picks], counts[picks])
-            value["keys"] = [m[3] for m in group]
-            entries.append({"step": step, "t": group[0][2], "key": group[0][3], "kind": "histogram", "value": value})
+            keys, scales = [m[3] for m in group], [m[4].scale for m in group]
+            entries.append(_packed(step, group[0][2], keys, scales, [heads[i] for i in picks], counts[picks]))
             taken.update(id(m) for m in group)
         return taken
 
@@ -214,3 +211,10 @@ def _gap_event(count: int, first: int, last: int, why: str) -> dict:
         "value": float(count),
         "message": f"gradwatch dropped {count} media value(s){where} in the training process: {why}"[:1000],
     }
+
+
+def _packed(step: int, wall: float, keys: list, scales: list, heads: list, counts) -> dict:
+    """One wire entry for histograms of one step under ``keys`` (the wire feature ``histogram_packed``)."""
+    value = histogram.wire_group(scales, heads, counts)
+    value["keys"] = keys
+    return {"step": step, "t": wall, "key": keys[0], "kind": "histogram", "value": value}
