@@ -206,14 +206,15 @@ def _with_alerts(conn, run_id: int, row) -> dict:
     return out
 
 
-def _require_run(conn, run_id: int) -> None:
+def require_run(conn, run_id: int) -> None:
+    """NotFound unless the run exists."""
     if conn.execute(select(db.runs.c.id).where(db.runs.c.id == run_id)).first() is None:
         raise NotFound(f"run {run_id} not found")
 
 
 def list_keys(conn, run_id: int) -> list[str]:
     """Scalar keys, then one ``<vector>/<layer>`` key per slot of each vector key."""
-    _require_run(conn, run_id)
+    require_run(conn, run_id)
     scalars, expanded = [], []
     for row in conn.execute(
         select(db.metric_keys).where(db.metric_keys.c.run_id == run_id).order_by(db.metric_keys.c.id)
@@ -245,7 +246,7 @@ def loss_keys(conn, run_ids: list[int]) -> dict[int, str | None]:
 
 def vector_layouts(conn, run_id: int) -> dict:
     """Vector key -> slot names (input to output)."""
-    _require_run(conn, run_id)
+    require_run(conn, run_id)
     rows = conn.execute(
         select(db.metric_keys.c.key, db.metric_keys.c.layers).where(
             db.metric_keys.c.run_id == run_id, db.metric_keys.c.layers.is_not(None)
@@ -273,7 +274,7 @@ def get_series(
     conn, run_id: int, key: str, max_points: int | None = None, start: int | None = None, end: int | None = None
 ) -> dict:
     """Every point of one key in step order (or a min/max envelope when max_points is set)."""
-    _require_run(conn, run_id)
+    require_run(conn, run_id)
     _kind, key_id, slot, slots = _resolve_key(conn, run_id, key)
     return {"key": key, **series.read_series(conn, key_id, slot, slots, max_points, start, end)}
 
@@ -353,6 +354,6 @@ def alert_dict(r) -> dict:
 
 def get_alerts(conn, run_id: int) -> list[dict]:
     """A run's alerts in order of first arrival (a recurring alert is one entry with a count)."""
-    _require_run(conn, run_id)
+    require_run(conn, run_id)
     rows = conn.execute(select(db.alerts).where(db.alerts.c.run_id == run_id).order_by(db.alerts.c.id))
     return [alert_dict(r) for r in rows]

@@ -17,7 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from gradwatch_server.storage import db
 from gradwatch_server.storage.prepared import Prepared
-from gradwatch_server.storage.store import NotFound
+from gradwatch_server.storage.store import NotFound, require_run
 
 
 def store(conn, run_id: int, rows: list[dict]) -> None:
@@ -71,14 +71,9 @@ def delete_run(conn, run_id: int) -> None:
     conn.execute(delete(db.media).where(db.media.c.run_id == run_id))
 
 
-def _require_run(conn, run_id: int) -> None:
-    if conn.execute(select(db.runs.c.id).where(db.runs.c.id == run_id)).first() is None:
-        raise NotFound(f"run {run_id} not found")
-
-
 def list_media(conn, run_id: int) -> list[dict]:
     """Every media key of a run: kind, how many steps, the first and last step."""
-    _require_run(conn, run_id)
+    require_run(conn, run_id)
     m = db.media.c
     rows = conn.execute(
         select(m.key, m.kind, func.count(func.distinct(m.step)), func.min(m.step), func.max(m.step))
@@ -101,7 +96,7 @@ def histograms(
     conn, run_id: int, key: str, max_steps: int = 400, start: int | None = None, end: int | None = None
 ) -> dict:
     """A histogram key over steps: {"key", "steps": [...], "histograms": [{step, lo, hi | edges, counts, nan, inf, ninf}]}."""
-    _require_run(conn, run_id)
+    require_run(conn, run_id)
     m = db.media.c
     where = [m.run_id == run_id, m.key == key, m.kind == "histogram"]
     if start is not None:
@@ -124,7 +119,7 @@ def histograms(
 
 def images(conn, run_id: int, key: str, step: int | None = None) -> dict:
     """The images of a key at ``step`` (default the last): {"key", "step", "steps", "images": [{id, width, height, caption}]}."""
-    _require_run(conn, run_id)
+    require_run(conn, run_id)
     steps = steps_of(conn, run_id, key)
     if not steps:
         raise NotFound(f"no images {key!r} in run {run_id}")
@@ -154,7 +149,7 @@ def image_png(conn, run_id: int, media_id: int) -> bytes:
 
 def table(conn, run_id: int, key: str, step: int | None = None) -> dict:
     """A table or text key at ``step`` (default the last): {"key", "kind", "step", "steps", "columns", "rows"} or "text"."""
-    _require_run(conn, run_id)
+    require_run(conn, run_id)
     steps = steps_of(conn, run_id, key)
     if not steps:
         raise NotFound(f"no table or text {key!r} in run {run_id}")
