@@ -8,6 +8,7 @@ storage benchmark's "0.2" column build it from a database written now (SQLite or
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -24,6 +25,7 @@ def as_release_0_2(path_or_url) -> int:
     url = f"sqlite:///{path_or_url}" if isinstance(path_or_url, Path) else path_or_url
     engine = database.make_engine(url)
     with engine.begin() as conn:
+        _as_16_step_chunks(conn)
         added = _scalar_blocks_of_64(conn)
         for row_id, key_id, data in conn.execute(text("SELECT id, key_id, data FROM chunks")).all():
             if codec.is_encoded(data):
@@ -54,12 +56,60 @@ def as_release_0_2(path_or_url) -> int:
         conn.execute(text("DROP TABLE run_clock"))
         conn.execute(text("UPDATE alembic_version SET version_num = '0002'"))
     engine.dispose()
+    _vacuum(path_or_url)
+    return added
+
+
+def before_0009(path_or_url) -> None:
+    """The database as releases before 0009 stored it (revision 0008): a wide vector's full chunks of 16
+    steps, no ``small`` mark on any row (blocks stay as they are: compressed, clocked). A Path is vacuumed."""
+    url = f"sqlite:///{path_or_url}" if isinstance(path_or_url, Path) else path_or_url
+    engine = database.make_engine(url)
+    with engine.begin() as conn:
+        _as_16_step_chunks(conn)
+        conn.execute(text("UPDATE alembic_version SET version_num = '0008'"))
+    engine.dispose()
+    _vacuum(path_or_url)
+
+
+def _as_16_step_chunks(conn) -> None:
+    """Every chunk of a wide vector cut into rows of the old full size (the rest a small row, as the old
+    writer left it), in the same id order; the ``small`` column dropped (0009 adds it back at upgrade)."""
+    for key_id, layers in conn.execute(text("SELECT id, layers FROM metric_keys WHERE layers IS NOT NULL")).all():
+        legacy = chunks.legacy_capacity(len(json.loads(layers)))
+        if legacy == chunks.capacity(len(json.loads(layers))):
+            continue
+        cols = "id, first_step, last_step, n, steps, walls, data, missing"
+        rows = conn.execute(text(f"SELECT {cols} FROM chunks WHERE key_id = :k ORDER BY id"), {"k": key_id}).all()
+        conn.execute(text("DELETE FROM chunks WHERE key_id = :k"), {"k": key_id})
+        for row in rows:
+            for new in _pieces(conn, key_id, row, legacy):
+                new.pop("small", None)
+                names = ", ".join(new)
+                conn.execute(text(f"INSERT INTO chunks ({names}) VALUES ({', '.join(':' + n for n in new)})"), new)
+    conn.execute(text("ALTER TABLE chunks DROP COLUMN small"))
+
+
+def _pieces(conn, key_id: int, row, legacy: int) -> list[dict]:
+    """A chunk row as rows of at most ``legacy`` steps (itself, unchanged, if it has no more)."""
+    if row.n < legacy:
+        names = ("first_step", "last_step", "n", "steps", "walls", "data", "missing")
+        return [{"key_id": key_id, **{k: getattr(row, k) for k in names}}]
+    points = chunks.decode_row(conn, key_id, row)
+    clocked = codec.is_encoded(row.data) and codec.leaves_walls(row.data)
+    out = []
+    for at in range(0, len(points), legacy):
+        part = chunks.packed_row(key_id, points.take(slice(at, at + legacy)), (lambda _s, _w: clocked))
+        out.append({**part, "key_id": key_id})
+    return out
+
+
+def _vacuum(path_or_url) -> None:
     if isinstance(path_or_url, Path):
         con = sqlite3.connect(path_or_url)
         con.execute("VACUUM")
         con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         con.close()
-    return added
 
 
 def _scalar_blocks_of_64(conn) -> int:

@@ -91,8 +91,8 @@ def test_small_rows_left_by_a_restart_are_still_merged(tmp_path):
     from sqlalchemy import func, select
 
     engine, run_id = _setup(tmp_path)
-    layers = [f"l{i}" for i in range(300)]  # a 300-slot vector: a full chunk is 16 steps
-    for seq in range(1, 41):
+    layers = [f"l{i}" for i in range(300)]  # a 300-slot vector: a full chunk is 64 steps
+    for seq in range(1, 141):
         if seq % 5 == 1:
             state = _restart(engine, run_id)
         msg = decode(
@@ -109,12 +109,12 @@ def test_small_rows_left_by_a_restart_are_still_merged(tmp_path):
         key_id = conn.execute(select(db.metric_keys.c.id).where(db.metric_keys.c.key == "grad")).scalar()
         rows = conn.execute(select(func.count()).select_from(db.chunks).where(db.chunks.c.key_id == key_id)).scalar()
         full = conn.execute(
-            select(func.count()).select_from(db.chunks).where(db.chunks.c.key_id == key_id, db.chunks.c.n == 16)
+            select(func.count()).select_from(db.chunks).where(db.chunks.c.key_id == key_id, db.chunks.c.n == 64)
         ).scalar()
         from gradwatch_server.storage import store
 
-        assert store.get_series(conn, run_id, "grad/l7")["steps"] == list(range(40))
-    assert full == 2 and rows == 2 + 8  # two full chunks and the 8 newest steps still small
+        assert store.get_series(conn, run_id, "grad/l7")["steps"] == list(range(140))
+    assert full == 2 and rows == 2 + 12  # two full chunks and the 12 newest steps still small
 
 
 def test_the_preferred_gap_is_zero_when_the_writer_idles_and_grows_with_its_load(tmp_path):

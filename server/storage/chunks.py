@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import delete, func, select
+from sqlalchemy import and_, delete, func, or_, select
 
 from gradwatch_server.storage import db
 from gradwatch_server.storage.blocks import clock, codec
@@ -22,11 +22,26 @@ from gradwatch_server.storage.prepared import Prepared
 log = logging.getLogger("gradwatch.server")
 
 CHUNK_VALUES = 2048  # values (steps x slots) per full chunk: 48 KiB for a scalar key
+# Steps per full chunk of a wide vector (before 0009: 16). Fewer, bigger rows: SQLite's row and page
+# overhead of a 300-layer key fell from ~0.7 to ~0.4 bytes a value (docs/benchmarks.md, issue #31).
+MIN_STEPS, LEGACY_MIN_STEPS = 64, 16
 
 
 def capacity(slots: int) -> int:
     """Steps per full chunk for a key with ``slots`` values per step."""
-    return max(16, CHUNK_VALUES // max(1, slots))
+    return max(MIN_STEPS, CHUNK_VALUES // max(1, slots))
+
+
+def legacy_capacity(slots: int) -> int:
+    """Steps per full chunk as releases before 0009 wrote them (their rows carry no ``small`` mark)."""
+    return max(LEGACY_MIN_STEPS, CHUNK_VALUES // max(1, slots))
+
+
+def small_rows(slots: int):
+    """The condition that picks a key's small rows: marked since 0009; before, fewer steps than a full chunk.
+    ``n`` is tested first so that SQLite reads ``small`` (after the blobs in an upgraded file) only for them."""
+    c = db.chunks.c
+    return and_(c.n < capacity(slots), or_(c.small == 1, and_(c.small.is_(None), c.n < legacy_capacity(slots))))
 
 
 def f64(array: np.ndarray) -> bytes:
@@ -74,12 +89,14 @@ class Tail:
     sealed: bool = False  # its rows are one compressed row (``seal``)
 
 
-def _row(key_id: int, p: Points, packed: bool = False, omits=None) -> dict:
+def _row(key_id: int, p: Points, packed: bool = False, omits=None, small: bool = True) -> dict:
     """A chunk row: ``packed``, one compressed blob in ``data`` (codec.py; steps and walls empty),
     else the raw arrays (a live batch's small row: cheapest to write, merged away soon).
-    ``omits(steps, walls)``: whether the run clock holds these walls, so the blob leaves them out."""
+    ``omits(steps, walls)``: whether the run clock holds these walls, so the blob leaves them out;
+    ``small``: a row still to be merged into a full chunk (marked so: ``small_rows``)."""
     missing = p.missing if p.missing is not None and p.missing.any() else None
     row = {"key_id": key_id, "first_step": int(p.steps.min()), "last_step": int(p.steps.max()), "n": len(p)}
+    row["small"] = 1 if small else None
     if packed:
         walls = None if omits is not None and omits(p.steps, p.walls) else p.walls
         blob = codec.encode_chunk(p.steps, walls, p.values, missing)
@@ -93,9 +110,9 @@ def _row(key_id: int, p: Points, packed: bool = False, omits=None) -> dict:
     }
 
 
-def packed_row(key_id: int, p: Points, omits=None) -> dict:
-    """A compressed chunk row of these points (``gradwatch db compact`` writes these); ``omits`` as in ``_row``."""
-    return _row(key_id, p, packed=True, omits=omits)
+def packed_row(key_id: int, p: Points, omits=None, small: bool = True) -> dict:
+    """A compressed chunk row of these points (``gradwatch db compact`` writes these); as in ``_row``."""
+    return _row(key_id, p, packed=True, omits=omits, small=small)
 
 
 def concat(parts: list[Points]) -> Points:
@@ -138,7 +155,7 @@ class Writes:
 # A live batch writes a small row per key: compiled once, run on the driver (storage/prepared.py).
 _INSERT_SMALL = Prepared(
     db.chunks.insert().returning(db.chunks.c.id),
-    ["key_id", "first_step", "last_step", "n", "steps", "walls", "data", "missing"],
+    ["key_id", "first_step", "last_step", "n", "small", "steps", "walls", "data", "missing"],
 )
 
 
@@ -157,7 +174,9 @@ def append(writes: Writes, tail: Tail, key_id: int, points: Points, omits=None) 
             points = concat(tail.parts + [points])
             tail.ids, tail.parts, tail.n = [], [], 0
         full = (len(points) // cap) * cap
-        writes.full += [packed_row(key_id, points.take(slice(i, i + cap)), omits) for i in range(0, full, cap)]
+        writes.full += [
+            packed_row(key_id, points.take(slice(i, i + cap)), omits, small=False) for i in range(0, full, cap)
+        ]
         if full == len(points):
             return
         points = points.take(slice(full, None))
@@ -182,9 +201,7 @@ def load_tail(conn, key_id: int, slots: int) -> Tail:
     """A key's small rows still waiting to be merged (after a server restart or a cache reload), so they
     are merged with the next ones instead of staying small for good."""
     cols = db.chunks.c
-    rows = conn.execute(
-        select(*_COLUMNS).where(cols.key_id == key_id, cols.n < capacity(slots)).order_by(cols.id)
-    ).all()
+    rows = conn.execute(select(*_COLUMNS).where(cols.key_id == key_id, small_rows(slots)).order_by(cols.id)).all()
     tail = Tail(slots=slots)
     for row in rows:
         part = _decode_or_report(conn, key_id, row, None)

@@ -114,6 +114,9 @@ chunks = Table(  # a key's points in blocks; see the module docstring and chunks
     Column("first_step", BigInteger, nullable=False),
     Column("last_step", BigInteger, nullable=False),
     Column("n", Integer, nullable=False),
+    # 1: a small row not yet merged into a full chunk (since 0009, whose wide vectors' full chunks hold 64
+    # steps); NULL: a full chunk, or a row from before 0009, told by ``n`` (chunks.small_rows).
+    Column("small", Integer),
     # A compressed row (blocks/codec.py, since 0.3) holds everything in ``data``; steps and walls are empty.
     Column("steps", LargeBinary, nullable=False),  # n int64 (raw rows)
     Column("walls", LargeBinary, nullable=False),  # n float64 (unix seconds; raw rows)

@@ -12,7 +12,7 @@ def add_parsers(actions, db_flag) -> None:
         "compact",
         help="rewrite old blocks compressed, online and resumable; then give the space back",
         description="Rewrite chunk and rollup blocks stored by an older release in the compressed form and "
-        "merge each key's small rows. A server may keep running on the database: each key is a short "
+        "merge each key's small rows (and a wide vector's 16-step full chunks of releases before 0009 into 64-step ones). A server may keep running on the database: each key is a short "
         "transaction. Stopped halfway, it resumes where it stopped. At the end the file shrinks "
         "(SQLite: incremental vacuum, after one VACUUM that switches the file to it; PostgreSQL: VACUUM).",
     )
@@ -42,7 +42,8 @@ def compact(args, url: str) -> int:
         sys.stderr.write("\n")
     print(
         f"gradwatch: compacted {done.keys:,} keys in {time.monotonic() - start:.1f} s: {done.chunks:,} chunk rows "
-        f"rewritten ({done.merged:,} small rows merged), {done.rollups:,} rollup rows, "
+        f"rewritten ({done.merged:,} small rows merged, {done.rechunked:,} old full chunks merged into bigger ones), "
+        f"{done.rollups:,} rollup rows, "
         f"{done.dropped:,} rollup rows of unread levels dropped; "
         f"{done.bytes_before / 1e6:,.1f} MB -> {done.bytes_after / 1e6:,.1f} MB ({saved / 1e6:,.1f} MB saved)"
     )

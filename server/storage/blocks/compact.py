@@ -27,7 +27,7 @@ from sqlalchemy import bindparam, delete, event, func, select, text, tuple_, upd
 
 from gradwatch import contract
 from gradwatch_server.storage import chunks, db
-from gradwatch_server.storage.blocks import clock, codec
+from gradwatch_server.storage.blocks import clock, codec, rechunk
 
 
 @dataclass
@@ -39,6 +39,7 @@ class Done:
     merged: int = 0  # small rows merged into another
     rollups: int = 0  # raw rollup and heat rows re-encoded
     clocked: int = 0  # chunk rows rewritten to leave their wall times to the run clock
+    rechunked: int = 0  # old 16-step full chunks of wide vectors merged into 64-step ones (rechunk.py)
     dropped: int = 0  # rollup rows of levels no longer read (0.2's 64-step blocks of scalar keys)
     cursor: dict = field(default_factory=dict)  # (table, key id) -> the last (level, block) looked at
     bytes_before: int = 0
@@ -97,14 +98,16 @@ def merge_small(conn, key_id: int, slots: int, done: Done) -> None:
     c = db.chunks.c
     query = (
         select(c.id, c.first_step, c.last_step, c.n, c.steps, c.walls, c.data, c.missing)
-        .where(c.key_id == key_id, c.n < chunks.capacity(slots))
+        .where(c.key_id == key_id, chunks.small_rows(slots))
         .order_by(c.id)
     )
     rows = conn.execute(_locked(conn, query)).all()
     parts = [chunks.decode_row(conn, key_id, r) for r in rows]
     keep = [(r, p) for r, p in zip(rows, parts) if p is not None and p.values.shape[1] == slots]
     if len(keep) > 1:
-        _rewrite(conn, key_id, keep[0][0], chunks.concat([p for _r, p in keep]), done, [r for r, _p in keep[1:]])
+        merged = chunks.concat([p for _r, p in keep])
+        small = len(merged) < chunks.capacity(slots)  # marked, so no pre-0009 full-chunk size is taken for it
+        _rewrite(conn, key_id, keep[0][0], merged, done, [r for r, _p in keep[1:]], small)
 
 
 def compact_rollups(conn, key_id: int, slots: int, done: Done) -> bool:
@@ -157,11 +160,15 @@ def _locked(conn, query):
     return query.with_for_update() if conn.dialect.name == "postgresql" else query
 
 
-def _rewrite(conn, key_id: int, row, points, done: Done, gone=()) -> None:
-    """Row ``row`` now holds ``points`` compressed; the rows ``gone`` (merged into it) are deleted."""
-    new = chunks.packed_row(key_id, points)
+def _rewrite(conn, key_id: int, row, points, done: Done, gone=(), small: bool | None = None) -> None:
+    """Row ``row`` now holds ``points`` compressed; the rows ``gone`` (merged into it) are deleted;
+    ``small`` sets its mark (``chunks.small_rows``), None keeps it."""
+    new = chunks.packed_row(key_id, points, small=bool(small))
     c = db.chunks.c
-    values = {name: new[name] for name in ("first_step", "last_step", "n", "steps", "walls", "data", "missing")}
+    names = ("first_step", "last_step", "n", "steps", "walls", "data", "missing") + (
+        () if small is None else ("small",)
+    )
+    values = {name: new[name] for name in names}
     conn.execute(update(db.chunks).where(c.id == row.id).values(**values))
     if gone:
         conn.execute(db.chunks.delete().where(c.id.in_([r.id for r in gone])))
@@ -215,6 +222,8 @@ def compact(url: str, run_id: int | None = None, progress=None, say=print, vacuu
             done.keys += 1
         for run in runs_without_clock(engine, run_id):
             clock_run(engine, run, done)
+        for key_id, slots in keys:  # after the clock: merged chunks keep walls left to it
+            rechunk.rechunk_key(engine, key_id, slots, done)
         if vacuum:
             give_back_space(engine, say)
     finally:
