@@ -20,7 +20,8 @@ from gradwatch_server.ingest.hello import open_run
 from gradwatch_server.storage import chunks, database, db, store
 from gradwatch_server.storage.blocks import codec
 
-COMPRESSORS = [codec.RAW, codec.ZLIB] + ([codec.ZSTD] if codec.zstandard is not None else [])
+# None: the default, which picks one frame or one per byte plane (PLANES), whichever is smaller.
+COMPRESSORS = [codec.RAW, codec.ZLIB, None] + ([codec.ZSTD, codec.PLANES] if codec.zstandard is not None else [])
 # Odd NaNs (quiet and signalling, with payloads and sign), infinities, zeros of both signs, denormals.
 SPECIAL = [0x7FF8000000000001, 0xFFF0000000000123, 0x7FF4000000000000, 0x7FF0000000000000, 0xFFF0000000000000]
 SPECIAL += [0x8000000000000000, 0, 1, 0x000FFFFFFFFFFFFF]
@@ -257,3 +258,23 @@ def test_a_damaged_run_clock_costs_only_wall_times_and_is_never_overwritten(tmp_
     assert np.isnan(walls[: chunks.CHUNK_VALUES]).all()  # the clocked chunk lost its walls, not its values
     assert (walls[start:] == 1000.0 + np.arange(start, start + 2 * chunks.CHUNK_VALUES)).all()
     assert any("corrupt run clock" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.skipif(codec.zstandard is None, reason="PLANES needs zstd")
+def test_a_wide_chunk_takes_one_frame_per_byte_plane_where_smaller_and_every_damage_is_caught():
+    rng = np.random.default_rng(4)
+    values = (np.exp(rng.normal(-2, 1, 40)) * (1 + rng.normal(0, 0.1, (48, 40)))).astype(np.float32).astype(float)
+    values[7, 3] = np.frombuffer(np.uint64(0x7FF8_0000_0000_0042).tobytes(), "<f8")[0]  # a NaN with a payload
+    values[9, :2] = math.inf, -math.inf
+    steps, missing = np.arange(48), np.zeros(values.shape, bool)
+    blob = codec.encode_chunk(steps, None, values, missing)
+    assert blob[1] & 3 == codec.PLANES and len(blob) < len(codec.encode_chunk(steps, None, values, missing, codec.ZSTD))
+    assert (_bits(codec.decode_chunk(blob)[2]) == _bits(values)).all()
+    for i in range(len(blob)):
+        damaged = bytearray(blob)
+        damaged[i] ^= 1 << (i % 8)
+        with pytest.raises(codec.Corrupt):
+            codec.decode_chunk(bytes(damaged))
+    for cut in range(1, len(blob), 7):
+        with pytest.raises(codec.Corrupt):
+            codec.decode_chunk(blob[:cut])

@@ -11,7 +11,8 @@ The scheme (measured in docs/storage.md, benchmarks/bench_storage.py), vectorise
   compresses the block smaller; a one-slot block whose values are all short decimals (decimal.py:
   counters, typed constants, gradwatch's own timers at 1 us) is stored as those integers instead;
 - every array byte-shuffled (all first bytes, then all second bytes...: Blosc's idea), then one
-  zstd frame (zlib when ``zstandard`` is not installed; a blob says which it used);
+  zstd frame (zlib when ``zstandard`` is not installed; a blob says which it used); since 0009 a
+  chunk may instead hold one zstd frame per byte plane (PLANES), where that is smaller;
 - a 16-byte header (kind, flags, sizes, CRC-32 of header and body), so a flipped bit or a cut
   blob is detected (``Corrupt``) before anything is decoded from it.
 
@@ -36,6 +37,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 CHUNK, ARRAY = 0xC1, 0xA1  # kinds of blob
 RAW, ZLIB, ZSTD = 0, 1, 2  # how the body is compressed (flag bits 0-1)
+PLANES = 3  # since 0009: one zstd frame per byte plane (each plane's own statistics; ~4 % smaller chunks)
 F32, MISSING, CLOCK = 4, 8, 16  # flag bits: values as float32, a missing mask follows, walls left to the run clock
 PALETTE = 4  # an array's flag bit: some float64 rows are a palette of their distinct values and a byte index each
 ABSENT = 8  # an array's flag bit: rows that are all ABSENT_VALUE (a summary's "no such step") are left out
@@ -96,10 +98,11 @@ def encode_chunk(steps, walls, values, missing=None, compressor: int | None = No
         mark = (exponent << 4) | (factor << 9)
         # Their integers beat the float bits (measured on counters, schedules, rounded timers): only those tried.
         tries = [(flags & ~F32, t | mark, ints) for t in DEC_TRANSFORMS]  # integers: 8-byte planes
-    blobs = [
-        _seal(CHUNK, how, field, n, width, head + _shuffle(_forward(data, field & 15).ravel()) + tail, compressor)
-        for how, field, data in tries
-    ]
+    blobs = []
+    for how, field, data in tries:
+        planes = _forward(data, field & 15)
+        cut = [len(head)] + [planes.size] * planes.dtype.itemsize + [len(tail)]  # where each byte plane ends
+        blobs.append(_seal(CHUNK, how, field, n, width, head + _shuffle(planes.ravel()) + tail, compressor, cut))
     return min(blobs, key=len)
 
 
@@ -362,9 +365,13 @@ def _value_bits(layer_major: np.ndarray) -> tuple[int, np.ndarray]:
     return 0, layer_major.view("<u8")
 
 
-def _seal(kind: int, flags: int, mask: int, n: int, width: int, body: bytes, compressor: int | None) -> bytes:
+def _seal(kind: int, flags: int, mask: int, n: int, width: int, body: bytes, compressor: int | None, cut=()) -> bytes:
+    """The blob: header, CRC, the body compressed (``cut``: the lengths of its byte planes, for PLANES)."""
     how = default_compressor() if compressor is None else compressor
-    packed = _compress(body, how)
+    packed = _compress(body, how) if how != PLANES else _compress_planes(body, cut)
+    if compressor is None and how == ZSTD and cut:  # one frame per plane where that is smaller
+        planes = _compress_planes(body, cut)
+        how, packed = (PLANES, planes) if len(planes) < len(packed) else (how, packed)
     if len(packed) >= len(body):  # incompressible (a tiny block): stored as it is
         how, packed = RAW, body
     pad = (5 - (_HEAD.size + len(packed))) % 8
@@ -400,9 +407,57 @@ def _compress(body: bytes, how: int) -> bytes:
     return zlib.compress(body, _LEVELS[ZLIB]) if how == ZLIB else body
 
 
+def _compress_planes(body: bytes, cut) -> bytes:
+    """Each section of ``body`` (lengths ``cut``, the rest one more) as a zstd frame, or as it is where that is
+    smaller, each after a varint of its length * 2 + (1 if stored as it is)."""
+    out, at = [], 0
+    for size in [*cut, len(body) - sum(cut)]:
+        if size:
+            plain = body[at : at + size]
+            frame = _zstd()[0].compress(plain)
+            raw = len(frame) >= size
+            out += [_varint(2 * min(size, len(frame)) + raw), plain if raw else frame]
+            at += size
+    return b"".join(out)
+
+
+def _inflate_planes(packed) -> bytes:
+    """``_compress_planes`` undone: its sections, decompressed and joined."""
+    out, at = [], 0
+    while at < len(packed):
+        head, at = _read_varint(packed, at)
+        size = head >> 1
+        if at + size > len(packed):
+            raise Corrupt("a byte plane is cut short")
+        piece = packed[at : at + size]
+        out.append(bytes(piece) if head & 1 else _inflate(piece, ZSTD))
+        at += size
+    return b"".join(out)
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read_varint(data, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data) or shift > 56:
+            raise Corrupt("a byte plane's length is cut short")
+        byte = data[at]
+        value, at, shift = value | (byte & 0x7F) << shift, at + 1, shift + 7
+        if byte < 0x80:
+            return value, at
+
+
 def _decompress(packed: bytes, how: int) -> bytes:
     try:
-        return _inflate(packed, how)
+        return _inflate_planes(packed) if how == PLANES else _inflate(packed, how)
     except _DECOMPRESS_ERRORS as exc:  # a body that passed its checksum yet does not decompress
         raise Corrupt(f"does not decompress: {exc}") from exc
 
