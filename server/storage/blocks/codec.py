@@ -423,6 +423,7 @@ def _compress_planes(body: bytes, cut) -> bytes:
 
 def _inflate_planes(packed) -> bytes:
     """``_compress_planes`` undone: its sections, decompressed and joined."""
+    packed = memoryview(packed).cast("B")  # indexing gives ints whatever the driver's buffer format (psycopg2: 'c')
     out, at = [], 0
     while at < len(packed):
         head, at = _read_varint(packed, at)
