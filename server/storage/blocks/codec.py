@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 CHUNK, ARRAY = 0xC1, 0xA1  # kinds of blob
 RAW, ZLIB, ZSTD = 0, 1, 2  # how the body is compressed (flag bits 0-1)
-PLANES = 3  # since 0009: one zstd frame per byte plane (each plane's own statistics; ~4 % smaller chunks)
+PLANES = 3  # since 0009: one zstd frame per byte plane of a vector's chunk (each plane its own statistics)
 F32, MISSING, CLOCK = 4, 8, 16  # flag bits: values as float32, a missing mask follows, walls left to the run clock
 PALETTE = 4  # an array's flag bit: some float64 rows are a palette of their distinct values and a byte index each
 ABSENT = 8  # an array's flag bit: rows that are all ABSENT_VALUE (a summary's "no such step") are left out
@@ -102,7 +102,8 @@ def encode_chunk(steps, walls, values, missing=None, compressor: int | None = No
     blobs = []
     for how, field, data in tries:
         planes = _forward(data, field & 15)
-        cut = [len(head)] + [planes.size] * planes.dtype.itemsize + [len(tail)]  # where each byte plane ends
+        # Where each byte plane ends (a vector's: a scalar block decoded 11 % slower as 10 frames, measured).
+        cut = [len(head)] + [planes.size] * planes.dtype.itemsize + [len(tail)] if width > 1 else ()
         blobs.append(_seal(CHUNK, how, field, n, width, head + _shuffle(planes.ravel()) + tail, compressor, cut))
     return min(blobs, key=len)
 
