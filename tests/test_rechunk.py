@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 from old_format import before_0009, disk_size
 from server_process import ServerProcess, get_json
 from test_ingest_ws import Link, _columns_batch
@@ -52,9 +53,10 @@ def _ingest(engine, run_id: int, steps: range, rng, seq: int, per_batch: int) ->
     return seq
 
 
-def _build(path: Path, steps: int = 700, tail: int = 9) -> int:
-    """A 300-layer run: bulk batches, then ``tail`` live steps that stay small rows; the last seq."""
-    engine = database.make_engine(f"sqlite:///{path}")
+def _build(path: Path | str, steps: int = 700, tail: int = 9) -> int:
+    """A 300-layer run (a SQLite file or a URL): bulk batches, then ``tail`` live steps that stay small rows;
+    the last seq."""
+    engine = database.make_engine(f"sqlite:///{path}" if isinstance(path, Path) else path)
     with engine.begin() as conn:
         run_id = open_run(conn, {"uid": "old", "project": "p", "name": "before 0009"}, {})["run_id"]
     rng = np.random.default_rng(1)
@@ -173,3 +175,30 @@ def test_compaction_merges_old_chunks_beside_a_live_server(tmp_path):
     assert disk_size(path) - live_bytes < old_size, (disk_size(path), live_bytes, old_size)
     again = compact.compact(f"sqlite:///{path}", say=lambda _line: None)  # resumable: nothing left to merge
     assert again.rechunked == 0
+
+
+@pytest.mark.slow
+def test_postgres_old_chunks_and_summaries_compact_the_same_way(postgres_url):
+    from pg_cluster import fresh_database
+
+    url = fresh_database(postgres_url)
+    _build(url, steps=900)
+    engine = database.make_engine(url)
+    with engine.begin() as conn:
+        before = _reads(conn, 1)
+        conn.exec_driver_sql("UPDATE runs SET status = 'finished'")  # an ended run: the clock pass runs too
+    engine.dispose()
+    before_0009(url)
+    engine = database.make_engine(url)
+    with engine.connect() as conn:
+        assert _reads(conn, 1) == before
+    engine.dispose()
+    done = compact.compact(url, say=lambda _line: None)
+    assert done.rechunked > 0
+    engine = database.make_engine(url)
+    with engine.connect() as conn:
+        assert _reads(conn, 1) == before
+        grad = "SELECT id FROM metric_keys WHERE key = 'grad'"
+        sizes = [n for (n,) in conn.exec_driver_sql(f"SELECT n FROM chunks WHERE key_id = ({grad})")]
+    engine.dispose()
+    assert 64 in sizes and sum(sizes) == 909
