@@ -178,7 +178,7 @@ def test_compaction_merges_old_chunks_beside_a_live_server(tmp_path):
 
 
 @pytest.mark.slow
-def test_postgres_old_chunks_and_summaries_compact_the_same_way(postgres_url):
+def test_postgres_old_chunks_compact_the_same_way(postgres_url):
     from pg_cluster import fresh_database
 
     url = fresh_database(postgres_url)
@@ -186,7 +186,7 @@ def test_postgres_old_chunks_and_summaries_compact_the_same_way(postgres_url):
     engine = database.make_engine(url)
     with engine.begin() as conn:
         before = _reads(conn, 1)
-        conn.exec_driver_sql("UPDATE runs SET status = 'finished'")  # an ended run: the clock pass runs too
+        conn.exec_driver_sql("UPDATE runs SET status = 'finished'")
     engine.dispose()
     before_0009(url)
     engine = database.make_engine(url)
