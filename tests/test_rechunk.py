@@ -202,3 +202,32 @@ def test_postgres_old_chunks_compact_the_same_way(postgres_url):
         sizes = [n for (n,) in conn.exec_driver_sql(f"SELECT n FROM chunks WHERE key_id = ({grad})")]
     engine.dispose()
     assert 64 in sizes and sum(sizes) == 909
+
+
+def test_compaction_across_a_layout_change_merges_each_width_apart(tmp_path):
+    """A model that gained layers mid-run: rows of the old width and the new lie next to each other."""
+    path = tmp_path / "gw.db"
+    engine = database.make_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        run_id = open_run(conn, {"uid": "u", "project": "p", "name": "grew"}, {})["run_id"]
+        state = load_state(conn, run_id)
+    rng = np.random.default_rng(7)
+    for seq, (lo, width) in enumerate(((0, 200), (40, 200), (80, 300), (180, 300)), start=1):
+        names = LAYERS[:width]
+        records = [
+            (i, 1.76e9 + i, {}, {"grad": _vector(i, rng)[:width]})
+            for i in range(lo, lo + (40 if width == 200 else 100))
+        ]
+        with engine.begin() as conn:
+            apply_batch(conn, state, decode(_columns_batch(seq, records, layouts={"grad": names})))
+    with engine.connect() as conn:
+        before = _reads(conn, run_id)
+    engine.dispose()
+    before_0009(path)
+    database.make_engine(f"sqlite:///{path}").dispose()  # upgraded first, as `gradwatch db compact` does
+    done = compact.compact(f"sqlite:///{path}", say=lambda _line: None)
+    assert done.rechunked > 0
+    engine = database.make_engine(f"sqlite:///{path}")
+    with engine.connect() as conn:
+        assert _reads(conn, run_id) == before
+    engine.dispose()

@@ -57,8 +57,8 @@ def _merge(conn, key_id: int, ids: list[int], done) -> None:
     query = query.where(c.id.in_(ids)).order_by(c.id)
     rows = conn.execute(query.with_for_update() if conn.dialect.name == "postgresql" else query).all()
     parts = [chunks.decode_row(conn, key_id, r) for r in rows]
-    if len(rows) != len(ids) or any(p is None for p in parts):
-        return
+    if len(rows) != len(ids) or any(p is None or p.values.shape[1] != parts[0].values.shape[1] for p in parts):
+        return  # damaged, or on both sides of a layout change (two widths): left as they are
     # Walls the run clock held stay left to it (what was read from it is what it holds).
     clocked = all(codec.is_encoded(r.data) and codec.leaves_walls(r.data) for r in rows)
     new = chunks.packed_row(key_id, chunks.concat(parts), (lambda _s, _w: True) if clocked else None, small=False)
