@@ -40,7 +40,7 @@ class Writer:
         self.engine = engine
         self.on_group_failure = on_group_failure
         self.sync, self.sync_delay = sync, sync_delay
-        self._jobs: queue.Queue = queue.Queue()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # the C queue: a put and a get cost less
         self._held = None  # a job taken while collecting a group that did not belong to it
         self.busy_seconds = 0.0  # seconds spent running jobs (read by Pipeline.preferred_gap, any thread)
         # Commits made and commits known on disk (written on this thread; read under the lock by synced()).
