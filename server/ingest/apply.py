@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, case, or_, select, update
 
 from gradwatch import contract, protocol
 from gradwatch import thresholds as th_rules
@@ -142,21 +142,37 @@ def _key_id(conn, state: RunState, key: str, limits: Limits, layers: list | None
     return key_id
 
 
-def claim_seq(conn, run_id: int, seq: int) -> bool:
+def claim_seq(conn, run_id: int, seq: int, now: float | None = None, newest: int | None = None) -> bool:
     """Take batch ``seq`` of a run for this transaction: true only if the run's committed seq is seq - 1.
 
     The conditional update locks the run's row until commit, so of two server processes holding the
     same batch (a client that reconnected elsewhere) exactly one stores it; the other sees 0 rows.
+    With ``now`` the same statement writes the run's ``updated_at`` (and ``last_step``, when the batch's
+    ``newest`` step is larger): what ``apply_batch(..., marked=True)`` then leaves out, one statement less.
     """
-    return _CLAIM.run(conn, {"rid": run_id, "prev": seq - 1, "new_seq": seq}).rowcount == 1
+    params = {"rid": run_id, "prev": seq - 1, "new_seq": seq}
+    if now is None:
+        return _CLAIM.run(conn, params).rowcount == 1
+    params["now"] = now
+    if newest is None:
+        return _CLAIM_AT.run(conn, params).rowcount == 1
+    params["newest"] = newest
+    return _CLAIM_STEP.run(conn, params).rowcount == 1
 
 
 # Statements run once per batch, compiled once and run on the driver (storage/prepared.py).
-_CLAIM = Prepared(
-    update(db.runs)
-    .where(db.runs.c.id == bindparam("rid"), db.runs.c.last_seq == bindparam("prev"))
-    .values(last_seq=bindparam("new_seq"))
-)
+def _claim(**values):
+    return Prepared(
+        update(db.runs)
+        .where(db.runs.c.id == bindparam("rid"), db.runs.c.last_seq == bindparam("prev"))
+        .values(last_seq=bindparam("new_seq"), **values)
+    )
+
+
+_CLAIM = _claim()
+_CLAIM_AT = _claim(updated_at=bindparam("now"))
+_LARGER = or_(db.runs.c.last_step.is_(None), db.runs.c.last_step < bindparam("newest"))
+_CLAIM_STEP = _claim(updated_at=bindparam("now"), last_step=case((_LARGER, bindparam("newest")), else_=db.runs.c.last_step))
 
 
 @functools.lru_cache(maxsize=64)
@@ -172,8 +188,13 @@ def committed_seq(conn, run_id: int) -> int | None:
     return conn.execute(select(db.runs.c.last_seq).where(db.runs.c.id == run_id)).scalar()
 
 
-def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, limits: Limits | None = None) -> dict:
-    """Store one batch whose seq the caller claimed (``claim_seq``); returns what to push and what was refused."""
+def apply_batch(
+    conn, state: RunState, batch: Batch, now: float | None = None, limits: Limits | None = None, marked: bool = False
+) -> dict:
+    """Store one batch whose seq the caller claimed (``claim_seq``); returns what to push and what was refused.
+
+    ``marked``: the claim wrote the run's updated_at (``now``) and last_step already (``claim_seq``'s ``now``).
+    """
     now = now or time.time()
     limits = limits or Limits()
     del batch.problems[batch.decoding_problems :]  # a retry (after a failed group commit) starts afresh
@@ -207,7 +228,9 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
     if len(batch.steps):
         newest = int(batch.steps.max())
         run_changes["last_step"] = newest if state.last_step is None else max(newest, state.last_step)
-    _run_update(tuple(run_changes)).run(conn, {"rid": state.run_id, **{f"v_{c}": v for c, v in run_changes.items()}})
+    if not marked or run_changes.keys() - {"updated_at", "last_step"}:
+        params = {f"v_{c}": v for c, v in run_changes.items()}
+        _run_update(tuple(run_changes)).run(conn, {"rid": state.run_id, **params})
     state.last_step = run_changes.get("last_step", state.last_step)
     state.last_seq = batch.seq
     return {

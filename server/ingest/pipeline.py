@@ -136,13 +136,15 @@ class Pipeline:
         # Checked here, in the batch's own transaction, not per connection: after a reconnect the old
         # and the new connection of a run (maybe on two server processes) may both hold the same
         # batch, and only one may store it (apply.claim_seq).
+        # The claim also marks the run's updated_at and last_step (apply_batch's marked): one statement less.
+        mark = (time.time(), int(batch.steps.max()) if len(batch.steps) else None)
         state = self._states.get(run_id)
-        if state is None or batch.seq != state.last_seq + 1 or not apply.claim_seq(conn, run_id, batch.seq):
-            state = self._claim_uncached(conn, run_id, batch.seq)
+        if state is None or batch.seq != state.last_seq + 1 or not apply.claim_seq(conn, run_id, batch.seq, *mark):
+            state = self._claim_uncached(conn, run_id, batch.seq, mark)
             if isinstance(state, dict):
                 return state
         try:
-            result = apply.apply_batch(conn, state, batch, limits=self.limits)
+            result = apply.apply_batch(conn, state, batch, now=mark[0], limits=self.limits, marked=True)
             if run_id in self.activity.stalled:
                 result["resumed"] = run_states.resume_stalled(conn, run_id)
         except BaseException:
@@ -152,7 +154,7 @@ class Pipeline:
             self.invalidate(run_id)  # release per-run state when a run ends
         return result
 
-    def _claim_uncached(self, conn, run_id: int, seq: int) -> apply.RunState | dict:
+    def _claim_uncached(self, conn, run_id: int, seq: int, mark: tuple) -> apply.RunState | dict:
         """The claim when the cache is missing or behind: the run's state, reloaded, or why not to store."""
         committed = apply.committed_seq(conn, run_id)
         if committed is None:
@@ -162,7 +164,7 @@ class Pipeline:
             return {"duplicate": True}
         if seq != committed + 1:
             return {"expected": committed + 1}
-        if not apply.claim_seq(conn, run_id, seq):  # another process stored it meanwhile
+        if not apply.claim_seq(conn, run_id, seq, *mark):  # another process stored it meanwhile
             committed = apply.committed_seq(conn, run_id) or 0
             return {"duplicate": True} if seq <= committed else {"expected": committed + 1}
         # Our cache was missing or behind (another process stored batches of this run): reload it.
