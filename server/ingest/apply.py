@@ -172,7 +172,9 @@ def _claim(**values):
 _CLAIM = _claim()
 _CLAIM_AT = _claim(updated_at=bindparam("now"))
 _LARGER = or_(db.runs.c.last_step.is_(None), db.runs.c.last_step < bindparam("newest"))
-_CLAIM_STEP = _claim(updated_at=bindparam("now"), last_step=case((_LARGER, bindparam("newest")), else_=db.runs.c.last_step))
+_CLAIM_STEP = _claim(
+    updated_at=bindparam("now"), last_step=case((_LARGER, bindparam("newest")), else_=db.runs.c.last_step)
+)
 
 
 @functools.lru_cache(maxsize=64)
