@@ -129,7 +129,7 @@ class Pipeline:
         The future resolves to the apply result, or to ``{"duplicate": True}``, ``{"expected": seq}``
         (a gap) or ``{"deleted": True}`` (the run is gone); hand a stored result to ``publish``.
         """
-        return asyncio.wrap_future(self.writer.submit(self.claim_and_apply, run_id, batch, group=True))
+        return self.writer.submit_here(self.claim_and_apply, run_id, batch, group=True)
 
     def claim_and_apply(self, conn, run_id: int, batch: Batch) -> dict:
         """Store a batch if its seq is the run's next (a writer job; see ``submit`` for the results)."""
