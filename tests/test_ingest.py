@@ -14,7 +14,7 @@ from gradwatch import protocol
 from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.storage import database, db, store
+from gradwatch_server.storage import chunks, database, db, store
 
 LAYERS = ["in.weight", "in.bias", "out.weight", "out.bias"]
 
@@ -258,3 +258,26 @@ def test_a_run_clock_keeps_every_wall_time_bit_exact(stream):
     clocked = [b for b in blobs if codec.decode_chunk(b)[1] is None]
     if len(records) >= 2100 and steady:  # a full loss chunk at least: its walls are the clock's
         assert clocked
+
+
+def test_every_key_of_one_step_batches_reads_back_its_own_points_once_its_small_rows_merge(tmp_path, monkeypatch):
+    """A batch's small rows (one per key) go in one insert; each key's tail must hold its own row ids."""
+    monkeypatch.setattr(chunks, "CHUNK_VALUES", 16)  # full chunks of 16 steps: merges come soon
+    engine, run_id = _setup(tmp_path)
+    keys = [f"k{i}" for i in range(70)]  # more than one multi-row insert's worth
+    steps = range(chunks.capacity(1) + 5)  # past a full chunk: the small rows are merged (deleted by id)
+
+    def logged(i):  # keys start at different steps, so their small rows are merged at different batches
+        return [s for s in steps if s >= i % 5]
+
+    state = _restart(engine, run_id)
+    for s in steps:
+        scalars = {k: float(i * 1000 + s) for i, k in enumerate(keys) if s in logged(i)}
+        with engine.begin() as conn:
+            batch = {"type": "batch", "seq": s + 1, "records": [{"step": s, "t": 1000.0 + s, "scalars": scalars}]}
+            apply_batch(conn, state, decode(batch))
+    with engine.connect() as conn:
+        for i, key in enumerate(keys):
+            points = chunks.read(conn, state.key_ids[key], slots=1)
+            assert points.steps.tolist() == logged(i)
+            assert points.values[:, 0].tolist() == [float(i * 1000 + s) for s in logged(i)]

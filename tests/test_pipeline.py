@@ -11,6 +11,7 @@ import threading
 
 import numpy as np
 from conftest import run_async
+from sqlalchemy import select
 
 from gradwatch import protocol
 from gradwatch_server.ingest.batch import Column, decode
@@ -18,7 +19,7 @@ from gradwatch_server.live.fanout import MAX_PAYLOAD, PgFanout
 from gradwatch_server.live.hub import points_message
 from gradwatch_server.services import Services
 from gradwatch_server.settings import Settings
-from gradwatch_server.storage import edits, retention, store
+from gradwatch_server.storage import db, edits, retention, store
 
 
 def _batch(seq: int, steps, loss: float = 0.5):
@@ -50,6 +51,32 @@ def test_a_batch_is_claimed_once_duplicates_and_gaps_are_answered(tmp_path):
             assert await pipeline.submit(run_id, _batch(3, [9])) == {"expected": 2}
             assert (await pipeline.submit(run_id, _batch(2, [3, 4])))["last_step"] == 4
             assert _loss_steps(services, run_id) == [0, 1, 2, 3, 4]
+        finally:
+            services.close()
+
+    run_async(scenario())
+
+
+def test_the_claim_marks_the_run_row_its_newest_step_kept_and_a_batch_without_steps_leaves_it(tmp_path):
+    def row(services, run_id):
+        with services.engine.connect() as conn:
+            return conn.execute(select(db.runs.c.last_step, db.runs.c.updated_at).where(db.runs.c.id == run_id)).one()
+
+    async def scenario():
+        services = _services(tmp_path)
+        try:
+            pipeline = services.pipeline
+            run_id = await _open(services)
+            await pipeline.submit(run_id, _batch(1, [5, 7]))
+            step, first = row(services, run_id)
+            assert step == 7
+            await pipeline.submit(run_id, _batch(2, [2, 3]))  # older steps (a resumed run): the newest stays
+            step, second = row(services, run_id)
+            assert step == 7 and second >= first
+            pipeline.invalidate(run_id)  # a reloaded cache agrees with the row
+            await pipeline.submit(run_id, decode({"type": "batch", "seq": 3, "records": []}))
+            assert row(services, run_id)[0] == 7
+            assert (await pipeline.submit(run_id, _batch(4, [9])))["last_step"] == 9 and row(services, run_id)[0] == 9
         finally:
             services.close()
 

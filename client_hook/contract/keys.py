@@ -7,6 +7,8 @@ Standard library only: the client imports it.
 
 from __future__ import annotations
 
+import functools
+
 # -- gradients (gradwatch/watcher.py, the integrations) ------------------------------------------
 GRAD_VECTOR = "grad"  # per-layer gradient norms, one slot per parameter
 GRAD_PREFIX = "grad/"  # the family of per-layer and global gradient keys
@@ -133,6 +135,7 @@ KEYS.update(CLIP_THRESHOLD=CLIP_THRESHOLD, AMP_SKIPPED=AMP_SKIPPED)
 
 
 # -- losses ----------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=4096)  # asked for every key of every step by the health rules
 def is_loss_key(key: str) -> bool:
     """Keys whose last path part mentions 'loss' are the ones watched for NaN/inf and spikes."""
     return "loss" in key.rsplit("/", 1)[-1].lower()

@@ -9,6 +9,7 @@ its own spec (``declare``) and from then on is everywhere a built-in one is. Sta
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -390,6 +391,12 @@ def loss_goal(key: str, th: Mapping, main: str | None = None) -> str:
         return declared
     if key == main:
         return "fall"
+    return _goal_by_name(key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _goal_by_name(key: str) -> str:
+    """A key's goal as its name tells it (cached: the rules ask for every loss of every step)."""
     last = key.rsplit("/", 1)[-1].lower()
     tokens = {t for t in re.split(r"[^a-z0-9]+", last) if t}
     tokens |= {t.replace("loss", "") for t in tokens if "loss" in t}

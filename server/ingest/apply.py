@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import select, update
 
 from gradwatch import contract, protocol
 from gradwatch import thresholds as th_rules
@@ -23,6 +23,7 @@ from gradwatch_server.health import monitor as health
 from gradwatch_server.health.alerts import AlertBook
 from gradwatch_server.health.diagnose import diagnose, with_incident
 from gradwatch_server.ingest import media as media_ingest
+from gradwatch_server.ingest import run_row
 from gradwatch_server.ingest.batch import Batch
 from gradwatch_server.ingest.hello import clean_json
 from gradwatch_server.ingest.limits import cap_alert_events
@@ -30,7 +31,6 @@ from gradwatch_server.rules import policy as project_rules
 from gradwatch_server.storage import chunks, db, rollup_writes, summaries
 from gradwatch_server.storage.blocks.clock import Clock
 from gradwatch_server.storage.media import defined
-from gradwatch_server.storage.prepared import Prepared
 
 
 @dataclass
@@ -142,38 +142,13 @@ def _key_id(conn, state: RunState, key: str, limits: Limits, layers: list | None
     return key_id
 
 
-def claim_seq(conn, run_id: int, seq: int) -> bool:
-    """Take batch ``seq`` of a run for this transaction: true only if the run's committed seq is seq - 1.
+def apply_batch(
+    conn, state: RunState, batch: Batch, now: float | None = None, limits: Limits | None = None, marked: bool = False
+) -> dict:
+    """Store one batch whose seq the caller claimed (``run_row.claim_seq``); returns what to push and what was refused.
 
-    The conditional update locks the run's row until commit, so of two server processes holding the
-    same batch (a client that reconnected elsewhere) exactly one stores it; the other sees 0 rows.
+    ``marked``: the claim wrote the run's updated_at (``now``) and last_step already (``run_row.claim_seq``).
     """
-    return _CLAIM.run(conn, {"rid": run_id, "prev": seq - 1, "new_seq": seq}).rowcount == 1
-
-
-# Statements run once per batch, compiled once and run on the driver (storage/prepared.py).
-_CLAIM = Prepared(
-    update(db.runs)
-    .where(db.runs.c.id == bindparam("rid"), db.runs.c.last_seq == bindparam("prev"))
-    .values(last_seq=bindparam("new_seq"))
-)
-
-
-@functools.lru_cache(maxsize=64)
-def _run_update(columns: tuple):
-    """``UPDATE runs SET <columns> WHERE id = :rid``, one per set of columns (a handful in practice)."""
-    return Prepared(
-        update(db.runs).where(db.runs.c.id == bindparam("rid")).values({c: bindparam(f"v_{c}") for c in columns})
-    )
-
-
-def committed_seq(conn, run_id: int) -> int | None:
-    """The run's last committed batch, or None when the run no longer exists."""
-    return conn.execute(select(db.runs.c.last_seq).where(db.runs.c.id == run_id)).scalar()
-
-
-def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, limits: Limits | None = None) -> dict:
-    """Store one batch whose seq the caller claimed (``claim_seq``); returns what to push and what was refused."""
     now = now or time.time()
     limits = limits or Limits()
     del batch.problems[batch.decoding_problems :]  # a retry (after a failed group commit) starts afresh
@@ -181,7 +156,7 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
     stored = _store_columns(conn, state, batch, limits)
     summaries.record(conn, state.run_id, stored)  # last/min/max per key, one upsert per batch
     new_alerts = _observe(state, batch) + state.monitor.take_updates()  # alerts follow their open episodes
-    run_changes: dict = {"updated_at": now}  # last_seq: written by claim_seq, in this same transaction
+    run_changes: dict = {"updated_at": now}  # last_seq: written by the claim, in this transaction
     redefined = _defines_metrics(batch)
     media_ingest.apply(conn, state, batch, limits.media)  # histograms, images, tables; summary and config events
     _defined_summaries(conn, state, stored, redefined)
@@ -207,7 +182,8 @@ def apply_batch(conn, state: RunState, batch: Batch, now: float | None = None, l
     if len(batch.steps):
         newest = int(batch.steps.max())
         run_changes["last_step"] = newest if state.last_step is None else max(newest, state.last_step)
-    _run_update(tuple(run_changes)).run(conn, {"rid": state.run_id, **{f"v_{c}": v for c, v in run_changes.items()}})
+    if not marked or run_changes.keys() - {"updated_at", "last_step"}:
+        run_row.set_columns(conn, state.run_id, run_changes)
     state.last_step = run_changes.get("last_step", state.last_step)
     state.last_seq = batch.seq
     return {

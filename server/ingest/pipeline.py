@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from gradwatch import protocol
 from gradwatch.contract import CLIENT_ENDINGS, LINK_MIN_GAP
-from gradwatch_server.ingest import apply, hello, run_states
+from gradwatch_server.ingest import apply, hello, run_row, run_states
 from gradwatch_server.ingest.activity import Activity
 from gradwatch_server.ingest.batch import Batch, decode
 from gradwatch_server.ingest.stats import IngestStats, batch_points
@@ -129,20 +129,22 @@ class Pipeline:
         The future resolves to the apply result, or to ``{"duplicate": True}``, ``{"expected": seq}``
         (a gap) or ``{"deleted": True}`` (the run is gone); hand a stored result to ``publish``.
         """
-        return asyncio.wrap_future(self.writer.submit(self.claim_and_apply, run_id, batch, group=True))
+        return self.writer.submit_here(self.claim_and_apply, run_id, batch, group=True)
 
     def claim_and_apply(self, conn, run_id: int, batch: Batch) -> dict:
         """Store a batch if its seq is the run's next (a writer job; see ``submit`` for the results)."""
         # Checked here, in the batch's own transaction, not per connection: after a reconnect the old
         # and the new connection of a run (maybe on two server processes) may both hold the same
-        # batch, and only one may store it (apply.claim_seq).
+        # batch, and only one may store it (run_row.claim_seq).
+        # The claim also marks the run's updated_at and last_step (apply_batch's marked): one statement less.
+        mark = (time.time(), int(batch.steps.max()) if len(batch.steps) else None)
         state = self._states.get(run_id)
-        if state is None or batch.seq != state.last_seq + 1 or not apply.claim_seq(conn, run_id, batch.seq):
-            state = self._claim_uncached(conn, run_id, batch.seq)
+        if state is None or batch.seq != state.last_seq + 1 or not run_row.claim_seq(conn, run_id, batch.seq, *mark):
+            state = self._claim_uncached(conn, run_id, batch.seq, mark)
             if isinstance(state, dict):
                 return state
         try:
-            result = apply.apply_batch(conn, state, batch, limits=self.limits)
+            result = apply.apply_batch(conn, state, batch, now=mark[0], limits=self.limits, marked=True)
             if run_id in self.activity.stalled:
                 result["resumed"] = run_states.resume_stalled(conn, run_id)
         except BaseException:
@@ -152,9 +154,9 @@ class Pipeline:
             self.invalidate(run_id)  # release per-run state when a run ends
         return result
 
-    def _claim_uncached(self, conn, run_id: int, seq: int) -> apply.RunState | dict:
+    def _claim_uncached(self, conn, run_id: int, seq: int, mark: tuple) -> apply.RunState | dict:
         """The claim when the cache is missing or behind: the run's state, reloaded, or why not to store."""
-        committed = apply.committed_seq(conn, run_id)
+        committed = run_row.committed_seq(conn, run_id)
         if committed is None:
             self.invalidate(run_id)
             return {"deleted": True}
@@ -162,8 +164,8 @@ class Pipeline:
             return {"duplicate": True}
         if seq != committed + 1:
             return {"expected": committed + 1}
-        if not apply.claim_seq(conn, run_id, seq):  # another process stored it meanwhile
-            committed = apply.committed_seq(conn, run_id) or 0
+        if not run_row.claim_seq(conn, run_id, seq, *mark):  # another process stored it meanwhile
+            committed = run_row.committed_seq(conn, run_id) or 0
             return {"duplicate": True} if seq <= committed else {"expected": committed + 1}
         # Our cache was missing or behind (another process stored batches of this run): reload it.
         state = self._states[run_id] = apply.load_state(conn, run_id)

@@ -40,7 +40,7 @@ class Writer:
         self.engine = engine
         self.on_group_failure = on_group_failure
         self.sync, self.sync_delay = sync, sync_delay
-        self._jobs: queue.Queue = queue.Queue()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # the C queue: a put and a get cost less
         self._held = None  # a job taken while collecting a group that did not belong to it
         self.busy_seconds = 0.0  # seconds spent running jobs (read by Pipeline.preferred_gap, any thread)
         # Commits made and commits known on disk (written on this thread; read under the lock by synced()).
@@ -56,6 +56,14 @@ class Writer:
         """Queue a job; the future resolves to its return value after the commit."""
         future: Future = Future()
         self._jobs.put((fn, args, future, group))
+        return future
+
+    def submit_here(self, fn: Callable, *args: Any, group: bool = False) -> asyncio.Future:
+        """``submit`` from an event loop: a future of this loop, resolved with every other one of its loop
+        that the same commit settled, in one wake-up of the loop (not one ``call_soon_threadsafe`` each)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._jobs.put((fn, args, (future, loop), group))
         return future
 
     def synced(self) -> asyncio.Future | None:
@@ -121,7 +129,7 @@ class Writer:
                     jobs.append(more)
                 # Wall time, not CPU: a writer waiting on fsync or starved of a core is a bottleneck all the same.
                 started = time.perf_counter()
-                self._run(conn, [j for j in jobs if j[2].set_running_or_notify_cancel()])
+                self._settle(self._run(conn, [j for j in jobs if _runnable(j[2])]))
                 self.busy_seconds += time.perf_counter() - started
 
     def _committed(self) -> None:
@@ -149,16 +157,10 @@ class Writer:
                 self.synced_commits = target
             done = [w for w in self._waiters if w[0] <= target]
             self._waiters = [w for w in self._waiters if w[0] > target]
-        by_loop: dict = {}
-        for _need, waiter, loop in done:
-            by_loop.setdefault(loop, []).append(waiter)
-        for loop, waiters in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_resolve, waiters, error)
-            except RuntimeError:  # that loop is closed: nobody waits any more
-                pass
+        self._settle([((waiter, loop), error is not None, error) for _need, waiter, loop in done])
 
-    def _run(self, conn, jobs: list) -> None:
+    def _run(self, conn, jobs: list) -> list:
+        """Run jobs, as one group when there are several; returns (future, failed, result or exception) of each."""
         if len(jobs) > 1:
             try:
                 with conn.begin():
@@ -168,25 +170,48 @@ class Writer:
                     self.on_group_failure()
             else:
                 self._committed()
-                for (_fn, _args, future, _group), result in zip(jobs, results):
-                    future.set_result(result)
-                return
+                return [(future, False, result) for (_fn, _args, future, _group), result in zip(jobs, results)]
+        outcomes = []
         for fn, args, future, _group in jobs:
             try:
                 with conn.begin():
                     result = fn(conn, *args)
             except BaseException as exc:  # the caller sees it; the writer keeps going
-                future.set_exception(exc)
+                outcomes.append((future, True, exc))
             else:
                 self._committed()
-                future.set_result(result)
+                outcomes.append((future, False, result))
+        return outcomes
 
-
-def _resolve(waiters: list, error: OSError | None) -> None:
-    """On the waiters' loop: the fsync they waited for is done (or failed)."""
-    for waiter in waiters:
-        if not waiter.done():
-            if error is None:
-                waiter.set_result(None)
+    @staticmethod
+    def _settle(outcomes: list) -> None:
+        """Resolve futures: a thread's at once, an event loop's in one ``call_soon_threadsafe`` per loop."""
+        by_loop: dict = {}
+        for future, failed, value in outcomes:
+            if not isinstance(future, Future):
+                by_loop.setdefault(future[1], []).append((future[0], failed, value))
+            elif failed:
+                future.set_exception(value)
             else:
-                waiter.set_exception(error)
+                future.set_result(value)
+        for loop, settled in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_settle_here, settled)
+            except RuntimeError:  # that loop is closed: nobody waits any more
+                pass
+
+
+def _runnable(future) -> bool:
+    """Whether a job's caller still wants it run (a cancelled future's job is skipped)."""
+    return future.set_running_or_notify_cancel() if isinstance(future, Future) else not future[0].cancelled()
+
+
+def _settle_here(settled: list) -> None:
+    """On the futures' loop: their jobs (or the fsync they waited for) are done, or failed."""
+    for future, failed, value in settled:
+        if future.done():
+            continue
+        if failed:
+            future.set_exception(value)
+        else:
+            future.set_result(value)

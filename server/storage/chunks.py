@@ -9,11 +9,12 @@ they are merged into one (each point is written about twice, never rewritten in 
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import and_, delete, func, or_, select
+from sqlalchemy import and_, bindparam, delete, func, insert, or_, select
 
 from gradwatch_server.storage import db
 from gradwatch_server.storage.blocks import clock, codec
@@ -145,18 +146,39 @@ class Writes:
         if self.full:
             conn.execute(db.chunks.insert(), self.full)
         if self.small:
-            for tail, points, row in self.small:
-                tail.ids.append(_INSERT_SMALL.run(conn, row).fetchone()[0])
+            ids = _insert_small(conn, [row for _tail, _points, row in self.small])
+            for (tail, points, _row), row_id in zip(self.small, ids):
+                tail.ids.append(row_id)
                 tail.parts.append(points)
                 tail.n += len(points)
         self.deletes, self.full, self.small = [], [], []
 
 
-# A live batch writes a small row per key: compiled once, run on the driver (storage/prepared.py).
-_INSERT_SMALL = Prepared(
-    db.chunks.insert().returning(db.chunks.c.id),
-    ["key_id", "first_step", "last_step", "n", "small", "steps", "walls", "data", "missing"],
-)
+SMALL_COLUMNS = ("key_id", "first_step", "last_step", "n", "small", "steps", "walls", "data", "missing")
+SMALL_PER_INSERT = 64  # rows of one multi-row insert (9 parameters a row, well under SQLite's 32,766)
+
+
+def _insert_small(conn, rows: list[dict]) -> list[int]:
+    """Insert a batch's small rows, one statement for all its keys (a row per key); their ids in order."""
+    if len({row["key_id"] for row in rows}) < len(rows):  # ids are matched by key: one statement per row
+        return [_small_insert(1).run(conn, _numbered([row])).fetchone()[0] for row in rows]
+    ids: dict = {}
+    for start in range(0, len(rows), SMALL_PER_INSERT):
+        part = rows[start : start + SMALL_PER_INSERT]
+        # RETURNING promises no order for several rows (SQLite, PostgreSQL): match them by key id.
+        ids.update((key_id, row_id) for row_id, key_id in _small_insert(len(part)).run(conn, _numbered(part)))
+    return [ids[row["key_id"]] for row in rows]
+
+
+def _numbered(rows: list[dict]) -> dict:
+    return {f"{c}_{i}": row[c] for i, row in enumerate(rows) for c in SMALL_COLUMNS}
+
+
+@functools.lru_cache(maxsize=SMALL_PER_INSERT)
+def _small_insert(n: int) -> Prepared:
+    """``INSERT INTO chunks ... VALUES (...) x n RETURNING id, key_id``, compiled once per n (storage/prepared.py)."""
+    values = [{c: bindparam(f"{c}_{i}") for c in SMALL_COLUMNS} for i in range(n)]
+    return Prepared(insert(db.chunks).values(values).returning(db.chunks.c.id, db.chunks.c.key_id))
 
 
 def append(writes: Writes, tail: Tail, key_id: int, points: Points, omits=None) -> None:

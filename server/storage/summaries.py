@@ -24,37 +24,56 @@ FIELDS = ("last", "min", "max", "count", "last_step", "min_step", "max_step", "n
 VALUE_FIELDS = ("last", "min", "max")  # floats (NaN/±inf encoded in the API); the rest are integers
 
 
+SMALL = 16  # points up to which a Python loop costs less than numpy's calls (a live batch has one or two)
+
+
 def batch_row(run_id: int, key: str, steps: np.ndarray, values: np.ndarray) -> dict | None:
-    """One key's figures over one batch (numpy, no Python loop over points); None when it has no points."""
+    """One key's figures over one batch; None when it has no points. Min and max skip NaN and keep ±inf."""
     if not len(steps):
         return None
+    nans, last, last_step, extremes = _small(steps, values) if len(steps) <= SMALL else _large(steps, values)
+    row = {"run_id": run_id, "key": key, "count": len(steps), "nans": nans, "last": db.to_db_float(last)}
+    row["last_step"] = last_step
+    row["min"], row["min_step"], row["max"], row["max_step"], total = extremes or (None, None, None, None, 0.0)
+    row["total"] = db.to_db_float(total)  # 0.0 for NaN only; inf - inf is NaN: NULL, the mean then read from points
+    return row
+
+
+def _small(steps, values) -> tuple:
+    """(nans, last value, its step, (min, its step, max, its step, sum) or None) in plain floats."""
+    steps, values = steps.tolist(), values.tolist()
+    last_i, lo, hi, nans, total = 0, None, None, 0, 0.0
+    for i, (step, value) in enumerate(zip(steps, values)):
+        if step >= steps[last_i]:
+            last_i = i  # the latest of the largest step
+        if value != value:
+            nans += 1
+            continue
+        if lo is None or value < values[lo]:
+            lo = i
+        if hi is None or value > values[hi]:
+            hi = i
+        total += value
+    extremes = None if lo is None else (values[lo], steps[lo], values[hi], steps[hi], total)
+    return nans, values[last_i], steps[last_i], extremes
+
+
+def _large(steps, values) -> tuple:
+    """``_small``'s figures by numpy, no Python loop over points."""
     steps = np.asarray(steps, dtype=np.int64)
     values = np.asarray(values, dtype=np.float64)
-    last_i = len(steps) - 1 - int(np.argmax(steps[::-1]))  # the latest of the largest step
-    nans = int(np.count_nonzero(np.isnan(values)))
-    row = {
-        "run_id": run_id,
-        "key": key,
-        "count": len(values),
-        "nans": nans,
-        "last": db.to_db_float(float(values[last_i])),
-        "last_step": int(steps[last_i]),
-        "min": None,
-        "min_step": None,
-        "max": None,
-        "max_step": None,
-        "total": 0.0,  # the sum of no values: a batch of NaN only leaves the mean readable
-    }
-    if nans < len(values):  # the plain argmin/argmax when there is no NaN: the nan* forms cost 3x per key
-        lo, hi = (
-            (int(values.argmin()), int(values.argmax()))
-            if not nans
-            else (int(np.nanargmin(values)), int(np.nanargmax(values)))
-        )
-        row.update(min=float(values[lo]), min_step=int(steps[lo]), max=float(values[hi]), max_step=int(steps[hi]))
-        with np.errstate(invalid="ignore"):  # inf - inf is NaN: stored as NULL, the mean then read from points
-            row["total"] = db.to_db_float(float(np.nansum(values) if nans else values.sum()))
-    return row
+    last_i = len(steps) - 1 - int(np.argmax(steps[::-1]))
+    nan = np.isnan(values)
+    kept = np.flatnonzero(~nan)
+    extremes = None
+    if len(kept):
+        # Not np.nanargmax: it reads NaN as -inf, so [nan, -inf] had its max at the NaN (stored as NULL).
+        finite = values[kept] if len(kept) < len(values) else values
+        lo, hi = int(kept[finite.argmin()]), int(kept[finite.argmax()])
+        with np.errstate(invalid="ignore"):
+            total = float(finite.sum())
+        extremes = (float(values[lo]), int(steps[lo]), float(values[hi]), int(steps[hi]), total)
+    return len(values) - len(kept), float(values[last_i]), int(steps[last_i]), extremes
 
 
 def upsert(conn, rows: list[dict]) -> None:
