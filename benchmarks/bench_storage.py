@@ -16,6 +16,9 @@ step with 1 ms of jitter, shared by a step's keys, as the client stamps one reco
   (``tests/old_format.py``), after ``VACUUM``;
 - TensorBoard: the same scalars through ``torch.utils.tensorboard.SummaryWriter.add_scalar``
   (and, for the vectors, one ``add_scalar`` per layer, on the first 2,000 steps), the event file's size;
+- trackio: the same records through ``trackio.log`` (vectors: the first 2,000 steps) in trackio's own
+  venv (``python benchmarks/peers/venvs.py trackio`` makes it, as bench_peers.py does; "-" without it),
+  its SQLite files after ``VACUUM`` (``peers/trackio_stream.py``);
 - with ``--postgres``, the same runs on a throwaway PostgreSQL cluster: the block tables after
   ``VACUUM FULL`` (heap, TOAST, indexes), now and in the 0.2 form, whose raw blobs PostgreSQL's own
   TOAST compression (pglz) shrinks.
@@ -26,8 +29,10 @@ Every key is read back and compared bit for bit (NaN payloads, infinities) with 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,7 +43,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
 from old_format import as_release_0_2, disk_size, without_clock  # noqa: E402
+from peers import venvs  # noqa: E402
 
 from gradwatch import protocol  # noqa: E402
 from gradwatch.capture.step_timer import four_digits, microseconds  # noqa: E402
@@ -194,6 +202,29 @@ def tensorboard_bytes(tmp: Path, name: str, steps: int, walls, scalars: dict, ve
     return sum(f.stat().st_size for f in logdir.rglob("*") if f.is_file()) / values
 
 
+def trackio_bytes(tmp: Path, name: str, steps: int, scalars: dict, vectors) -> float | None:
+    """Bytes per value of trackio's SQLite files for the same records (None: its venv is not made).
+    Like TensorBoard's, the vectors are measured on their first TB_VECTOR_STEPS steps."""
+    if not venvs.status("trackio")["ok"]:
+        return None
+    if vectors is not None:
+        steps = min(steps, TB_VECTOR_STEPS)
+    stream = tmp / f"trackio-{name}.npz"
+    arrays = {f"key:{key}": np.asarray(values[:steps], dtype=np.float64) for key, values in scalars.items()}
+    if vectors is not None:
+        arrays["layers"] = np.asarray(vectors[:steps, : LAYERS - 1], dtype=np.float64)
+    np.savez(stream, steps=np.arange(steps), **arrays)
+    script = ROOT / "benchmarks" / "peers" / "trackio_stream.py"
+    done = subprocess.run([str(venvs.python("trackio")), str(script), str(stream), str(tmp / f"trackio-{name}")],
+                          capture_output=True, text=True, timeout=3600)  # fmt: skip
+    if done.returncode:
+        print(f"trackio failed: {done.stderr.strip()[-300:]}", file=sys.stderr)
+        return None
+    values = steps * (len(scalars) if vectors is None else LAYERS - 1)
+    line = [ln for ln in done.stdout.splitlines() if ln.startswith('{"bytes"')][-1]  # trackio prints around it
+    return json.loads(line)["bytes"] / values
+
+
 def empty_database(tmp: Path) -> int:
     path = tmp / "empty.db"
     database.make_engine(f"sqlite:///{path}").dispose()
@@ -219,8 +250,9 @@ def measure(tmp: Path, name: str, steps: int, scalars: dict, vectors, walls, tb:
     old = vacuumed(path)
     values = steps * len(scalars) if vectors is None else steps * (LAYERS - 1)
     board = tensorboard_bytes(tmp, name, steps, walls, scalars, vectors) if tb else None
+    track = trackio_bytes(tmp, name, steps, scalars, vectors) if tb else None
     return {"seconds": seconds, "exact": exact, "keys": keys, "old_keys": old_keys, "now": now, "old": old,
-            "values": values, "tensorboard": board, "walls": per_key_walls, "walls_keys": walls_keys,
+            "values": values, "tensorboard": board, "trackio": track, "walls": per_key_walls, "walls_keys": walls_keys,
             "clock": clock_bytes, "levels": levels}  # fmt: skip
 
 
@@ -263,7 +295,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (CI keeps the script working)")
     parser.add_argument("--steps", type=int, default=100_000, help="steps of the 10-scalar run [100,000]")
     parser.add_argument("--vector-steps", type=int, default=20_000, help="steps of the 300-layer run [20,000]")
-    parser.add_argument("--no-tensorboard", action="store_true", help="skip the TensorBoard event files")
+    parser.add_argument("--no-tensorboard", action="store_true", help="skip the peers (TensorBoard, trackio)")
     parser.add_argument("--postgres", action="store_true", help="also on PostgreSQL: its TOAST beside the codec")
     args = parser.parse_args()
     steps, vector_steps = (6_000, 600) if args.quick else (args.steps, args.vector_steps)
@@ -279,14 +311,16 @@ def main() -> None:
     print(f"\nempty database (schema only, after VACUUM): {empty:,} bytes; every figure below read back bit-exact: "
           f"{s['exact'] and v['exact']}\n")  # fmt: skip
     print("| run | values | 0.2: whole file, bytes/value | now: whole file, bytes/value | now: without the empty "
-          "schema | ratio 0.2 / now | TensorBoard event file, bytes/value | ingest (s) | walls per key (no run "
+          "schema | ratio 0.2 / now | TensorBoard event file, bytes/value | trackio SQLite, bytes/value | ingest (s) | walls per key (no run "
           "clock): whole file, bytes/value |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for label, r in ((f"{steps:,} steps x 10 scalar keys", s), (f"{vector_steps:,} steps x {LAYERS} layers", v)):
         board = f"{r['tensorboard']:.1f}" if r["tensorboard"] else "-"
+        track = f"{r['trackio']:.1f}" if r["trackio"] else "-"
         print(
             f"| {label} | {r['values']:,} | {r['old'] / r['values']:.2f} | **{r['now'] / r['values']:.2f}** | "
-            f"{(r['now'] - empty) / r['values']:.2f} | {r['old'] / r['now']:.1f} | {board} | {r['seconds']:.1f} | "
+            f"{(r['now'] - empty) / r['values']:.2f} | {r['old'] / r['now']:.1f} | {board} | {track} | "
+            f"{r['seconds']:.1f} | "
             f"{r['walls'] / r['values']:.2f} |"
         )
     if pg:
