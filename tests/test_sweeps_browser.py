@@ -386,3 +386,42 @@ def test_compare_of_a_run_that_has_not_logged_yet_gets_its_charts_when_data_come
     assert page.locator(".panel-key").first.input_value() == "loss" and "keys=loss" in page.url
     fresh.finish(timeout=30)
     assert not page.js_errors
+
+
+# The page's sockets held back until released: data logged meanwhile sends them no live message.
+_HELD_SOCKETS = """
+const Real = window.WebSocket;
+const held = new Promise((release) => (window.releaseSockets = release));
+window.WebSocket = class {
+  constructor(url) {
+    held.then(() => {
+      this.ws = new Real(url);
+      for (const name of ["onopen", "onmessage", "onclose"]) this.ws[name] = (ev) => this[name]?.(ev);
+    });
+  }
+  send(data) { this.ws.send(data); }
+  close() { this.ws?.close(); }
+};
+"""
+
+
+def test_compare_gets_charts_for_data_that_came_before_its_sockets_opened(server, page):
+    done = gradwatch.init(project="c", name="done", server=server.url)
+    for step in range(10):
+        done.log({"loss": 1.0 / (step + 1)}, step=step)
+    done.finish(timeout=30)
+    fresh = gradwatch.init(project="c", name="fresh", server=server.url)
+    wait_runs(Api(server.url), 2)
+    page.add_init_script(_HELD_SOCKETS)
+    page.goto(server.url + "/compare?ids=1,2")
+    page.wait_for_selector(".empty-compare")
+    for step in range(10):
+        fresh.log({"loss": 2.0 / (step + 1)}, step=step)
+    assert fresh.flush(timeout=30)  # stored before the page subscribes: no live message will tell it
+    page.evaluate("() => window.releaseSockets()")
+    page.wait_for_function(
+        "() => { const e = document.getElementById('chart-0'); return e && e.data && e.data.length >= 2; }",
+        timeout=20000,
+    )
+    fresh.finish(timeout=30)
+    assert not page.js_errors

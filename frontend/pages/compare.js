@@ -133,6 +133,8 @@ async function load() {
   // After a reconnect (server restart, network blip) points may have been missed: refetch then.
   let opens = 0;
   const resync = () => {
+    // Data that came between the keys read above and this socket's subscription sent no live message.
+    if (!C.panels.length) refreshKeys();
     if (++opens > C.runs.length) {
       for (const pn of C.panels) draw(pn);
       loadLosses();
