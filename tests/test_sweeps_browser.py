@@ -368,21 +368,31 @@ def test_ticked_runs_switch_to_another_metric_as_x(server, page):
     assert not page.js_errors
 
 
-def test_compare_of_a_run_that_has_not_logged_yet_gets_its_charts_when_data_comes(server, page):
-    done = gradwatch.init(project="c", name="done", server=server.url)
+def _a_done_run_and_a_fresh_one(url: str):
+    """Run 1 logged ``loss`` and finished; run 2 (returned, open) has logged nothing yet."""
+    done = gradwatch.init(project="c", name="done", server=url)
     for step in range(10):
         done.log({"loss": 1.0 / (step + 1)}, step=step)
     done.finish(timeout=30)
-    fresh = gradwatch.init(project="c", name="fresh", server=server.url)
-    wait_runs(Api(server.url), 2)
-    page.goto(server.url + "/compare?ids=1,2")
-    page.wait_for_selector(".empty-compare")
-    for step in range(10):
-        fresh.log({"loss": 2.0 / (step + 1)}, step=step)
+    fresh = gradwatch.init(project="c", name="fresh", server=url)
+    wait_runs(Api(url), 2)
+    return fresh
+
+
+def _wait_for_both_runs_charted(page) -> None:
     page.wait_for_function(
         "() => { const e = document.getElementById('chart-0'); return e && e.data && e.data.length >= 2; }",
         timeout=20000,
     )
+
+
+def test_compare_of_a_run_that_has_not_logged_yet_gets_its_charts_when_data_comes(server, page):
+    fresh = _a_done_run_and_a_fresh_one(server.url)
+    page.goto(server.url + "/compare?ids=1,2")
+    page.wait_for_selector(".empty-compare")
+    for step in range(10):
+        fresh.log({"loss": 2.0 / (step + 1)}, step=step)
+    _wait_for_both_runs_charted(page)
     assert page.locator(".panel-key").first.input_value() == "loss" and "keys=loss" in page.url
     fresh.finish(timeout=30)
     assert not page.js_errors
@@ -406,12 +416,7 @@ window.WebSocket = class {
 
 
 def test_compare_gets_charts_for_data_that_came_before_its_sockets_opened(server, page):
-    done = gradwatch.init(project="c", name="done", server=server.url)
-    for step in range(10):
-        done.log({"loss": 1.0 / (step + 1)}, step=step)
-    done.finish(timeout=30)
-    fresh = gradwatch.init(project="c", name="fresh", server=server.url)
-    wait_runs(Api(server.url), 2)
+    fresh = _a_done_run_and_a_fresh_one(server.url)
     page.add_init_script(_HELD_SOCKETS)
     page.goto(server.url + "/compare?ids=1,2")
     page.wait_for_selector(".empty-compare")
@@ -419,9 +424,6 @@ def test_compare_gets_charts_for_data_that_came_before_its_sockets_opened(server
         fresh.log({"loss": 2.0 / (step + 1)}, step=step)
     assert fresh.flush(timeout=30)  # stored before the page subscribes: no live message will tell it
     page.evaluate("() => window.releaseSockets()")
-    page.wait_for_function(
-        "() => { const e = document.getElementById('chart-0'); return e && e.data && e.data.length >= 2; }",
-        timeout=20000,
-    )
+    _wait_for_both_runs_charted(page)
     fresh.finish(timeout=30)
     assert not page.js_errors
