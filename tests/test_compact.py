@@ -7,15 +7,15 @@ import math
 import sqlite3
 import subprocess
 import sys
-import threading
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
+from compact_live import compact_while_streaming
 from old_format import as_release_0_2, disk_size
 from server_process import ServerProcess, get_json
-from test_ingest_ws import Link, _columns_batch
+from test_ingest_ws import _columns_batch
 
 from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
@@ -131,40 +131,16 @@ def test_compaction_beside_a_live_server_loses_and_doubles_nothing(tmp_path):
     as_release_0_2(path)
     raw_size = disk_size(path)
     server = ServerProcess(f"sqlite:///{path}")
-    stop, warm, sent, errors = threading.Event(), threading.Event(), [], []
-
-    def stream():  # a live run: one step a batch, as fast as the acks come
-        try:
-            link = Link(server.url, uid="live", secret="s")
-            step = 0
-            while not stop.is_set() or step < 300:
-                rec = [(step, 1.76e9 + step, {"loss": 1.0 / (1 + step)}, {"grad": [0.5, 1.0 * step, None]})]
-                reply = link.send(_columns_batch(step + 1, rec, layouts={"grad": ["a", "b", "c"]}))
-                assert reply == {"type": "ack", "seq": step + 1}, reply
-                sent.append(step)
-                step += 1
-                if step == 40:  # small rows of its own now wait in the server's cache: compaction merges them
-                    warm.set()
-            link.close()
-        except Exception as exc:  # the assertion below shows it
-            errors.append(exc)
-
-    thread = threading.Thread(target=stream)
-    thread.start()
     try:
-        assert warm.wait(timeout=60), errors
-        at_start = len(sent)
-        out = subprocess.run(
-            [sys.executable, "-m", "gradwatch_server.cli", "db", "compact", "--db", f"sqlite:///{path}"],
-            capture_output=True,
-            text=True,
-            timeout=300,
+        out, sent, during = compact_while_streaming(
+            server,
+            f"sqlite:///{path}",
+            lambda step: ({"loss": 1.0 / (1 + step)}, {"grad": [0.5, 1.0 * step, None]}),
+            layouts={"grad": ["a", "b", "c"]},
+            warm_at=40,
+            min_steps=300,
         )
-        during = len(sent) - at_start
-        stop.set()
-        thread.join(timeout=120)
-        assert out.returncode == 0, out.stderr
-        assert "compacted" in out.stdout and errors == []
+        assert "compacted" in out.stdout
         assert during > 0 and len(sent) >= 300  # the run kept streaming through the compaction
         runs = get_json(server.url + "/api/runs")
         live = next(r for r in (runs["runs"] if isinstance(runs, dict) else runs) if r["name"] == "n")
@@ -183,9 +159,6 @@ def test_compaction_beside_a_live_server_loses_and_doubles_nothing(tmp_path):
         with urllib.request.urlopen(server.url + "/healthz", timeout=10):
             pass
     finally:
-        during = len(sent) - at_start
-        stop.set()
-        thread.join(timeout=120)
         server.stop()
     engine = database.make_engine(f"sqlite:///{path}")
     with engine.connect() as conn:

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import math
 import sqlite3
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from compact_live import compact_while_streaming
 from old_format import before_0009, disk_size
 from server_process import ServerProcess, get_json
-from test_ingest_ws import Link, _columns_batch
+from test_ingest_ws import _columns_batch
 
 from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
@@ -127,43 +125,21 @@ def test_compaction_merges_old_chunks_beside_a_live_server(tmp_path):
     before_0009(path)
     old_size, old_rows = disk_size(path), _sizes(path)
     server = ServerProcess(f"sqlite:///{path}")
-    stop, warm, sent, errors = threading.Event(), threading.Event(), [], []
-
-    def stream():  # a live 300-layer run, one step a batch
-        try:
-            link = Link(server.url, uid="live", secret="s")
-            rng = np.random.default_rng(3)
-            while not stop.is_set() or len(sent) < 100:
-                step = len(sent)
-                rec = [(step, 1.76e9 + step, {}, {"grad": _vector(step, rng)})]
-                assert link.send(_columns_batch(step + 1, rec, layouts={"grad": LAYERS}))["type"] == "ack"
-                sent.append(step)
-                if step == 20:
-                    warm.set()
-            link.close()
-        except Exception as exc:  # the assertion below shows it
-            errors.append(exc)
-
-    thread = threading.Thread(target=stream)
-    thread.start()
+    rng = np.random.default_rng(3)
     try:
-        assert warm.wait(timeout=60), errors
-        out = subprocess.run(
-            [sys.executable, "-m", "gradwatch_server.cli", "db", "compact", "--db", f"sqlite:///{path}"],
-            capture_output=True,
-            text=True,
-            timeout=300,
+        _out, sent, _during = compact_while_streaming(  # a live 300-layer run, one step a batch
+            server,
+            f"sqlite:///{path}",
+            lambda step: ({}, {"grad": _vector(step, rng)}),
+            layouts={"grad": LAYERS},
+            warm_at=21,
+            min_steps=100,
         )
-        stop.set()
-        thread.join(timeout=120)
-        assert out.returncode == 0 and errors == [], (out.stderr, errors)
         runs = get_json(server.url + "/api/runs")
         live = next(r for r in (runs["runs"] if isinstance(runs, dict) else runs) if r["name"] == "n")
         got = get_json(f"{server.url}/api/runs/{live['id']}/series?key=grad/l7")
         assert got["steps"] == sent  # every acked step once, in order
     finally:
-        stop.set()
-        thread.join(timeout=120)
         server.stop()
     engine = database.make_engine(f"sqlite:///{path}")
     with engine.connect() as conn:
