@@ -86,7 +86,7 @@ class Services:
     async def write(self, fn, *args):
         """Run ``fn(conn, run_id, *rest)`` (an edit, ``storage.edits``) on the writer thread; then tell open
         pages about the run. The run's cached ingest state is dropped in the same job, before the edit."""
-        result = await asyncio.wrap_future(self.writer.submit(self._edit, fn, *args))
+        result = await self.writer.submit_here(self._edit, fn, *args)
         synced = self.writer.synced()
         if synced is not None:  # an edit's answer means on disk, like an ack
             await synced

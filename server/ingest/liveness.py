@@ -67,19 +67,19 @@ class Liveness:
         """One round: heartbeat our runs, mark the crashed and the stalled, tell pages about them."""
         now = time.time()
         mine = list(self._connected)
-        await asyncio.wrap_future(self.writer.submit(run_states.heartbeat, mine, now))
-        crashed = await asyncio.wrap_future(self.writer.submit(run_states.mark_crashed, now - self.crash_timeout))
+        await self.writer.submit_here(run_states.heartbeat, mine, now)
+        crashed = await self.writer.submit_here(run_states.mark_crashed, now - self.crash_timeout)
         floor = self.crash_timeout
         stalled = [r for r in mine if r not in self.activity.stalled and self.activity.is_stalled(r, now, floor)]
         if stalled:
             self.activity.stalled.update(stalled)
-            await asyncio.wrap_future(self.writer.submit(run_states.mark_stalled, stalled, self.activity.intervals()))
+            await self.writer.submit_here(run_states.mark_stalled, stalled, self.activity.intervals())
         for run_id in crashed:
             self.activity.forget(run_id)
         self._rounds += 1
         slow = []
         if mine and self._rounds % STRAGGLER_ROUNDS == 0:
-            slow = await asyncio.wrap_future(self.writer.submit(flag_stragglers, mine, self._flagged, now))
+            slow = await self.writer.submit_here(flag_stragglers, mine, self._flagged, now)
         for run_id in crashed + stalled + slow:
             await self.publisher.run_changed(run_id)
 

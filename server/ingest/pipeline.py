@@ -67,7 +67,7 @@ class Pipeline:
     # -- a connection's hello ------------------------------------------------------------------
     async def open_run(self, info: dict, resume_from: int | None = None, layouts: dict | None = None) -> dict:
         """Create or resume the run of a checked hello; returns run_id and acked_seq (hello.open_run)."""
-        result = await asyncio.wrap_future(self.writer.submit(self._open, info, resume_from, layouts))
+        result = await self.writer.submit_here(self._open, info, resume_from, layouts)
         await self.publisher.run_changed(result["run_id"])
         return result
 

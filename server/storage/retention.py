@@ -193,7 +193,7 @@ async def delete_run_in_slices(
     """
 
     async def job(fn, *args):
-        return await asyncio.wrap_future(services.writer.submit(_sliced, services.pipeline, fn, run_id, *args))
+        return await services.writer.submit_here(_sliced, services.pipeline, fn, run_id, *args)
 
     keys = await job(_begin, policy)
     if keys is None:

@@ -9,7 +9,6 @@ reads the database at most once per ``CACHE_SECONDS`` per session.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import secrets
 import time
@@ -39,7 +38,7 @@ class Sessions:
         """A new session of the token whose digest is given; returns the cookie value."""
         value = secrets.token_urlsafe(32)
         now = time.time()
-        await asyncio.wrap_future(self.writer.submit(_insert, digest(value), now, now + self.lifetime, token_digest))
+        await self.writer.submit_here(_insert, digest(value), now, now + self.lifetime, token_digest)
         return value
 
     async def token_of(self, value: str) -> str | None:
@@ -62,7 +61,7 @@ class Sessions:
         """Log out: the session is gone here at once, in other server processes within CACHE_SECONDS."""
         key = digest(value)
         self._checked.pop(key, None)
-        await asyncio.wrap_future(self.writer.submit(_delete, key))
+        await self.writer.submit_here(_delete, key)
 
     def _row(self, key: str) -> tuple | None:
         with self.engine.connect() as conn:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Body, HTTPException, Query, Request
 
 from gradwatch_server.web import audit, sessions, tokens
@@ -45,7 +43,7 @@ async def create_token(request: Request, body: dict = Body(...)) -> dict:
         )
 
     try:
-        made = await asyncio.wrap_future(services.writer.submit(job))
+        made = await services.writer.submit_here(job)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
     request.app.state.auth.named = True
@@ -66,7 +64,7 @@ async def revoke_token(request: Request, name: str) -> dict:
         return row, tokens.revoke(conn, name)
 
     try:
-        key, gone = await asyncio.wrap_future(services.writer.submit(job))
+        key, gone = await services.writer.submit_here(job)
     except KeyError:
         raise HTTPException(404, f"no token named {name!r}") from None
     auth.forget(key)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from fastapi import APIRouter, Body, HTTPException, Request
 
 from gradwatch_server.notify import channels, kinds
@@ -33,7 +31,7 @@ async def put_channels(request: Request, project: str, body: dict = Body(...)) -
         return channels.save(conn, project, channels.validate(body, channels.load(conn, project)))
 
     try:
-        chans = await asyncio.wrap_future(services.writer.submit(job))
+        chans = await services.writer.submit_here(job)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
     return {"project": project, "channels": channels.masked(chans)}

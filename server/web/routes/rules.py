@@ -53,7 +53,7 @@ async def put_rules(request: Request, project: str, body: dict = Body(...)) -> d
             services.pipeline.invalidate(run_id)  # its Monitor is rebuilt with these rules at its next batch
         return saved
 
-    await asyncio.wrap_future(services.writer.submit(job))
+    await services.writer.submit_here(job)
     return await services.aread(_read, project)
 
 
