@@ -1,6 +1,6 @@
 """Chart reads of big runs next to a raw SQLite scan of the same points, in one run.
 
-Run: .venv/bin/python benchmarks/bench_series.py [--quick]
+Run: .venv/bin/python benchmarks/bench_series.py [--quick] [--steps N [--vector-steps N] [--noisy]]
 Builds runs through the real ingest path (a scalar key with a spike, a NaN and an inf; a 300-layer
 gradient-norm vector), then times chart requests (``store.get_series`` / ``get_heatmap``, server
 time without HTTP) against the baseline: a plain ``SELECT step, value`` scan of the same points
@@ -33,22 +33,28 @@ LAYERS = 300
 BATCH = 20_000
 
 
-def build(engine, steps: int, vector_steps: int) -> tuple[int, float]:
-    """Ingest ``steps`` steps of 'loss' (and 'grad' vectors for the first ``vector_steps``); (run id, steps/s)."""
+def build(engine, steps: int, vector_steps: int, noisy: bool = False) -> tuple[int, float]:
+    """Ingest ``steps`` steps of 'loss' (and 'grad' vectors for the first ``vector_steps``); (run id, steps/s).
+
+    The vectors are constant per layer (they compress to almost nothing), or with ``noisy`` float32-born
+    norms with 10 % noise a step around a scale per layer, as bench_storage.py's realistic stream.
+    """
     rng = np.random.default_rng(0)
     with engine.begin() as conn:
         run_id = open_run(conn, {"uid": f"bench-{steps}", "project": "bench", "name": "big"}, {})["run_id"]
         state = load_state(conn, run_id)
-    vec = [10.0 ** -(j % 6) for j in range(LAYERS)]
+    scale = np.array([10.0 ** -(j % 6) for j in range(LAYERS)])
     start = time.perf_counter()
     for seq, lo in enumerate(range(0, steps, BATCH), start=1):
         hi = min(lo + BATCH, steps)
+        vecs = vector_rows(rng, scale, hi - lo, noisy)
         loss = (1 / (1 + np.arange(lo, hi) * 1e-4) + rng.random(hi - lo) * 0.01).tolist()
         for i, v in spikes(steps).items():
             if lo <= i < hi:
                 loss[i - lo] = v
         records = [
-            (i, float(i), {"loss": loss[i - lo]}, {"grad": vec} if i < vector_steps else {}) for i in range(lo, hi)
+            (i, float(i), {"loss": loss[i - lo]}, {"grad": vecs[i - lo]} if i < vector_steps else {})
+            for i in range(lo, hi)
         ]
         msg = {
             "type": "batch",
@@ -59,6 +65,13 @@ def build(engine, steps: int, vector_steps: int) -> tuple[int, float]:
         with engine.begin() as conn:
             apply_batch(conn, state, decode(msg))
     return run_id, steps / (time.perf_counter() - start)
+
+
+def vector_rows(rng, scale: np.ndarray, n: int, noisy: bool) -> list:
+    """``n`` steps of per-layer norms as lists: the scales themselves, or float32-born with 10 % noise."""
+    if not noisy:
+        return [scale.tolist()] * n
+    return (scale * np.exp(rng.normal(0, 0.1, (n, LAYERS)))).astype(np.float32).astype(np.float64).tolist()
 
 
 def spikes(steps: int) -> dict:
@@ -94,12 +107,12 @@ def timed(fn, repeat: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def report(tmp: Path, steps: int, vector_steps: int) -> None:
+def report(tmp: Path, steps: int, vector_steps: int, noisy: bool = False) -> None:
     engine = database.make_engine(f"sqlite:///{tmp / f'run-{steps}.db'}")
-    run_id, rate = build(engine, steps, vector_steps)
+    run_id, rate = build(engine, steps, vector_steps, noisy)
     con = raw_table(tmp / f"raw-{steps}.db", steps)
     print(
-        f"\n{steps:,} steps of 'loss' ({vector_steps:,} with {LAYERS}-layer norms), ingested at {rate:,.0f} "
+        f"\n{steps:,} steps of 'loss' ({vector_steps:,} with {LAYERS}-layer {'noisy ' if noisy else ''}norms), ingested at {rate:,.0f} "
         "steps/s through apply_batch\n"
     )
     print("| request | gradwatch (ms) | raw SQLite scan of the range (ms) | ratio |\n|---|---|---|---|")
@@ -157,10 +170,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (CI keeps the script working)")
     parser.add_argument("--steps", type=int, help="one run of this many steps (with --vector-steps) instead")
     parser.add_argument("--vector-steps", type=int, default=100_000)
+    parser.add_argument(
+        "--noisy", action="store_true", help="realistic per-layer norms (10 %% noise a step), not constants"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         if args.steps:
-            report(Path(tmp), args.steps, min(args.steps, args.vector_steps))
+            report(Path(tmp), args.steps, min(args.steps, args.vector_steps), args.noisy)
         elif args.quick:
             report(Path(tmp), 100_000, 10_000)
         else:
