@@ -9,7 +9,7 @@ client link sends them); ``--real K`` makes K of them real training processes (`
 from its ``log`` wall time to its arrival. Over a steady window: the server process's CPU from
 /proc (user + system), per step it committed (until it caught up with the window's steps); its RSS; push latency p50/p99; and at the end every run's
 points are counted over HTTP (each stored exactly once). ``--find`` doubles N until p99 > 250 ms
-or the runs cannot keep their rate, and reports the largest N that held. Prints a markdown table.
+or the runs cannot keep their rate, then bisects to within an eighth, and reports the largest N that held. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -290,6 +290,28 @@ def held(r: dict) -> bool:
     return r["p99"] <= P99_LIMIT_MS and r["achieved"] >= 0.95 * r["rate"] and r["bad_runs"] == 0 and r["behind_s"] < 1
 
 
+def find_largest(results: list, n: int, run) -> int | None:
+    """Double N from ``n`` until a run does not hold, then halve the interval to within 1/8: the largest N held."""
+
+    def probe(k: int) -> bool:
+        r = next((r for r in results if r["runs"] == k), None)
+        if r is None:
+            results.append(r := run(k))
+            print(row(r), flush=True)
+        return held(r)
+
+    best, failed = None, None
+    while failed is None:
+        if probe(n):
+            best, n = n, n * 2
+        else:
+            failed = n
+    while best is not None and failed - best > max(1, best // 8):
+        mid = (best + failed) // 2
+        best, failed = (mid, failed) if probe(mid) else (best, mid)
+    return best
+
+
 def row(r: dict) -> str:
     return (
         f"| {r['runs']} ({r['real']} real) | {r['rate']:g} | {r['achieved']:.1f} | {r['cpu_pct']:.0f} % | "
@@ -305,7 +327,9 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=10.0, help="steps per second per run")
     parser.add_argument("--seconds", type=float, default=12.0, help="the measured steady window")
     parser.add_argument("--real", type=int, default=0, help="how many of the runs are real client processes")
-    parser.add_argument("--find", action="store_true", help="double N until p99 > 250 ms; report the largest held")
+    parser.add_argument(
+        "--find", action="store_true", help="double N until p99 > 250 ms, then bisect; report the largest held"
+    )
     parser.add_argument("--postgres", action="store_true", help="a throwaway PostgreSQL cluster instead of SQLite")
     parser.add_argument("--workers", type=int, default=1, help="server processes (PostgreSQL only)")
     args = parser.parse_args()
@@ -334,15 +358,7 @@ def report(args) -> None:
         results.append(measure(n, args.rate, seconds, warmup, min(args.real, n)))
         print(row(results[-1]), flush=True)
     if args.find:
-        n, best = max(runs), None
-        while True:
-            r = results[-1] if results and results[-1]["runs"] == n else measure(n, args.rate, seconds, warmup)
-            if r is not results[-1]:
-                results.append(r)
-                print(row(r), flush=True)
-            if not held(r):
-                break
-            best, n = n, n * 2
+        best = find_largest(results, max(runs), lambda n: measure(n, args.rate, seconds, warmup))
         print(f"\nLargest N held at {args.rate:g} steps/s with p99 <= {P99_LIMIT_MS:.0f} ms: **{best or 'none'}**")
     print(
         "\nTwo scalars per step; the simulated runs batch as the real client link does. CPU: the server process (all threads) over the window."
