@@ -6,7 +6,8 @@ gradient-norm vector), then times chart requests (``store.get_series`` / ``get_h
 time without HTTP) against the baseline: a plain ``SELECT step, value`` scan of the same points
 stored one row each in a (key, step) WITHOUT ROWID table of a separate SQLite file. The heatmap is
 timed twice: from the small per-block heat rows (``rollup_heat``), and as before they existed (the
-heat rows deleted inside a transaction that is rolled back, so every block's full summary is read).
+heat rows deleted, and lean summaries made whole, inside a transaction that is rolled back, so every
+block's full summary is read).
 The full run builds a 1M-step, 300-layer vector (2.4 GB of points; ~10 minutes to ingest).
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import sqlite3
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -23,11 +25,15 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import delete
 
-from gradwatch import protocol
-from gradwatch_server.ingest.apply import apply_batch, load_state
-from gradwatch_server.ingest.batch import decode
-from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.storage import database, db, store
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from old_format import full_summaries  # noqa: E402
+
+from gradwatch import protocol  # noqa: E402
+from gradwatch_server.ingest.apply import apply_batch, load_state  # noqa: E402
+from gradwatch_server.ingest.batch import decode  # noqa: E402
+from gradwatch_server.ingest.hello import open_run  # noqa: E402
+from gradwatch_server.storage import database, db, store  # noqa: E402
 
 LAYERS = 300
 BATCH = 20_000
@@ -158,6 +164,7 @@ def report(tmp: Path, steps: int, vector_steps: int, noisy: bool = False) -> Non
 def _without_heat_rows(conn):
     """The heat rows gone (a run stored before they existed) for a while, then put back (rolled back)."""
     trans = conn.begin_nested() if conn.in_transaction() else conn.begin()
+    full_summaries(conn)  # as stored then: lean summaries (revision 0010) need their heat rows
     conn.execute(delete(db.rollup_heat))
     try:
         yield

@@ -2,8 +2,9 @@
 
 The 0.2 format is the one ``storage/chunks.py`` still reads: steps int64, wall times and values
 float64 little-endian, a uint8 mask of missing slots (NULL when none); a rollup 12 float64 rows; a
-heat row float64 maxima then a flags byte a slot. Tests of upgrades (test_compact.py) and the
-storage benchmark's "0.2" column build it from a database written now (SQLite or PostgreSQL).
+heat row float64 maxima then a flags byte a slot (and before revision 0010 every summary whole, not lean).
+Tests of upgrades (test_compact.py) and the storage benchmark's "0.2" column build it from a database
+written now (SQLite or PostgreSQL).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from sqlalchemy import text
 
 from gradwatch_server.storage import chunks, database, rollup
-from gradwatch_server.storage.blocks import clock, codec
+from gradwatch_server.storage.blocks import clock, codec, rollup_rows
 
 
 def as_release_0_2(path_or_url) -> int:
@@ -25,6 +26,7 @@ def as_release_0_2(path_or_url) -> int:
     url = f"sqlite:///{path_or_url}" if isinstance(path_or_url, Path) else path_or_url
     engine = database.make_engine(url)
     with engine.begin() as conn:
+        full_summaries(conn)
         _as_16_step_chunks(conn)
         added = _scalar_blocks_of_64(conn)
         for row_id, key_id, data in conn.execute(text("SELECT id, key_id, data FROM chunks")).all():
@@ -66,10 +68,26 @@ def before_0009(path_or_url) -> None:
     url = f"sqlite:///{path_or_url}" if isinstance(path_or_url, Path) else path_or_url
     engine = database.make_engine(url)
     with engine.begin() as conn:
+        full_summaries(conn)
         _as_16_step_chunks(conn)
         conn.execute(text("UPDATE alembic_version SET version_num = '0008'"))
     engine.dispose()
     _vacuum(path_or_url)
+
+
+def full_summaries(conn) -> int:
+    """Every lean summary (revision 0010) rewritten whole, as releases before it stored every summary;
+    returns how many. (Before the clock or the heat rows are taken away: a lean one is made whole from them.)"""
+    rewritten = 0
+    for key_id, level, block, data in conn.execute(text("SELECT key_id, level, block, data FROM rollups")).all():
+        if rollup_rows.is_lean(data):
+            whole = rollup_rows.summary_of(conn, key_id, level, block, data, codec.width_of(data))
+            conn.execute(
+                text("UPDATE rollups SET data = :d WHERE key_id = :k AND level = :lv AND block = :b"),
+                {"d": rollup.encode(whole), "k": key_id, "lv": level, "b": block},
+            )
+            rewritten += 1
+    return rewritten
 
 
 def _as_16_step_chunks(conn) -> None:
@@ -134,9 +152,11 @@ def disk_size(path: Path) -> int:
 
 
 def without_clock(path: Path) -> None:
-    """Every chunk rewritten with its own wall times (as before the run clock), the clock rows deleted, vacuumed."""
+    """Every chunk and summary rewritten with its own wall times (as before the run clock), the clock rows
+    deleted, vacuumed."""
     engine = database.make_engine(f"sqlite:///{path}")
     with engine.begin() as conn:
+        full_summaries(conn)
         for row_id, key_id, data in conn.execute(text("SELECT id, key_id, data FROM chunks")).all():
             if codec.is_encoded(data) and codec.leaves_walls(data):
                 steps, _walls, values, missing = codec.decode_chunk(data)

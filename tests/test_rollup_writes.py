@@ -20,6 +20,7 @@ from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
 from gradwatch_server.storage import chunks, database, db, rollup
+from gradwatch_server.storage.blocks import rollup_rows
 
 KEYS = {"loss": 1, "acc": 1, "grad": 3}
 
@@ -83,7 +84,7 @@ def _check(conn, run_id: int, everything: bool = False) -> int:
             ids, counts, truth = rollup.summarise(
                 st, points.walls, points.values, points.present(), points.steps // level
             )
-            blocks, stored_counts, stored = rollup.read_blocks(conn, key_id, level, 0, 1 << 40, slots)
+            blocks, stored_counts, stored = rollup_rows.read_blocks(conn, key_id, level, 0, 1 << 40, slots)
             on_disk = {int(b): (int(n), d) for b, n, d in zip(blocks, stored_counts, stored)}
             for b, n, data in zip(ids.tolist(), counts.tolist(), truth):
                 if not everything and (b + 1) * level - 1 > top:

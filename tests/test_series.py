@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+from old_format import full_summaries
 from sqlalchemy import delete, func, select
 
 from gradwatch import protocol
@@ -14,6 +15,7 @@ from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
 from gradwatch_server.storage import chunks, database, db, rollup, series, store
+from gradwatch_server.storage.blocks import rollup_rows
 
 N = 60_000
 LAYERS = 6
@@ -192,7 +194,7 @@ def _old_heatmap(conn, key_id: int, slots: int, max_steps: int, start, end) -> d
     units = None
     first, last = (-(-lo // level), (hi + 1) // level - 1) if level else (0, -1)
     if level and last >= first:
-        blocks, _, s = rollup.read_blocks(conn, key_id, level, first, last, slots)
+        blocks, _, s = rollup_rows.read_blocks(conn, key_id, level, first, last, slots)
         if s is not None:
             mid = (
                 blocks * level,
@@ -260,6 +262,7 @@ def test_heatmap_from_heat_rows_equals_the_full_summary_read(tmp_path, seed):
         both()
         assert conn.execute(select(func.count()).select_from(db.rollup_heat)).scalar() > 0
         h = db.rollup_heat.c
+        full_summaries(conn)  # as stored before lean summaries, which need their heat rows
         conn.execute(delete(db.rollup_heat).where(h.block % 2 == 1))  # part of a run stored before heat rows
         both()
         conn.execute(delete(db.rollup_heat))  # a run stored before heat rows

@@ -280,8 +280,8 @@ def _store_columns(conn, state: RunState, batch: Batch, limits: Limits) -> dict:
             rollup_rows,
         )
     chunk_writes.flush(conn)
-    run_clock.flush(conn)  # the entries those chunks rely on, in the same transaction
-    rollup_rows.flush(conn)
+    rollup_rows.flush(conn, omits)  # a vector's summaries lean where the clock has their walls
+    run_clock.flush(conn)  # the entries those chunks and summaries rely on, in the same transaction
     return stored
 
 

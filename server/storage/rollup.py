@@ -11,7 +11,12 @@ longer match; readers then fall back to the raw points for that range.
 A vector key's block also keeps its "heat" (``rollup_heat``, ``heat_of``): per slot only the finite
 maximum and three non-finite flags, 9 bytes a slot instead of 96, in a table of its own so a heatmap
 reads ~10x fewer bytes. Blocks written before that table existed have no heat row: ``read_heat``
-derives theirs from the full summary.
+(blocks/rollup_rows.py) derives theirs from the full summary.
+
+Since revision 0010 a vector key's summary is stored *lean* (``LEAN_ROWS``) where it can be: without its
+finite maxima, which its heat row holds, and without its wall times, when each is the run clock's at its
+step (blocks/clock.py); readers make it whole (blocks/rollup_rows.py). A 300-layer level-16 summary then
+fits two to a 4 KB SQLite page instead of one.
 """
 
 from __future__ import annotations
@@ -20,9 +25,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from sqlalchemy import select
 
-from gradwatch_server.storage import db
 from gradwatch_server.storage.blocks import codec
 from gradwatch_server.storage.chunks import from_f64
 
@@ -45,6 +48,8 @@ WALL_OF = {row: 7 + i for i, row in enumerate(STEP_ROWS)}  # the wall time of ea
 ROWS = 12
 NONE = -1.0  # "no such step" in the step rows
 HEAT_ROWS = [MAX_V, NAN_S, PINF_S, NINF_S]  # what a block's heat (heat_of) is made of
+WALL_ROWS = [WALL_OF[row] for row in STEP_ROWS]
+LEAN_ROWS = [MIN_V, MIN_S, MAX_S, NAN_S, PINF_S, NINF_S]  # a lean summary's rows: the rest is its heat's and clock's
 
 
 @dataclass
@@ -151,6 +156,21 @@ def encode(data: np.ndarray) -> bytes:
     return codec.encode_array(data)
 
 
+def lean_walls(data: np.ndarray, omits) -> bool:
+    """Whether a (ROWS, slots) summary may be stored lean: a vector's, whose every wall time is the run
+    clock's at its step (``omits``: clock.Clock.omits without its connection)."""
+    if data.shape[1] < 2:
+        return False
+    steps = data[list(STEP_ROWS)]
+    known = steps != NONE
+    return known.any() and omits(steps[known].astype(np.int64), data[WALL_ROWS][known])
+
+
+def encode_lean(data: np.ndarray) -> bytes:
+    """A (ROWS, slots) summary without its maxima and wall times (``LEAN_ROWS``), compressed."""
+    return codec.encode_array(data[LEAN_ROWS])
+
+
 def blob_width(blob: bytes, rows: int = ROWS) -> int:
     """The slots a summary blob (either format) was written for; -1 if it cannot be one."""
     if codec.is_encoded(blob):
@@ -172,61 +192,10 @@ def decode(blob: bytes, slots: int) -> np.ndarray | None:
     return data if data.shape == (ROWS, slots) else None
 
 
-def _decode_all(blobs: list, rows: int, slots: int, slot: int | None = None) -> np.ndarray | None:
-    """(k, rows, slots) of summary blobs in either format (codec.decode_arrays for the encoded ones);
-    with ``slot``, (k, rows, 1) of that slot only."""
-    encoded = [i for i, b in enumerate(blobs) if codec.is_encoded(b)]
-    if len(encoded) == len(blobs):
-        return codec.decode_arrays(blobs, rows, slots, slot)
-    out = np.empty((len(blobs), rows, slots if slot is None else 1))
-    if encoded:
-        part = codec.decode_arrays([blobs[i] for i in encoded], rows, slots, slot)
-        if part is None:
-            return None
-        out[encoded] = part
-    for i, blob in enumerate(blobs):
-        if not codec.is_encoded(blob):
-            if len(blob) != rows * slots * 8:
-                return None
-            data = from_f64(blob).reshape(rows, slots)
-            out[i] = data if slot is None else data[:, slot : slot + 1]
-    return out
-
-
 def pick_level(width: float, slots: int = 1) -> int | None:
     """The coarsest level whose blocks still fit in one bucket of ``width`` steps (None: read raw)."""
     fitting = [lv for lv in levels_for(slots) if lv <= width]
     return fitting[-1] if fitting else None
-
-
-def read_blocks(conn, key_id: int, level: int, first: int, last: int, slots: int, slot: int | None = None):
-    """Block numbers (k,), counts (k,) and summaries (k, ROWS, slots) of blocks first..last that exist;
-    with ``slot``, (k, ROWS, 1): only that slot's values are copied out of each row."""
-    rows = conn.execute(
-        select(db.rollups.c.block, db.rollups.c.n, db.rollups.c.data)
-        .where(
-            db.rollups.c.key_id == key_id,
-            db.rollups.c.level == level,
-            db.rollups.c.block >= first,
-            db.rollups.c.block <= last,
-        )
-        .order_by(db.rollups.c.block)
-    ).all()
-    cols = slots if slot is None else 1
-    if not rows:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, ROWS, cols))
-    if any(blob_width(r.data) != slots for r in rows):
-        return None, None, None  # written under an older layout: the caller reads raw points instead
-    if not any(codec.is_encoded(r.data) for r in rows):  # as 0.2 wrote them: one view of all rows
-        if slot is None:
-            data = from_f64(b"".join(r.data for r in rows)).reshape(len(rows), ROWS, slots).astype(np.float64)
-        else:  # one layer of many: a strided view of each row, not a copy of every slot of every row
-            data = np.stack([from_f64(r.data)[slot::slots] for r in rows]).astype(np.float64)[:, :, None]
-    else:
-        data = _decode_all([r.data for r in rows], ROWS, slots, slot)
-        if data is None:
-            return None, None, None  # a damaged block: the caller reads raw points instead
-    return np.array([r.block for r in rows], dtype=np.int64), np.array([r.n for r in rows], dtype=np.int64), data
 
 
 def candidates(summaries: np.ndarray, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -285,57 +254,3 @@ def flags_of(summaries: np.ndarray) -> np.ndarray:
     """The non-finite flags (uint8, FLAG_* bits) of (..., ROWS, slots) summaries: which kinds each slot saw."""
     seen = [summaries[..., row, :] != NONE for row in (NAN_S, PINF_S, NINF_S)]
     return (seen[0] * FLAG_NAN + seen[1] * FLAG_PINF + seen[2] * FLAG_NINF).astype(np.uint8)
-
-
-def read_heat(conn, key_id: int, level: int, first: int, last: int, slots: int):
-    """Block numbers (k,), finite maxima (k, slots) and flags (k, slots) of blocks first..last that exist;
-    None if any was written under another layout. Reads the small heat rows; blocks stored before
-    heat rows existed (or whose heat row is missing) are derived from their full summaries."""
-    h, r = db.rollup_heat.c, db.rollups.c
-    in_range = (h.key_id == key_id, h.level == level, h.block >= first, h.block <= last)
-    rows = conn.execute(select(h.block, h.data).where(*in_range).order_by(h.block)).all()
-    blobs = [row.data for row in rows]
-    if not any(heat_is_raw(b, slots) for b in blobs):
-        both = codec.decode_arrays(blobs, 2, slots)
-        if both is None:
-            return None
-        decoded = None
-    else:
-        decoded = [heat_arrays(b, slots) for b in blobs]
-        if any(d is None for d in decoded):
-            return None
-    have = np.array([row.block for row in rows], dtype=np.int64)
-    # Which blocks exist is the rollups' say (an index-only read): heat rows must match them one for one.
-    stored = np.array(
-        conn.execute(select(r.block).where(r.key_id == key_id, r.level == level, r.block >= first, r.block <= last))
-        .scalars()
-        .all(),
-        dtype=np.int64,
-    )
-    if decoded is None:
-        maxima, flags = both[:, 0], both[:, 1].astype(np.uint8)
-    elif decoded:
-        maxima, flags = np.stack([d[0] for d in decoded]).astype(np.float64), np.stack([d[1] for d in decoded])
-    else:
-        maxima, flags = np.zeros((0, slots)), np.zeros((0, slots), dtype=np.uint8)
-    if len(stored) == len(have) and (stored == have).all():
-        return have, maxima, flags
-    return _heat_with_derived(conn, key_id, level, slots, stored, have, maxima, flags)
-
-
-def _heat_with_derived(conn, key_id, level, slots, stored, have, maxima, flags):
-    """``read_heat`` where heat rows and rollup rows differ: the missing heat derived from full summaries."""
-    keep = np.isin(have, stored)
-    missing = stored[~np.isin(stored, have)]
-    if not len(missing):  # only heat rows whose blocks are gone
-        return have[keep], maxima[keep], flags[keep]
-    blocks, _counts, data = read_blocks(conn, key_id, level, int(missing.min()), int(missing.max()), slots)
-    if data is None:
-        return None
-    pick = np.isin(blocks, missing)
-    blocks, data = blocks[pick], data[pick]
-    all_blocks = np.concatenate([have[keep], blocks])
-    order = np.argsort(all_blocks, kind="stable")
-    all_max = np.concatenate([maxima[keep], data[:, MAX_V, :]])
-    all_flags = np.concatenate([flags[keep], flags_of(data)])
-    return all_blocks[order], all_max[order], all_flags[order]

@@ -24,17 +24,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from sqlalchemy import bindparam, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 
 from gradwatch_server.storage import chunks, db
+from gradwatch_server.storage.blocks.rollup_rows import summary_of
 from gradwatch_server.storage.rollup import (
     HEAT_ROWS,
     LEVELS,
     Block,
-    decode,
     empty,
     encode,
+    encode_lean,
     fold_point,
     heat_of,
+    lean_walls,
     levels_for,
     merge_into,
     summarise,
@@ -90,29 +93,28 @@ class Writes:
         held = self.blocks.get((key_id, level, b))
         return None if held is None else held[0]
 
-    def flush(self, conn) -> None:
+    def flush(self, conn, omits=None) -> None:
+        """Write the noted blocks. ``omits`` (clock.Clock.omits without its connection; the caller flushes
+        the clock after) lets a vector's summary be stored lean, its heat row then written with it."""
         rows: dict = {INSERT: [], REWRITE: [], RECOUNT: []}
         heat: dict = {INSERT: [], REWRITE: []}
         for (key_id, level, b), (block, how, heat_changed) in self.blocks.items():
+            lean = how != RECOUNT and omits is not None and lean_walls(block.data, omits)
+            blob = (encode_lean if lean else encode)(block.data) if how != RECOUNT else None
             if how == INSERT:
-                rows[INSERT].append(
-                    {"key_id": key_id, "level": level, "block": b, "n": block.n, "data": encode(block.data)}
-                )
+                rows[INSERT].append({"key_id": key_id, "level": level, "block": b, "n": block.n, "data": blob})
             else:
                 row = {"k": key_id, "lv": level, "b": b, "n": block.n}
-                rows[how].append({**row, "d": encode(block.data)} if how == REWRITE else row)
-            if heat_changed and block.data.shape[1] > 1:  # vector keys only (an old block without one stays so)
-                heat[how].append({"k": key_id, "lv": level, "b": b, "d": heat_of(block.data)})
+                rows[how].append({**row, "d": blob} if how == REWRITE else row)
+            if (heat_changed or lean) and block.data.shape[1] > 1:  # vector keys only; a lean summary's maxima
+                heat[how].append({"key_id": key_id, "level": level, "block": b, "data": heat_of(block.data)})
         self.blocks = {}
         for statement, params in (
             (_INSERT, rows[INSERT]),
             (_REWRITE, rows[REWRITE]),
             (_RECOUNT, rows[RECOUNT]),
-            (
-                _HEAT_INSERT,
-                [{"key_id": h["k"], "level": h["lv"], "block": h["b"], "data": h["d"]} for h in heat[INSERT]],
-            ),
-            (_HEAT_REWRITE, heat[REWRITE]),
+            (_HEAT_INSERT, heat[INSERT]),
+            (_HEAT_UPSERT[conn.dialect.name], heat[REWRITE]),  # an old block may have no heat row yet
         ):
             if params:
                 conn.execute(statement, params)
@@ -273,7 +275,7 @@ def _read(conn, key_id: int, level: int, b: int, slots: int) -> Block:
     row = conn.execute(_SELECT, {"k": key_id, "lv": level, "b": b}).first()
     if row is None:
         return empty(slots)
-    data = decode(row.data, slots)
+    data = summary_of(conn, key_id, level, b, row.data, slots)
     if data is None:  # the layout changed (or the row is damaged): summarise from here on under the new one
         block = empty(slots)
         block.stored = True
@@ -333,9 +335,9 @@ def _children(conn, key_id: int, level: int, first: int, last: int, slots: int):
     blocks of an older layout are left out, as the eager path leaves their points out of a mixed block."""
     c = db.rollups.c
     rows = conn.execute(
-        select(c.n, c.data).where(c.key_id == key_id, c.level == level, c.block >= first, c.block <= last)
+        select(c.block, c.n, c.data).where(c.key_id == key_id, c.level == level, c.block >= first, c.block <= last)
     ).all()
-    decoded = [(row.n, decode(row.data, slots)) for row in rows]
+    decoded = [(row.n, summary_of(conn, key_id, level, row.block, row.data, slots)) for row in rows]
     return [(n, data) for n, data in decoded if data is not None]
 
 
@@ -386,15 +388,15 @@ _INSERT = db.rollups.insert()
 _REWRITE = _UPDATE.values(n=bindparam("n"), data=bindparam("d"))
 _RECOUNT = _UPDATE.values(n=bindparam("n"))
 _HEAT_INSERT = db.rollup_heat.insert()
-_HEAT_REWRITE = (
-    update(db.rollup_heat)
-    .where(
-        db.rollup_heat.c.key_id == bindparam("k"),
-        db.rollup_heat.c.level == bindparam("lv"),
-        db.rollup_heat.c.block == bindparam("b"),
-    )
-    .values(data=bindparam("d"))
-)
+
+
+def _heat_upsert(dialect):
+    """A heat row written whether or not the block has one (blocks stored before heat rows have none)."""
+    stmt = dialect.insert(db.rollup_heat)
+    return stmt.on_conflict_do_update(index_elements=["key_id", "level", "block"], set_={"data": stmt.excluded.data})
+
+
+_HEAT_UPSERT = {"sqlite": _heat_upsert(sqlite), "postgresql": _heat_upsert(postgresql)}
 _SELECT = select(_r.n, _r.data).where(
     _r.key_id == bindparam("k"), _r.level == bindparam("lv"), _r.block == bindparam("b")
 )

@@ -8,6 +8,7 @@ import numpy as np
 
 from gradwatch import protocol
 from gradwatch_server.storage import chunks, rollup
+from gradwatch_server.storage.blocks import rollup_rows
 from gradwatch_server.storage.downsample import envelope
 
 
@@ -50,7 +51,7 @@ def _whole_blocks(conn, key_id: int, level: int, lo: int, hi: int, slots: int, s
     first, last = -(-lo // level), (hi + 1) // level - 1
     if last < first:
         return None
-    blocks, counts, summaries = rollup.read_blocks(conn, key_id, level, first, last, slots, slot)
+    blocks, counts, summaries = rollup_rows.read_blocks(conn, key_id, level, first, last, slots, slot)
     return None if summaries is None else (first, last, blocks, counts, summaries)
 
 
@@ -122,11 +123,11 @@ def _heat_units_raw(conn, key_id: int, slots: int, lo: int, hi: int):
 
 
 def _heat_units_rollup(conn, key_id: int, slots: int, lo: int, hi: int, level: int):
-    """Whole blocks from their heat rows (rollup.read_heat), raw rows for the partial blocks at the edges."""
+    """Whole blocks from their heat rows (rollup_rows.read_heat), raw rows for the partial blocks at the edges."""
     first, last = -(-lo // level), (hi + 1) // level - 1
     if last < first:
         return None
-    heat = rollup.read_heat(conn, key_id, level, first, last, slots)
+    heat = rollup_rows.read_heat(conn, key_id, level, first, last, slots)
     if heat is None:
         return None
     blocks, maxima, flags = heat

@@ -22,7 +22,6 @@ padded to 5 modulo 8, so ``is_encoded`` tells them apart without a schema change
 
 from __future__ import annotations
 
-import functools
 import struct
 import threading
 import zlib
@@ -225,45 +224,77 @@ def decode_array(blob: bytes) -> np.ndarray:
 
 def decode_arrays(blobs: list, rows: int, width: int, slot: int | None = None) -> np.ndarray | None:
     """Many ``encode_array`` blobs of one shape at once, (k, rows, width), or with ``slot`` only that
-    column, (k, rows, 1); None if any is damaged or of another shape. Blobs that share a float32 row
-    mask are unshuffled in one numpy pass, and with ``slot`` only that column's bytes are gathered
-    (a chart reads a few thousand blocks: per-blob numpy calls would cost more than decompressing)."""
+    column, (k, rows, 1); None if any is damaged or of another shape. Blobs that share a layout (row
+    masks and sizes) are unshuffled in one numpy pass, and with ``slot`` only that column's bytes are
+    gathered (a chart reads a few thousand blocks: per-blob numpy calls would cost more than decompressing)."""
     cols = width if slot is None else 1
     out = np.empty((len(blobs), rows, cols))
-    groups: dict = {}
-    seen: dict = {}  # layouts met in this call (_layout_of)
-    _layout_of = functools.partial(_remembered_layout, rows=rows, width=width)
-    unpack, crc32, size, inflate = (
-        _HEAD.unpack_from,
-        zlib.crc32,
-        _HEAD.size,
-        _zstd()[1].decompress if zstandard else None,
-    )
-    try:  # _open inlined: its Python around the C calls was most of a block's cost
-        for i, blob in enumerate(blobs):
-            if len(blob) % 8 != 5 or len(blob) < size:
-                return None
-            kind, flags, mask, n, w, crc = unpack(blob)
-            view = memoryview(blob)
-            if kind != ARRAY or n != rows or w != width or crc32(view[size:], crc32(view[:12])) != crc:
-                return None
-            packed = view[size : len(blob) - (flags >> 5)]
-            how = flags & 3
-            body = inflate(packed) if how == ZSTD and inflate else _decompress(packed, how)
-            key = (mask, 0, 0, 0, ()) if not flags & (ABSENT | PALETTE) else _layout_of(body, flags, mask, seen)
-            group = groups.get(key)
-            if group is None:
-                group = groups[key] = ([], [])
-            group[0].append(i)
-            group[1].append(body)
+    opened = _bodies(blobs, rows, width)
+    if opened is None:
+        return None
+    flags, masks, bodies = opened
+    # Blobs alike (flags, masks, the body's row masks and size) share a layout: one key each, grouped in C.
+    keys = [(m, f, b[: _MASK_BYTES[f]], len(b)) if f else m for f, m, b in zip(flags, masks, bodies)]
+    ids: dict = {}
+    of = np.array([ids.setdefault(key, len(ids)) for key in keys])
+    try:
+        for key, g in ids.items():
+            index = np.flatnonzero(of == g) if len(ids) > 1 else np.arange(len(bodies))
+            for layout, at in _layouts(key, [bodies[i] for i in index], rows, width):
+                block = _group([bodies[i] for i in index[at]], *layout, rows, width, slot)
+                if block is None:
+                    return None
+                out[index[at]] = block
+    except Corrupt:
+        return None
+    return out
+
+
+_MASK_BYTES = {ABSENT: 2, PALETTE: 2, ABSENT | PALETTE: 4}  # the row masks that open an array's body
+_HEAD_DTYPE = np.dtype(
+    [("kind", "u1"), ("flags", "u1"), ("mask", "<u2"), ("n", "<u4"), ("width", "<u4"), ("crc", "<u4")]
+)
+
+
+def _bodies(blobs: list, rows: int, width: int) -> tuple | None:
+    """(flags, masks, decompressed bodies) of array blobs of this shape, checksums verified; None if any
+    is damaged or of another shape. Comprehensions and numpy over all headers: a chart opens ~1,000 blobs,
+    and a loop's Python around the C calls (checksum, zstd) cost more than the calls."""
+    size, crc32 = _HEAD.size, zlib.crc32
+    lengths = np.fromiter(map(len, blobs), np.int64, len(blobs))
+    if ((lengths % 8 != 5) | (lengths < size)).any():
+        return None
+    head = np.frombuffer(b"".join([b[:size] for b in blobs]), _HEAD_DTYPE)
+    if (head["kind"] != ARRAY).any() or (head["n"] != rows).any() or (head["width"] != width).any():
+        return None
+    if (np.array([crc32(b[size:], crc32(b[:12])) for b in blobs], np.uint32) != head["crc"]).any():
+        return None
+    ends, how = (lengths - (head["flags"] >> 5)).tolist(), head["flags"] & 3
+    try:
+        if zstandard is not None and (how == ZSTD).all():
+            inflate = _zstd()[1].decompress
+            bodies = [inflate(b[size:end]) for b, end in zip(blobs, ends)]
+        else:
+            bodies = [_decompress(memoryview(b)[size:end], h) for b, end, h in zip(blobs, ends, how.tolist())]
     except (Corrupt, *_DECOMPRESS_ERRORS):
         return None
-    for (mask, *layout), (index, bodies) in groups.items():
-        block = _group(bodies, mask, *layout, rows, width, slot)
-        if block is None:
-            return None
-        out[index] = block
-    return out
+    return (head["flags"] & (ABSENT | PALETTE)).tolist(), head["mask"].tolist(), bodies
+
+
+def _layouts(key, bodies: list, rows: int, width: int):
+    """(layout, positions) of alike bodies: one layout for all, but palettes' sizes are each body's own."""
+    if not isinstance(key, tuple):  # no row masks in the body: the float32 mask is the whole layout
+        return [((key, 0, 0, 0, ()), slice(None))]
+    mask, flags = key[0], key[1]
+    first = _layout(bodies[0], flags, mask, rows, width)
+    counts = first[3]
+    # The masks and size the key holds fix the layout, but for the sizes of two palettes or more (the size
+    # fixes the sum); a single palette's count byte is checked in each body.
+    if not counts or len(counts) == 1 and all(b[-(1 + 8 * counts[0] + width)] == counts[0] - 1 for b in bodies):
+        return [((mask, *first), slice(None))]
+    seen: dict = {}
+    each = [_remembered_layout(b, flags, mask, seen, rows, width) for b in bodies]
+    return [(layout, [i for i, e in enumerate(each) if e == layout]) for layout in dict.fromkeys(each)]
 
 
 def _remembered_layout(body: bytes, flags: int, mask: int, seen: dict, rows: int, width: int) -> tuple:
@@ -365,6 +396,11 @@ def has_header(blob: bytes, kind: int, rows: int, width: int) -> bool:
 def leaves_walls(blob: bytes) -> bool:
     """Whether an encoded chunk blob left its wall times to the run clock (its header's CLOCK flag)."""
     return bool(_HEAD.unpack_from(blob)[1] & CLOCK)
+
+
+def rows_of(blob: bytes) -> int:
+    """The rows an encoded array blob's header names (a lean summary has fewer), without decoding it."""
+    return _HEAD.unpack_from(blob)[3]
 
 
 def width_of(blob: bytes) -> int:
