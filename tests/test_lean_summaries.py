@@ -8,14 +8,14 @@ import math
 import numpy as np
 import pytest
 from old_format import full_summaries
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 
 from gradwatch import protocol
 from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
 from gradwatch_server.storage import chunks, database, db, rollup, store
-from gradwatch_server.storage.blocks import rollup_rows
+from gradwatch_server.storage.blocks import compact, rollup_rows
 
 SLOTS = 9
 
@@ -73,9 +73,7 @@ def _lean_count(conn) -> tuple[int, int]:
     return sum(rollup_rows.is_lean(b) for b in blobs), len(blobs)
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_every_read_of_lean_summaries_equals_the_read_of_the_same_summaries_whole(tmp_path, seed):
-    engine = database.make_engine(f"sqlite:///{tmp_path / 'lean.db'}")
+def _lean_reads_equal_whole_reads(engine, seed: int) -> None:
     run_id = _run(engine, seed, 6_000)
     with engine.begin() as conn:
         key_id = conn.execute(select(db.metric_keys.c.id).where(db.metric_keys.c.key == "grad")).scalar()
@@ -85,6 +83,20 @@ def test_every_read_of_lean_summaries_equals_the_read_of_the_same_summaries_whol
         assert full_summaries(conn) == lean
         assert _lean_count(conn)[0] == 0
         assert _every_read(conn, run_id, key_id, np.random.default_rng(seed)) == lean_reads
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_every_read_of_lean_summaries_equals_the_read_of_the_same_summaries_whole(tmp_path, seed):
+    _lean_reads_equal_whole_reads(database.make_engine(f"sqlite:///{tmp_path / 'lean.db'}"), seed)
+
+
+@pytest.mark.slow
+def test_on_postgres_every_read_of_lean_summaries_equals_the_read_of_them_whole(postgres_url):
+    from pg_cluster import fresh_database
+
+    engine = database.make_engine(fresh_database(postgres_url))
+    _lean_reads_equal_whole_reads(engine, 3)
+    engine.dispose()
 
 
 def test_a_spike_keeps_its_step_and_wall_time_through_a_lean_summary(tmp_path):
@@ -118,3 +130,25 @@ def test_a_lean_block_without_its_heat_row_is_read_from_the_raw_points(tmp_path)
         got = store.get_series(conn, run_id, "grad/l0", 160)  # 40 buckets of 75 steps: level 64 would be read
         points = chunks.read(conn, key_id, slots=SLOTS)
     assert got["total_points"] == len(points)  # every point of the block, none of them lost
+
+
+def test_compaction_makes_an_ended_runs_full_summaries_lean_and_every_read_stays_the_same(tmp_path):
+    path = tmp_path / "old.db"
+    engine = database.make_engine(f"sqlite:///{path}")
+    run_id = _run(engine, 11, 4_000)
+    with engine.begin() as conn:
+        key_id = conn.execute(select(db.metric_keys.c.id).where(db.metric_keys.c.key == "grad")).scalar()
+        conn.execute(update(db.runs).values(status="finished"))
+        lean = full_summaries(conn)  # as releases before 0010 wrote them
+        h = db.rollup_heat.c
+        conn.execute(delete(db.rollup_heat).where(h.block % 3 == 0))  # and some from before heat rows
+        before = _every_read(conn, run_id, key_id, np.random.default_rng(1))
+    engine.dispose()
+    done = compact.compact(f"sqlite:///{path}", say=lambda _line: None)
+    assert done.slimmed >= lean > 0 and done.bytes_after < done.bytes_before
+    engine = database.make_engine(f"sqlite:///{path}")
+    with engine.connect() as conn:
+        assert _lean_count(conn)[0] == done.slimmed
+        assert _every_read(conn, run_id, key_id, np.random.default_rng(1)) == before
+    assert compact.compact(f"sqlite:///{path}", say=lambda _line: None).slimmed == 0  # nothing left to do
+    engine.dispose()

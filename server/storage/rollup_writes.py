@@ -114,10 +114,17 @@ class Writes:
             (_REWRITE, rows[REWRITE]),
             (_RECOUNT, rows[RECOUNT]),
             (_HEAT_INSERT, heat[INSERT]),
-            (_HEAT_UPSERT[conn.dialect.name], heat[REWRITE]),  # an old block may have no heat row yet
         ):
             if params:
                 conn.execute(statement, params)
+        if heat[REWRITE]:
+            upsert_heat(conn, heat[REWRITE])
+
+
+def upsert_heat(conn, rows: list) -> None:
+    """Heat rows (``rollup_heat`` columns) written whether or not their blocks have one (blocks stored
+    before heat rows have none; a lean summary's maxima must be there)."""
+    conn.execute(_HEAT_UPSERT[conn.dialect.name], rows)
 
 
 def new_key(cache: Cache, key_id: int) -> None:
@@ -391,7 +398,6 @@ _HEAT_INSERT = db.rollup_heat.insert()
 
 
 def _heat_upsert(dialect):
-    """A heat row written whether or not the block has one (blocks stored before heat rows have none)."""
     stmt = dialect.insert(db.rollup_heat)
     return stmt.on_conflict_do_update(index_elements=["key_id", "level", "block"], set_={"data": stmt.excluded.data})
 

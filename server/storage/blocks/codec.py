@@ -234,7 +234,7 @@ def decode_arrays(blobs: list, rows: int, width: int, slot: int | None = None) -
         return None
     flags, masks, bodies = opened
     # Blobs alike (flags, masks, the body's row masks and size) share a layout: one key each, grouped in C.
-    keys = [(m, f, b[: _MASK_BYTES[f]], len(b)) if f else m for f, m, b in zip(flags, masks, bodies)]
+    keys = [(m, f, bytes(b[: _MASK_BYTES[f]]), len(b)) if f else m for f, m, b in zip(flags, masks, bodies)]
     ids: dict = {}
     of = np.array([ids.setdefault(key, len(ids)) for key in keys])
     try:

@@ -43,7 +43,7 @@ def compact(args, url: str) -> int:
     print(
         f"gradwatch: compacted {done.keys:,} keys in {time.monotonic() - start:.1f} s: {done.chunks:,} chunk rows "
         f"rewritten ({done.merged:,} small rows merged, {done.rechunked:,} old full chunks merged into bigger ones), "
-        f"{done.rollups:,} rollup rows, "
+        f"{done.rollups:,} rollup rows, {done.slimmed:,} vector summaries made lean, "
         f"{done.dropped:,} rollup rows of unread levels dropped; "
         f"{done.bytes_before / 1e6:,.1f} MB -> {done.bytes_after / 1e6:,.1f} MB ({saved / 1e6:,.1f} MB saved)"
     )

@@ -27,7 +27,7 @@ from sqlalchemy import bindparam, delete, event, func, select, text, tuple_, upd
 
 from gradwatch import contract
 from gradwatch_server.storage import chunks, db
-from gradwatch_server.storage.blocks import clock, codec, rechunk
+from gradwatch_server.storage.blocks import clock, codec, rechunk, slim
 
 
 @dataclass
@@ -40,6 +40,7 @@ class Done:
     rollups: int = 0  # raw rollup and heat rows re-encoded
     clocked: int = 0  # chunk rows rewritten to leave their wall times to the run clock
     rechunked: int = 0  # old 16-step full chunks of wide vectors merged into 64-step ones (rechunk.py)
+    slimmed: int = 0  # full summaries of ended runs' vector keys rewritten lean (slim.py)
     dropped: int = 0  # rollup rows of levels no longer read (0.2's 64-step blocks of scalar keys)
     cursor: dict = field(default_factory=dict)  # (table, key id) -> the last (level, block) looked at
     bytes_before: int = 0
@@ -222,6 +223,7 @@ def compact(url: str, run_id: int | None = None, progress=None, say=print, vacuu
             done.keys += 1
         for run in runs_without_clock(engine, run_id):
             clock_run(engine, run, done)
+            slim.slim_run(engine, run, keys_of_run(engine, run), done)  # against the clock just built
         for key_id, slots in keys:  # after the clock: merged chunks keep walls left to it
             rechunk.rechunk_key(engine, key_id, slots, done)
         if vacuum:
