@@ -30,22 +30,21 @@ from gradwatch_server.storage.rollup import (
 )
 
 
-def _in_range(t):
-    return select(t.block, t.data).where(
+def _in_range(t, *columns):
+    return select(*columns).where(
         t.key_id == bindparam("k"), t.level == bindparam("lv"), t.block >= bindparam("lo"), t.block <= bindparam("hi")
     )
 
 
 # Built once: a chart's read runs them every time (building a select costs more than running it).
 _r, _h = db.rollups.c, db.rollup_heat.c
-_BLOCKS = _in_range(_r).add_columns(_r.n).order_by(_r.block)
-_HEAT = _in_range(_h).order_by(_h.block)
-_STORED = select(_r.block).where(
-    _r.key_id == bindparam("k"), _r.level == bindparam("lv"), _r.block >= bindparam("lo"), _r.block <= bindparam("hi")
-)
+_BLOCKS = _in_range(_r, _r.block, _r.n, _r.data).order_by(_r.block)
+_HEAT = _in_range(_h, _h.block, _h.data).order_by(_h.block)
+_STORED = _in_range(_r, _r.block)  # which blocks exist: the rollups' covering index, no row read
 
 
 def is_lean(blob: bytes) -> bool:
+    """Whether a rollup blob is a lean summary (its header names LEAN_ROWS' rows, not ROWS)."""
     return codec.is_encoded(blob) and codec.rows_of(blob) == len(LEAN_ROWS)
 
 
@@ -110,8 +109,10 @@ def _made_whole(conn, key_id: int, level: int, blocks: np.ndarray, blobs: list, 
     """(k, ROWS, cols) of lean summaries of ``blocks`` (ascending): maxima from their heat rows, wall times
     from the run clock; None if one is damaged or its heat row is missing."""
     lean = codec.decode_arrays(blobs, len(LEAN_ROWS), slots, slot)
+    if lean is None:
+        return None
     heat = _heat_rows(conn, key_id, level, int(blocks[0]), int(blocks[-1]), slots, slot)
-    if lean is None or heat is None:
+    if heat is None:
         return None
     have, maxima, _flags = heat
     at = np.minimum(np.searchsorted(have, blocks), max(0, len(have) - 1))
