@@ -56,14 +56,14 @@ def read_blocks(conn, key_id: int, level: int, first: int, last: int, slots: int
     cols = slots if slot is None else 1
     if not rows:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros((0, ROWS, cols))
-    blobs = [r.data for r in rows]
-    blocks = np.array([r.block for r in rows], dtype=np.int64)
+    ids, counts, blobs = zip(*rows)  # columns at C speed: a Row's attributes cost ~0.3 us each, ~1,000 rows
+    blocks = np.array(ids, dtype=np.int64)
     data = _made_whole(conn, key_id, level, blocks, blobs, slots, slot) if is_lean(blobs[0]) else None
     if data is None:  # not all lean (decode_arrays checks every blob's rows and width): each to its reader
         data = _mixed(conn, key_id, level, blocks, blobs, slots, slot)
     if data is None:
         return None, None, None
-    return blocks, np.array([r.n for r in rows], dtype=np.int64), data
+    return blocks, np.array(counts, dtype=np.int64), data
 
 
 def _mixed(conn, key_id: int, level: int, blocks: np.ndarray, blobs: list, slots: int, slot: int | None):
@@ -172,11 +172,11 @@ def _heat_rows(conn, key_id: int, level: int, first: int, last: int, slots: int,
     """(blocks, maxima (k, cols), flags (k, cols)) of the heat rows of blocks first..last, all slots or
     ``slot`` only; None if one is damaged or of another layout."""
     rows = conn.execute(_HEAT, {"k": key_id, "lv": level, "lo": first, "hi": last}).all()
-    have = np.array([row.block for row in rows], dtype=np.int64)
-    blobs = [row.data for row in rows]
     cols = slots if slot is None else 1
-    if not blobs:
-        return have, np.zeros((0, cols)), np.zeros((0, cols), dtype=np.uint8)
+    if not rows:
+        return np.zeros(0, dtype=np.int64), np.zeros((0, cols)), np.zeros((0, cols), dtype=np.uint8)
+    ids, blobs = zip(*rows)
+    have = np.array(ids, dtype=np.int64)
     both = codec.decode_arrays(blobs, 2, slots, slot)
     if both is not None:
         return have, both[:, 0], both[:, 1].astype(np.uint8)
