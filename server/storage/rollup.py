@@ -156,14 +156,20 @@ def encode(data: np.ndarray) -> bytes:
     return codec.encode_array(data)
 
 
-def lean_walls(data: np.ndarray, omits) -> bool:
-    """Whether a (ROWS, slots) summary may be stored lean: a vector's, whose every wall time is the run
-    clock's at its step (``omits``: clock.Clock.omits without its connection)."""
-    if data.shape[1] < 2:
-        return False
-    steps = data[list(STEP_ROWS)]
-    known = steps != NONE
-    return known.any() and omits(steps[known].astype(np.int64), data[WALL_ROWS][known])
+def lean_walls(summaries: list, omits) -> list[bool]:
+    """Which (ROWS, slots) summaries may be stored lean: vectors', whose every wall time is the run clock's
+    at its step (``omits``: clock.Clock.omits without its connection). Asked once for all of them (a bulk
+    batch writes thousands of blocks), then one by one only where that fails (a point at a repeated step)."""
+    named = []  # (steps, walls) of each summary that could be lean, else None
+    for data in summaries:
+        steps = data[list(STEP_ROWS)]
+        known = steps != NONE
+        fits = data.shape[1] > 1 and known.any()
+        named.append((steps[known].astype(np.int64), data[WALL_ROWS][known]) if fits else None)
+    some = [pair for pair in named if pair is not None]
+    if some and omits(np.concatenate([s for s, _w in some]), np.concatenate([w for _s, w in some])):
+        return [pair is not None for pair in named]
+    return [pair is not None and omits(*pair) for pair in named]
 
 
 def encode_lean(data: np.ndarray) -> bytes:

@@ -98,8 +98,10 @@ class Writes:
         the clock after) lets a vector's summary be stored lean, its heat row then written with it."""
         rows: dict = {INSERT: [], REWRITE: [], RECOUNT: []}
         heat: dict = {INSERT: [], REWRITE: []}
+        written = [block.data for block, how, _heat in self.blocks.values() if how != RECOUNT]
+        leans = iter(lean_walls(written, omits) if omits is not None else [False] * len(written))
         for (key_id, level, b), (block, how, heat_changed) in self.blocks.items():
-            lean = how != RECOUNT and omits is not None and lean_walls(block.data, omits)
+            lean = how != RECOUNT and next(leans)
             blob = (encode_lean if lean else encode)(block.data) if how != RECOUNT else None
             if how == INSERT:
                 rows[INSERT].append({"key_id": key_id, "level": level, "block": b, "n": block.n, "data": blob})

@@ -42,7 +42,7 @@ def _slice(conn, key_id: int, slots: int, after: tuple, run_clock, done) -> tupl
     omits = functools.partial(run_clock.omits, conn)
     for row in rows:
         whole = None if is_lean(row.data) else rollup.decode(row.data, slots)
-        if whole is None or not rollup.lean_walls(whole, omits):
+        if whole is None or not rollup.lean_walls([whole], omits)[0]:
             continue  # lean already, damaged, of another layout, or its walls are not all the clock's
         blob = rollup.encode_lean(whole)
         swapped = conn.execute(_SWAP, {"k": key_id, "lv": row.level, "b": row.block, "old": row.data, "new": blob})
