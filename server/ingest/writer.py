@@ -6,6 +6,7 @@ import asyncio
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -41,7 +42,8 @@ class Writer:
         self.on_group_failure = on_group_failure
         self.sync, self.sync_delay = sync, sync_delay
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # the C queue: a put and a get cost less
-        self._held = None  # a job taken while collecting a group that did not belong to it
+        self._ready: deque = deque()  # jobs taken off the queue, to run next (a released run, one left out of a group)
+        self._holding: list = []  # jobs an event loop holds back, to queue together (submit_here's ``hold``)
         self.busy_seconds = 0.0  # seconds spent running jobs (read by Pipeline.preferred_gap, any thread)
         # Commits made and commits known on disk (written on this thread; read under the lock by synced()).
         self._lock = threading.Lock()
@@ -58,13 +60,30 @@ class Writer:
         self._jobs.put((fn, args, future, group))
         return future
 
-    def submit_here(self, fn: Callable, *args: Any, group: bool = False) -> asyncio.Future:
+    def submit_here(self, fn: Callable, *args: Any, group: bool = False, hold: float = 0.0) -> asyncio.Future:
         """``submit`` from an event loop: a future of this loop, resolved with every other one of its loop
-        that the same commit settled, in one wake-up of the loop (not one ``call_soon_threadsafe`` each)."""
+        that the same commit settled, in one wake-up of the loop (not one ``call_soon_threadsafe`` each).
+
+        ``hold``: queue the job at most this many seconds later, with every job submitted meanwhile (held
+        or not: they keep their order), so the writer takes them as one group and runs them back to back.
+        """
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._jobs.put((fn, args, (future, loop), group))
+        job = (fn, args, (future, loop), group)
+        if self._holding:
+            self._holding.append(job)
+        elif hold > 0:
+            self._holding.append(job)
+            loop.call_later(hold, self._release)
+        else:
+            self._jobs.put(job)
         return future
+
+    def _release(self) -> None:
+        """Queue the held jobs as one item (the writer takes them all at one wake-up, in order)."""
+        jobs, self._holding = self._holding, []
+        if jobs:
+            self._jobs.put(jobs)
 
     def synced(self) -> asyncio.Future | None:
         """None when every commit made so far is on disk; else a future of this loop resolved once it is.
@@ -84,16 +103,23 @@ class Writer:
 
     def depth(self) -> int:
         """Jobs waiting (for metrics and back-pressure)."""
-        return self._jobs.qsize()
+        return self._jobs.qsize() + len(self._holding) + len(self._ready)
 
     def close(self) -> None:
+        self._release()  # held jobs still run (their loop may be gone: nobody waits for them then)
         self._jobs.put(_STOP)
         self._thread.join(timeout=30)
 
     def _next(self, block: bool = True):
-        if self._held is not None:
-            job, self._held = self._held, None
-            return job
+        if not self._ready:
+            item = self._take(block)
+            if type(item) is not list:
+                return item
+            self._ready.extend(item)  # released together (``_release``)
+        return self._ready.popleft()
+
+    def _take(self, block: bool):
+        """The next item off the queue: a job, a list of jobs, or _STOP."""
         if not block:
             return self._jobs.get_nowait()
         while self._due is not None:  # commits wait for their fsync: wait for a job only until it is due
@@ -124,7 +150,7 @@ class Writer:
                     except queue.Empty:
                         break
                     if more is _STOP or not more[3]:
-                        self._held = more  # run after this group, in order
+                        self._ready.appendleft(more)  # run after this group, in order
                         break
                     jobs.append(more)
                 # Wall time, not CPU: a writer waiting on fsync or starved of a core is a bottleneck all the same.
