@@ -44,6 +44,7 @@ class Writer:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # the C queue: a put and a get cost less
         self._ready: deque = deque()  # jobs taken off the queue, to run next (a released run, one left out of a group)
         self._holding: list = []  # jobs an event loop holds back, to queue together (submit_here's ``hold``)
+        self._sync_now = False  # running held jobs: their commit is synced at once (``_loop``)
         self.busy_seconds = 0.0  # seconds spent running jobs (read by Pipeline.preferred_gap, any thread)
         # Commits made and commits known on disk (written on this thread; read under the lock by synced()).
         self._lock = threading.Lock()
@@ -116,6 +117,7 @@ class Writer:
             if type(item) is not list:
                 return item
             self._ready.extend(item)  # released together (``_release``)
+            self._sync_now = True
         return self._ready.popleft()
 
     def _take(self, block: bool):
@@ -125,7 +127,7 @@ class Writer:
         while self._due is not None:  # commits wait for their fsync: wait for a job only until it is due
             wait = self._due - time.perf_counter()
             if wait <= 0:
-                self._sync()  # a failed one is due again soon
+                self._settle(self._sync())  # a failed one is due again soon
                 continue
             try:
                 return self._jobs.get(timeout=wait)
@@ -141,7 +143,7 @@ class Writer:
                 job = self._next()
                 if job is _STOP:
                     if self._due is not None:
-                        self._sync()
+                        self._settle(self._sync())
                     return
                 jobs = [job]
                 while job[3] and len(jobs) < GROUP_MAX:
@@ -155,7 +157,14 @@ class Writer:
                     jobs.append(more)
                 # Wall time, not CPU: a writer waiting on fsync or starved of a core is a bottleneck all the same.
                 started = time.perf_counter()
-                self._settle(self._run(conn, [j for j in jobs if _runnable(j[2])]))
+                outcomes = self._run(conn, [j for j in jobs if _runnable(j[2])])
+                if self._sync_now and not self._ready:
+                    # Held jobs came a tick apart: no later commit would share their fsync. Synced before
+                    # their futures resolve, their acks need no second wake-up of the loop (``synced``: None).
+                    self._sync_now = False
+                    if self._due is not None:
+                        outcomes += self._sync()
+                self._settle(outcomes)
                 self.busy_seconds += time.perf_counter() - started
 
     def _committed(self) -> None:
@@ -165,8 +174,8 @@ class Writer:
         if self.sync is not None and self._due is None:
             self._due = time.perf_counter() + self.sync_delay
 
-    def _sync(self) -> None:
-        """One fsync for every commit so far; then the waiters it covers are told (one wake-up per loop)."""
+    def _sync(self) -> list:
+        """One fsync for every commit so far; returns the outcomes of the waiters it covers (for ``_settle``)."""
         self._due = None
         with self._lock:
             target = self.commits
@@ -183,7 +192,7 @@ class Writer:
                 self.synced_commits = target
             done = [w for w in self._waiters if w[0] <= target]
             self._waiters = [w for w in self._waiters if w[0] > target]
-        self._settle([((waiter, loop), error is not None, error) for _need, waiter, loop in done])
+        return [((waiter, loop), error is not None, error) for _need, waiter, loop in done]
 
     def _run(self, conn, jobs: list) -> list:
         """Run jobs, as one group when there are several; returns (future, failed, result or exception) of each."""
