@@ -123,3 +123,21 @@ def test_jobs_still_held_when_the_writer_closes_are_run(tmp_path):
     run_async(scenario())
     assert _stored(engine) == [7]
     engine.dispose()
+
+
+def test_jobs_held_by_a_loop_that_closed_are_released_by_the_next_job(tmp_path):
+    writer, engine = _writer(tmp_path)
+
+    async def hold_and_leave():
+        writer.submit_here(_insert, 1, group=True, hold=60)  # its loop ends before the hold does
+
+    async def next_job():
+        return await asyncio.wait_for(writer.submit_here(_insert, 2), 30)
+
+    try:
+        run_async(hold_and_leave())
+        assert run_async(next_job()) == 2
+    finally:
+        writer.close()
+    assert _stored(engine) == [1, 2]
+    engine.dispose()

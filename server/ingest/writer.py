@@ -44,6 +44,7 @@ class Writer:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # the C queue: a put and a get cost less
         self._ready: deque = deque()  # jobs taken off the queue, to run next (a released run, one left out of a group)
         self._holding: list = []  # jobs an event loop holds back, to queue together (submit_here's ``hold``)
+        self._hold_loop = None  # the loop whose timer releases them
         self._sync_now = False  # running held jobs: their commit is synced at once (``_loop``)
         self.busy_seconds = 0.0  # seconds spent running jobs (read by Pipeline.preferred_gap, any thread)
         # Commits made and commits known on disk (written on this thread; read under the lock by synced()).
@@ -71,10 +72,13 @@ class Writer:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         job = (fn, args, (future, loop), group)
+        if self._holding and self._hold_loop.is_closed():  # its timer will never run: release them now
+            self._release()
         if self._holding:
             self._holding.append(job)
         elif hold > 0:
             self._holding.append(job)
+            self._hold_loop = loop
             loop.call_later(hold, self._release)
         else:
             self._jobs.put(job)
