@@ -102,6 +102,24 @@ def test_commits_within_the_delay_share_one_fsync(tmp_path):
         engine.dispose()
 
 
+def test_held_jobs_are_synced_before_their_futures_resolve_others_wait_for_the_delay(tmp_path):
+    url, engine = _engine(tmp_path)
+    sync = CountingSync(url)
+    writer = sync.writer = Writer(engine, sync=sync, sync_delay=60.0)
+
+    async def scenario():
+        held = await asyncio.gather(*(writer.submit_here(_insert, n, group=True, hold=0.01) for n in range(3)))
+        assert held == [0, 1, 2] and writer.synced() is None  # on disk already: the acks need not wait
+        assert await writer.submit_here(_insert, 3) == 3
+        assert writer.synced() is not None  # a job not held waits for the group fsync's delay, as before
+
+    try:
+        run_async(scenario())
+    finally:
+        writer.close()
+        engine.dispose()
+
+
 def test_a_failed_fsync_reports_the_error_and_a_later_one_syncs(tmp_path):
     url, engine = _engine(tmp_path)
     wal, failing = database.wal_sync(url), threading.Event()

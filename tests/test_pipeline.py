@@ -57,6 +57,28 @@ def test_a_batch_is_claimed_once_duplicates_and_gaps_are_answered(tmp_path):
     run_async(scenario())
 
 
+def test_with_many_live_runs_their_batches_share_one_commit_and_a_lone_runs_is_not_held(tmp_path):
+    async def scenario():
+        services = _services(tmp_path)
+        links = [20]
+        services.pipeline.links = lambda: links[0]
+        try:
+            pipeline, writer = services.pipeline, services.writer
+            runs = [await _open(services, f"u{i}") for i in range(3)]
+            commits = writer.commits
+            results = await asyncio.gather(*(pipeline.submit(r, _batch(1, [0, 1])) for r in runs))
+            assert [r["last_step"] for r in results] == [1, 1, 1]
+            assert writer.commits - commits == 1  # held for a tick, then stored back to back
+            links[0] = 1
+            assert pipeline.hold() == 0.0  # a lone run's points reach its page at once
+            assert (await pipeline.submit(runs[0], _batch(2, [2])))["last_step"] == 2
+            assert [_loss_steps(services, r) for r in runs] == [[0, 1, 2], [0, 1], [0, 1]]
+        finally:
+            services.close()
+
+    run_async(scenario())
+
+
 def test_the_claim_marks_the_run_row_its_newest_step_kept_and_a_batch_without_steps_leaves_it(tmp_path):
     def row(services, run_id):
         with services.engine.connect() as conn:

@@ -83,3 +83,61 @@ def test_a_job_cancelled_before_it_ran_is_not_run(tmp_path):
         writer.close()
     assert _stored(engine) == [2]
     engine.dispose()
+
+
+def test_held_jobs_wait_their_hold_then_run_in_order_as_one_group_and_later_jobs_queue_behind_them(tmp_path):
+    writer, engine = _writer(tmp_path)
+    ran = []
+
+    def job(conn, n: int) -> int:
+        ran.append(n)
+        return _insert(conn, n)
+
+    async def scenario():
+        commits = writer.commits
+        futures = [writer.submit_here(job, n, group=True, hold=0.2) for n in range(3)]
+        futures.append(writer.submit_here(job, 3))  # not held itself, nor grouped: it still runs after them
+        await asyncio.sleep(0.05)
+        early = list(ran)
+        done = await asyncio.gather(*futures)
+        return early, done, writer.commits - commits
+
+    try:
+        early, done, commits = run_async(scenario())
+    finally:
+        writer.close()
+    assert early == []
+    assert done == ran == [0, 1, 2, 3]
+    assert commits == 2  # the three held batches in one transaction, then the job that came after them
+    assert _stored(engine) == [0, 1, 2, 3]
+    engine.dispose()
+
+
+def test_jobs_still_held_when_the_writer_closes_are_run(tmp_path):
+    writer, engine = _writer(tmp_path)
+
+    async def scenario():
+        writer.submit_here(_insert, 7, group=True, hold=60)
+        writer.close()
+
+    run_async(scenario())
+    assert _stored(engine) == [7]
+    engine.dispose()
+
+
+def test_jobs_held_by_a_loop_that_closed_are_released_by_the_next_job(tmp_path):
+    writer, engine = _writer(tmp_path)
+
+    async def hold_and_leave():
+        writer.submit_here(_insert, 1, group=True, hold=60)  # its loop ends before the hold does
+
+    async def next_job():
+        return await asyncio.wait_for(writer.submit_here(_insert, 2), 30)
+
+    try:
+        run_async(hold_and_leave())
+        assert run_async(next_job()) == 2
+    finally:
+        writer.close()
+    assert _stored(engine) == [1, 2]
+    engine.dispose()

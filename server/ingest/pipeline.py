@@ -129,7 +129,18 @@ class Pipeline:
         The future resolves to the apply result, or to ``{"duplicate": True}``, ``{"expected": seq}``
         (a gap) or ``{"deleted": True}`` (the run is gone); hand a stored result to ``publish``.
         """
-        return self.writer.submit_here(self.claim_and_apply, run_id, batch, group=True)
+        return self.writer.submit_here(self.claim_and_apply, run_id, batch, group=True, hold=self.hold())
+
+    def hold(self) -> float:
+        """Seconds a batch may wait for others before the writer takes it (0: at once).
+
+        The writer pays for a batch mostly in code run cold: a lone batch costs it ~1 ms of CPU, one
+        run right after another ~0.4 ms (docs/benchmarks.md, "Live path, round 6"). With as many live
+        links as make ``preferred_gap`` ask for a gap, batches are held one tick of its clock
+        (``period / PHASES``, at most 25 ms) and go to the writer together; a lone run's go at once.
+        """
+        period = min(MAX_GAP, self.links() / FRAME_BUDGET)
+        return period / PHASES if period > LINK_MIN_GAP else 0.0
 
     def claim_and_apply(self, conn, run_id: int, batch: Batch) -> dict:
         """Store a batch if its seq is the run's next (a writer job; see ``submit`` for the results)."""

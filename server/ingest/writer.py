@@ -6,6 +6,7 @@ import asyncio
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -41,7 +42,10 @@ class Writer:
         self.on_group_failure = on_group_failure
         self.sync, self.sync_delay = sync, sync_delay
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # the C queue: a put and a get cost less
-        self._held = None  # a job taken while collecting a group that did not belong to it
+        self._ready: deque = deque()  # jobs taken off the queue, to run next (a released run, one left out of a group)
+        self._holding: list = []  # jobs an event loop holds back, to queue together (submit_here's ``hold``)
+        self._hold_loop = None  # the loop whose timer releases them
+        self._sync_now = False  # running held jobs: their commit is synced at once (``_loop``)
         self.busy_seconds = 0.0  # seconds spent running jobs (read by Pipeline.preferred_gap, any thread)
         # Commits made and commits known on disk (written on this thread; read under the lock by synced()).
         self._lock = threading.Lock()
@@ -58,13 +62,33 @@ class Writer:
         self._jobs.put((fn, args, future, group))
         return future
 
-    def submit_here(self, fn: Callable, *args: Any, group: bool = False) -> asyncio.Future:
+    def submit_here(self, fn: Callable, *args: Any, group: bool = False, hold: float = 0.0) -> asyncio.Future:
         """``submit`` from an event loop: a future of this loop, resolved with every other one of its loop
-        that the same commit settled, in one wake-up of the loop (not one ``call_soon_threadsafe`` each)."""
+        that the same commit settled, in one wake-up of the loop (not one ``call_soon_threadsafe`` each).
+
+        ``hold``: queue the job at most this many seconds later, with every job submitted meanwhile (held
+        or not: they keep their order), so the writer takes them as one group and runs them back to back.
+        """
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._jobs.put((fn, args, (future, loop), group))
+        job = (fn, args, (future, loop), group)
+        if self._holding and self._hold_loop.is_closed():  # its timer will never run: release them now
+            self._release()
+        if self._holding:
+            self._holding.append(job)
+        elif hold > 0:
+            self._holding.append(job)
+            self._hold_loop = loop
+            loop.call_later(hold, self._release)
+        else:
+            self._jobs.put(job)
         return future
+
+    def _release(self) -> None:
+        """Queue the held jobs as one item (the writer takes them all at one wake-up, in order)."""
+        jobs, self._holding = self._holding, []
+        if jobs:
+            self._jobs.put(jobs)
 
     def synced(self) -> asyncio.Future | None:
         """None when every commit made so far is on disk; else a future of this loop resolved once it is.
@@ -84,22 +108,30 @@ class Writer:
 
     def depth(self) -> int:
         """Jobs waiting (for metrics and back-pressure)."""
-        return self._jobs.qsize()
+        return self._jobs.qsize() + len(self._holding) + len(self._ready)
 
     def close(self) -> None:
+        self._release()  # held jobs still run (their loop may be gone: nobody waits for them then)
         self._jobs.put(_STOP)
         self._thread.join(timeout=30)
 
     def _next(self, block: bool = True):
-        if self._held is not None:
-            job, self._held = self._held, None
-            return job
+        if not self._ready:
+            item = self._take(block)
+            if type(item) is not list:
+                return item
+            self._ready.extend(item)  # released together (``_release``)
+            self._sync_now = True
+        return self._ready.popleft()
+
+    def _take(self, block: bool):
+        """The next item off the queue: a job, a list of jobs, or _STOP."""
         if not block:
             return self._jobs.get_nowait()
         while self._due is not None:  # commits wait for their fsync: wait for a job only until it is due
             wait = self._due - time.perf_counter()
             if wait <= 0:
-                self._sync()  # a failed one is due again soon
+                self._settle(self._sync())  # a failed one is due again soon
                 continue
             try:
                 return self._jobs.get(timeout=wait)
@@ -115,7 +147,7 @@ class Writer:
                 job = self._next()
                 if job is _STOP:
                     if self._due is not None:
-                        self._sync()
+                        self._settle(self._sync())
                     return
                 jobs = [job]
                 while job[3] and len(jobs) < GROUP_MAX:
@@ -124,12 +156,19 @@ class Writer:
                     except queue.Empty:
                         break
                     if more is _STOP or not more[3]:
-                        self._held = more  # run after this group, in order
+                        self._ready.appendleft(more)  # run after this group, in order
                         break
                     jobs.append(more)
                 # Wall time, not CPU: a writer waiting on fsync or starved of a core is a bottleneck all the same.
                 started = time.perf_counter()
-                self._settle(self._run(conn, [j for j in jobs if _runnable(j[2])]))
+                outcomes = self._run(conn, [j for j in jobs if _runnable(j[2])])
+                if self._sync_now and not self._ready:
+                    # Held jobs came a tick apart: no later commit would share their fsync. Synced before
+                    # their futures resolve, their acks need no second wake-up of the loop (``synced``: None).
+                    self._sync_now = False
+                    if self._due is not None:
+                        outcomes += self._sync()
+                self._settle(outcomes)
                 self.busy_seconds += time.perf_counter() - started
 
     def _committed(self) -> None:
@@ -139,8 +178,8 @@ class Writer:
         if self.sync is not None and self._due is None:
             self._due = time.perf_counter() + self.sync_delay
 
-    def _sync(self) -> None:
-        """One fsync for every commit so far; then the waiters it covers are told (one wake-up per loop)."""
+    def _sync(self) -> list:
+        """One fsync for every commit so far; returns the outcomes of the waiters it covers (for ``_settle``)."""
         self._due = None
         with self._lock:
             target = self.commits
@@ -157,7 +196,7 @@ class Writer:
                 self.synced_commits = target
             done = [w for w in self._waiters if w[0] <= target]
             self._waiters = [w for w in self._waiters if w[0] > target]
-        self._settle([((waiter, loop), error is not None, error) for _need, waiter, loop in done])
+        return [((waiter, loop), error is not None, error) for _need, waiter, loop in done]
 
     def _run(self, conn, jobs: list) -> list:
         """Run jobs, as one group when there are several; returns (future, failed, result or exception) of each."""
