@@ -93,6 +93,7 @@ class SimRun:
         self.last_batch = 0.0
         self.late = 0  # steps sent more than one period behind schedule (the generator could not keep up)
         self.run_id: int | None = None
+        self.timer: asyncio.TimerHandle | None = None  # the link's wait for its gap or flush interval to pass
 
     async def open(self, websockets):
         # As the real client link: no permessage-deflate (packed floats barely compress).
@@ -113,8 +114,7 @@ class SimRun:
             if msg.get("type") == "ack":
                 self.acked = msg["seq"]
                 self.gap = msg.get("gap", 0.0)
-                if self.due():
-                    await self.flush()
+                await self.flush_or_wait()
 
     async def send(self, rate: float, until: float, offset: float) -> None:
         period = 1.0 / rate
@@ -131,16 +131,35 @@ class SimRun:
             step = self.sent
             self.pending.append((step, time.time(), {"loss": 1.0 / (step + 1), "acc": step * 1e-3}, {}))
             self.sent += 1
-            if self.due():
-                await self.flush()
+            await self.flush_or_wait()
 
-    def due(self) -> bool:
-        """The real client link's rule (delivery/sender.py): an idle link sends at once (at most every
-        MIN_GAP, or the gap a busy server asked for); one with a batch in flight waits for its ack or
-        for the flush interval, so batches grow when the server falls behind."""
+    def wait(self) -> float:
+        """Seconds until the real client link (delivery/sender.py ``_cycle``) sends what is pending: an idle
+        link once MIN_GAP, or the gap a busy server asked for, has passed since its last batch; one with a
+        batch in flight when its ack comes or the flush interval has passed, so batches grow when the
+        server falls behind. 0: send now."""
         since = time.monotonic() - self.last_batch
         idle = self.batches == self.acked
-        return bool(self.pending) and ((idle and since >= max(MIN_GAP, self.gap)) or since >= FLUSH_INTERVAL)
+        return max(0.0, (max(MIN_GAP, self.gap) if idle else FLUSH_INTERVAL) - since)
+
+    async def flush_or_wait(self) -> None:
+        """Send the pending steps if they are due, else wake when they are, as the real link's timed wait does
+        (its records go at the gap's end, the tick the server's clock set: not at the next logged step)."""
+        if not self.pending:
+            return
+        wait = self.wait()
+        if wait <= 0:
+            return await self.flush()
+        loop = asyncio.get_running_loop()
+        if self.timer is not None and self.timer.when() <= loop.time() + wait:
+            return  # already woken in time
+        if self.timer is not None:
+            self.timer.cancel()  # an ack made them due sooner
+        self.timer = loop.call_later(wait, self._wake)
+
+    def _wake(self) -> None:
+        self.timer = None
+        asyncio.ensure_future(self.flush_or_wait())
 
     async def flush(self) -> None:
         if self.pending:
@@ -154,6 +173,8 @@ class SimRun:
         return sum(self.sizes[: self.acked])
 
     async def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
         await self.ws.close()
         self.reader.cancel()
 
