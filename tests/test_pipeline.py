@@ -230,3 +230,35 @@ def test_a_push_travels_to_other_processes_as_encoded_or_by_reference():
     big = {**message, "series": {"loss": {"steps": list(range(MAX_PAYLOAD))}}}
     ref = json.loads(fanout.payload(3, big, encoded=json.dumps(big)))["r"]
     assert ref == {"type": "points", "run_id": 3, "keys": ["loss"], "lo": 0, "hi": MAX_PAYLOAD - 1, "last_step": 2}
+
+
+def test_a_batch_knows_its_oldest_and_newest_step_and_whether_they_increase_in_both_wire_forms():
+    for steps in ([], [7], [3, 4, 9], [5, 5], [9, 2, 4], list(range(200)), [*range(100), 50]):
+        records = [(s, 1000.0 + i, {"loss": 0.5}, {}) for i, s in enumerate(steps)]
+        columns = decode({"type": "batch", "seq": 1, "columns": protocol.encode_columns(records)})
+        wire = [{"step": s, "t": t, "scalars": sc} for s, t, sc, _v in records]
+        old_form = decode({"type": "batch", "seq": 1, "records": wire})
+        want = (min(steps), max(steps)) if steps else (None, None)
+        rising = all(a < b for a, b in zip(steps, steps[1:]))
+        for batch in (columns, old_form):
+            assert (batch.oldest, batch.newest) == want and batch.ascending == rising, steps
+            assert batch.steps.tolist() == steps
+
+
+def test_the_run_clock_of_increasing_batches_equals_the_clock_of_any_batches():
+    from gradwatch_server.storage.blocks.clock import Clock
+
+    rng = np.random.default_rng(7)
+    fast, general = Clock(1), Clock(1)
+    start = 0
+    for _ in range(300):
+        # increasing steps, sometimes overlapping the clock's newest (a resend after a reconnect)
+        start = max(0, start - int(rng.integers(0, 3)))
+        steps = np.cumsum(rng.integers(1, 3, int(rng.integers(0, 5)))) + start
+        walls = rng.random(len(steps)) + steps
+        fast.observe(steps, walls, ascending=True)
+        general.observe(steps, walls)
+        start = int(steps[-1]) if len(steps) else start
+        assert fast.last == general.last
+        assert fast.steps.tolist() == general.steps.tolist()
+        assert fast.walls.view(np.int64).tolist() == general.walls.view(np.int64).tolist()

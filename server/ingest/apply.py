@@ -179,8 +179,8 @@ def apply_batch(
     changed = [state.alerts.record(conn, a, now) for a in new_alerts]
     if "error" in run_changes:  # a crash right after a divergence (even in the same batch) is told as part of it
         run_changes["error"] = with_incident(run_changes["error"], state.alerts.incidents.rows)
-    if len(batch.steps):
-        newest = int(batch.steps.max())
+    if batch.newest is not None:
+        newest = batch.newest
         run_changes["last_step"] = newest if state.last_step is None else max(newest, state.last_step)
     if not marked or run_changes.keys() - {"updated_at", "last_step"}:
         run_row.set_columns(conn, state.run_id, run_changes)
@@ -219,7 +219,7 @@ def refused_alert(batch: Batch) -> health.Alert:
     shown = "; ".join(batch.problems[:5]) + (f"; and {len(batch.problems) - 5} more" if len(batch.problems) > 5 else "")
     return health.Alert(
         "data_refused",
-        int(batch.steps.min()) if len(batch.steps) else None,
+        batch.oldest,
         float(len(batch.problems)),
         "warning",
         key=None,
@@ -246,7 +246,7 @@ def _store_columns(conn, state: RunState, batch: Batch, limits: Limits) -> dict:
     stored = {}
     chunk_writes, rollup_rows = chunks.Writes(), rollup_writes.Writes()
     run_clock = state.run_clock(conn)
-    run_clock.observe(batch.steps, batch.walls)
+    run_clock.observe(batch.steps, batch.walls, batch.ascending)
     omits = functools.partial(run_clock.omits, conn)
     shared = []  # scalar keys logged at every step of the batch: their rollups are summarised together
     for kind, columns in (("scalar", batch.scalars), ("vector", batch.vectors)):
@@ -261,14 +261,14 @@ def _store_columns(conn, state: RunState, batch: Batch, limits: Limits) -> dict:
                 tail = state.tails[key] = chunks.load_tail(conn, key_id, column.values.shape[1])
             chunks.append(chunk_writes, tail, key_id, points, omits)
             if kind == "scalar" and column.rows is None:
-                shared.append((key_id, column.values[:, 0]))
+                shared.append((key_id, column.values))  # (k, 1): side by side, column j is key j
             else:
                 rollup_writes.update_rollups(
                     conn, state.rollups, key_id, steps, walls, column.values, points.present(), rollup_rows
                 )
             stored[key] = (kind, steps, walls, column)
     if shared:
-        values = np.stack([v for _k, v in shared], axis=1)
+        values = shared[0][1] if len(shared) == 1 else np.concatenate([v for _k, v in shared], axis=1)
         rollup_writes.update_many(
             conn,
             state.rollups,
@@ -276,7 +276,7 @@ def _store_columns(conn, state: RunState, batch: Batch, limits: Limits) -> dict:
             batch.steps,
             batch.walls,
             values,
-            np.ones(values.shape, dtype=bool),
+            chunks.all_present(values.shape),
             rollup_rows,
         )
     chunk_writes.flush(conn)

@@ -148,7 +148,7 @@ class Pipeline:
         # and the new connection of a run (maybe on two server processes) may both hold the same
         # batch, and only one may store it (run_row.claim_seq).
         # The claim also marks the run's updated_at and last_step (apply_batch's marked): one statement less.
-        mark = (time.time(), int(batch.steps.max()) if len(batch.steps) else None)
+        mark = (time.time(), batch.newest)
         state = self._states.get(run_id)
         if state is None or batch.seq != state.last_seq + 1 or not run_row.claim_seq(conn, run_id, batch.seq, *mark):
             state = self._claim_uncached(conn, run_id, batch.seq, mark)

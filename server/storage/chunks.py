@@ -54,6 +54,26 @@ def from_f64(blob: bytes) -> np.ndarray:
     return np.frombuffer(blob, dtype="<f8")
 
 
+def all_present(shape: tuple) -> np.ndarray:
+    """An all-true mask of this shape: read-only and made once for a live batch's small shapes (one per key a batch)."""
+    return _small_mask(shape) if shape[0] * (shape[1] if len(shape) > 1 else 1) <= 4096 else np.ones(shape, dtype=bool)
+
+
+@functools.lru_cache(maxsize=256)
+def _small_mask(shape: tuple) -> np.ndarray:
+    mask = np.ones(shape, dtype=bool)
+    mask.setflags(write=False)
+    return mask
+
+
+def span(steps: np.ndarray) -> tuple[int, int]:
+    """(smallest, largest) of a non-empty array of steps, as ints; plain Python for a live batch's few."""
+    if len(steps) <= 64:
+        few = steps.tolist()
+        return min(few), max(few)
+    return int(steps.min()), int(steps.max())
+
+
 @dataclass
 class Points:
     """Points of one key in step order: steps (n,), walls (n,), values (n, slots), missing (n, slots) or None."""
@@ -67,7 +87,7 @@ class Points:
         return len(self.steps)
 
     def present(self) -> np.ndarray:
-        return np.ones(self.values.shape, dtype=bool) if self.missing is None else ~self.missing
+        return all_present(self.values.shape) if self.missing is None else ~self.missing
 
     def take(self, index) -> Points:
         return Points(
@@ -96,7 +116,8 @@ def _row(key_id: int, p: Points, packed: bool = False, omits=None, small: bool =
     ``omits(steps, walls)``: whether the run clock holds these walls, so the blob leaves them out;
     ``small``: a row still to be merged into a full chunk (marked so: ``small_rows``)."""
     missing = p.missing if p.missing is not None and p.missing.any() else None
-    row = {"key_id": key_id, "first_step": int(p.steps.min()), "last_step": int(p.steps.max()), "n": len(p)}
+    first, last = span(p.steps)
+    row = {"key_id": key_id, "first_step": first, "last_step": last, "n": len(p)}
     row["small"] = 1 if small else None
     if packed:
         walls = None if omits is not None and omits(p.steps, p.walls) else p.walls

@@ -171,9 +171,10 @@ def _update(conn, cache: Cache, targets: list, slots: int, steps, walls, values,
         _prepare(conn, cache, key_id, levels, slots)
     fine = levels[0]
     if len(steps) * slots <= POINT_VALUES:  # a live batch of few values: fold its points one by one
-        lo, hi = int(steps.min()), int(steps.max())
+        few = steps.tolist()
+        lo, hi = min(few), max(few)
         if lo // fine == hi // fine and _all_live(cache, targets, fine, lo // fine):
-            rows = list(zip(steps.astype(np.float64).tolist(), walls.tolist(), values.tolist(), present.tolist()))
+            rows = list(zip([float(s) for s in few], walls.tolist(), values.tolist(), present.tolist()))
             for key_id, cols in targets:
                 block = _block_for(conn, cache, writes, key_id, 0, lo // fine, slots)
                 for step, wall, row, ok in rows:

@@ -142,14 +142,27 @@ class Clock:
         out.last = int(out.steps[-1]) if len(out.steps) else None
         return out
 
-    def observe(self, steps: np.ndarray, walls: np.ndarray) -> None:
-        """A batch's records: each step above the clock's newest, with its first record's wall time."""
-        new = steps > self.last if self.last is not None else np.ones(len(steps), dtype=bool)
-        if not new.any():
+    def observe(self, steps: np.ndarray, walls: np.ndarray, ascending: bool = False) -> None:
+        """A batch's records: each step above the clock's newest, with its first record's wall time.
+
+        ``ascending``: the steps strictly increase (a live batch's), so the new ones are a suffix and
+        none repeats: no ``np.unique`` (a third of this call's cost on a two-step batch).
+        """
+        if not len(steps):
             return
-        fresh, first = np.unique(steps[new], return_index=True)
+        if ascending:
+            start = 0 if self.last is None else int(np.searchsorted(steps, self.last, side="right"))
+            if start == len(steps):
+                return
+            fresh, fresh_walls = steps[start:], walls[start:]
+        else:
+            new = steps > self.last if self.last is not None else np.ones(len(steps), dtype=bool)
+            if not new.any():
+                return
+            fresh, first = np.unique(steps[new], return_index=True)
+            fresh_walls = walls[new][first]
         self.steps = np.concatenate([self.steps, fresh.astype(np.int64)])
-        self.walls = np.concatenate([self.walls, walls[new][first]])
+        self.walls = np.concatenate([self.walls, fresh_walls])
         self.last = int(fresh[-1])
 
     def omits(self, conn, steps: np.ndarray, walls: np.ndarray) -> bool:
