@@ -143,7 +143,7 @@ def test_the_preferred_gap_is_zero_when_the_writer_idles_and_grows_with_its_load
 
 def test_many_live_links_share_a_frame_budget_and_a_lone_link_is_never_delayed(tmp_path):
     from gradwatch.contract import LINK_MIN_GAP
-    from gradwatch_server.ingest.pipeline import FRAME_BUDGET, MAX_GAP
+    from gradwatch_server.ingest.pipeline import FRAME_BUDGET, MAX_GAP, PHASES, TICK_SLACK
     from gradwatch_server.services import Services
     from gradwatch_server.settings import Settings
 
@@ -159,8 +159,16 @@ def test_many_live_links_share_a_frame_budget_and_a_lone_link_is_never_delayed(t
         assert services.liveness.connected_clients() == 0  # the real count, wired in by Services
         links[0] = 20  # a 0.2 s period: each gap runs to the next tick, so the links' batches arrive together
         assert services.pipeline.preferred_gap(received=100.05) == 0.15
-        assert services.pipeline.preferred_gap(received=100.39) == LINK_MIN_GAP  # 10 ms: sooner than a link sends
-        assert services.pipeline.preferred_gap(received=100.10, run_id=2) == 0.15  # its group ticks 50 ms later
+        assert services.pipeline.preferred_gap(received=100.37) == LINK_MIN_GAP  # 30 ms: sooner than a link sends
+        # read 5 ms before its tick: sent for it (the client counts from its send): its next goes at the tick after
+        assert services.pipeline.preferred_gap(received=100.395) == round(MAX_GAP + 0.005, 3)
+        assert services.pipeline.hold() <= MAX_GAP / PHASES - TICK_SLACK  # so a point's way stays as bounded
+        # 20 links are one group of runs: they tick together (run back to back: Pipeline.hold)
+        assert services.pipeline.preferred_gap(received=100.10, run_id=2) == 0.1
+        links[0] = 300  # 8 groups of ~37, spread over the period: run 2's group ticks 50 ms after run 0's
+        assert services.pipeline.preferred_gap(received=100.05) == 0.15
+        assert services.pipeline.preferred_gap(received=100.10, run_id=2) == 0.15
+        assert services.pipeline.preferred_gap(received=100.10, run_id=10) == 0.15  # 10 % 8: run 2's group
     finally:
         services.close()
 

@@ -25,7 +25,19 @@ from gradwatch_server.live.publisher import Publisher
 BUSY = 0.5  # the writer's share of time past which clients are asked to batch more (preferred_gap)
 MAX_GAP = 0.2  # the longest gap asked for, in seconds: a point still reaches an open page in < 250 ms
 FRAME_BUDGET = 50.0  # batches a second all live links may send together before each is asked to wait longer
-PHASES = 8  # groups of runs whose batches are asked to arrive together, spread over the gap (preferred_gap)
+PHASES = 8  # at most this many groups of runs whose batches are asked to arrive together, spread over the gap
+# A client counts the gap from its send, the server from its read of the frame, which comes later when
+# many frames arrive at once: so a batch sent at its tick may be read just before it. Read this close
+# before a tick, it is taken as on it, and its gap runs to the tick after (at most MAX_GAP + TICK_SLACK:
+# the hold is shorter by as much, so a point's way to a page stays within MAX_GAP + MAX_GAP / PHASES).
+TICK_SLACK = 0.01
+RUNS_PER_PHASE = 32  # ... each of at least this many runs, where there are enough (``phases``)
+
+
+def phases(links: int) -> int:
+    """Groups of runs whose batches ``preferred_gap`` asks to arrive together: one per ``RUNS_PER_PHASE``
+    live links, 1 to ``PHASES`` (20 runs: one group, 20 batches back to back; 300: 8 groups of ~37)."""
+    return max(1, min(PHASES, links // RUNS_PER_PHASE))
 
 
 class Pipeline:
@@ -97,23 +109,28 @@ class Pipeline:
         With ``received`` (the batch's arrival, ``time.monotonic()``), the gap runs to the next tick
         of a clock shared by the links, so their next batches arrive together and share one
         transaction, one commit and one fsync (``writer.Writer``'s group commit). The period has
-        ``PHASES`` ticks, one per group of runs (``run_id % PHASES``): a few hundred runs arrive in
-        groups spread over the period, not all at once, which would queue the last of them.
+        one tick per group of runs (``run_id % phases(links)``): a few hundred runs arrive in
+        groups spread over the period, not all at once, which would queue the last of them; a few
+        dozen arrive as one group, run back to back (``hold``).
         """
         now, busy = time.perf_counter(), self.writer.busy_seconds
         then, busy_then, load = self._load
         if now - then >= 0.5:
             load = min(1.0, (busy - busy_then) / (now - then))
             self._load = (now, busy, load)
-        shared = self.links() / FRAME_BUDGET
+        links = self.links()
+        shared = links / FRAME_BUDGET
         loaded = MAX_GAP * min(1.0, (load - BUSY) / (1.0 - BUSY)) if load > BUSY else 0.0
         period = min(MAX_GAP, max(shared, loaded))
         if period <= LINK_MIN_GAP:
             return 0.0
         if received is None:
             return round(period, 3)
-        gap = period - (received - period * (run_id % PHASES) / PHASES) % period  # to its group's next tick
-        if gap < LINK_MIN_GAP:  # sooner than a link sends anyway: just after the tick (never over MAX_GAP)
+        groups = phases(links)
+        gap = period - (received - period * (run_id % groups) / groups) % period  # to its group's next tick
+        if gap < TICK_SLACK:  # sent for that tick, read a little early: its next batch goes at the tick after
+            gap += period
+        elif gap < LINK_MIN_GAP:  # sooner than a link sends anyway: just after the tick
             gap = LINK_MIN_GAP
         return round(gap, 3)
 
@@ -136,11 +153,12 @@ class Pipeline:
 
         The writer pays for a batch mostly in code run cold: a lone batch costs it ~1 ms of CPU, one
         run right after another ~0.4 ms (docs/benchmarks.md, "Live path, round 6"). With as many live
-        links as make ``preferred_gap`` ask for a gap, batches are held one tick of its clock
-        (``period / PHASES``, at most 25 ms) and go to the writer together; a lone run's go at once.
+        links as make ``preferred_gap`` ask for a gap, batches are held ``period / PHASES`` (at most
+        15 ms: 25 less ``TICK_SLACK``; the batches of one group of runs arrive within it) and go to the
+        writer together; a lone run's go at once.
         """
         period = min(MAX_GAP, self.links() / FRAME_BUDGET)
-        return period / PHASES if period > LINK_MIN_GAP else 0.0
+        return min(period / PHASES, MAX_GAP / PHASES - TICK_SLACK) if period > LINK_MIN_GAP else 0.0
 
     def claim_and_apply(self, conn, run_id: int, batch: Batch) -> dict:
         """Store a batch if its seq is the run's next (a writer job; see ``submit`` for the results)."""
