@@ -141,3 +141,29 @@ def test_jobs_held_by_a_loop_that_closed_are_released_by_the_next_job(tmp_path):
         writer.close()
     assert _stored(engine) == [1, 2]
     engine.dispose()
+
+
+def test_held_jobs_go_as_soon_as_enough_are_held_and_the_next_hold_keeps_its_own_time(tmp_path):
+    writer, engine = _writer(tmp_path)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        first = [writer.submit_here(_insert, n, group=True, hold=0.5, enough=3) for n in range(3)]
+        await asyncio.gather(*first)
+        whole = loop.time() - started
+        second = writer.submit_here(_insert, 3, group=True, hold=1.0, enough=3)  # one of three: waits its hold
+        await asyncio.sleep(0.7)  # past the first hold's end: its timer would have released the second by now
+        waiting = not second.done()
+        await second
+        return whole, waiting, loop.time() - started
+
+    try:
+        whole, waiting, total = run_async(scenario())
+    finally:
+        writer.close()
+    assert whole < 0.4  # the group was whole: not held its 0.5 s
+    assert waiting  # the first hold's timer, cancelled, did not release the second early
+    assert total >= 0.9
+    assert _stored(engine) == [0, 1, 2, 3]
+    engine.dispose()

@@ -146,7 +146,10 @@ class Pipeline:
         The future resolves to the apply result, or to ``{"duplicate": True}``, ``{"expected": seq}``
         (a gap) or ``{"deleted": True}`` (the run is gone); hand a stored result to ``publish``.
         """
-        return self.writer.submit_here(self.claim_and_apply, run_id, batch, group=True, hold=self.hold())
+        hold = self.hold()
+        links = self.links() if hold else 0
+        enough = -(-links // phases(links)) if hold else 0  # a group of runs, as preferred_gap sets them
+        return self.writer.submit_here(self.claim_and_apply, run_id, batch, group=True, hold=hold, enough=enough)
 
     def hold(self) -> float:
         """Seconds a batch may wait for others before the writer takes it (0: at once).
@@ -155,7 +158,8 @@ class Pipeline:
         run right after another ~0.4 ms (docs/benchmarks.md, "Live path, round 6"). With as many live
         links as make ``preferred_gap`` ask for a gap, batches are held ``period / PHASES`` (at most
         15 ms: 25 less ``TICK_SLACK``; the batches of one group of runs arrive within it) and go to the
-        writer together; a lone run's go at once.
+        writer together; a lone run's go at once. They go sooner once a whole group's batches are held
+        (``submit``).
         """
         period = min(MAX_GAP, self.links() / FRAME_BUDGET)
         return min(period / PHASES, MAX_GAP / PHASES - TICK_SLACK) if period > LINK_MIN_GAP else 0.0

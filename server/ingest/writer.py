@@ -45,6 +45,7 @@ class Writer:
         self._ready: deque = deque()  # jobs taken off the queue, to run next (a released run, one left out of a group)
         self._holding: list = []  # jobs an event loop holds back, to queue together (submit_here's ``hold``)
         self._hold_loop = None  # the loop whose timer releases them
+        self._hold_timer: asyncio.TimerHandle | None = None  # that timer
         self._sync_now = False  # running held jobs: their commit is synced at once (``_loop``)
         self.busy_seconds = 0.0  # seconds spent running jobs (read by Pipeline.preferred_gap, any thread)
         # Commits made and commits known on disk (written on this thread; read under the lock by synced()).
@@ -62,12 +63,15 @@ class Writer:
         self._jobs.put((fn, args, future, group))
         return future
 
-    def submit_here(self, fn: Callable, *args: Any, group: bool = False, hold: float = 0.0) -> asyncio.Future:
+    def submit_here(
+        self, fn: Callable, *args: Any, group: bool = False, hold: float = 0.0, enough: int = 0
+    ) -> asyncio.Future:
         """``submit`` from an event loop: a future of this loop, resolved with every other one of its loop
         that the same commit settled, in one wake-up of the loop (not one ``call_soon_threadsafe`` each).
 
         ``hold``: queue the job at most this many seconds later, with every job submitted meanwhile (held
         or not: they keep their order), so the writer takes them as one group and runs them back to back.
+        ``enough``: queue them as soon as this many are held (the group the caller waits for is there).
         """
         loop = asyncio.get_running_loop()
         future = loop.create_future()
@@ -76,10 +80,13 @@ class Writer:
             self._release()
         if self._holding:
             self._holding.append(job)
+            if enough and len(self._holding) >= enough and self._hold_loop is loop:
+                self._hold_timer.cancel()  # (on its own loop) else it would cut short the next hold
+                self._release()
         elif hold > 0:
             self._holding.append(job)
             self._hold_loop = loop
-            loop.call_later(hold, self._release)
+            self._hold_timer = loop.call_later(hold, self._release)
         else:
             self._jobs.put(job)
         return future
