@@ -115,9 +115,14 @@ def decode_vector(value: Any) -> list:
     return out
 
 
+# One encoder for every frame: json.dumps with options builds a new JSONEncoder at each call (~3 µs, a
+# tenth of an ack's encoding; the server encodes an ack and a push per live batch).
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
 def dumps(message: dict) -> str:
     """Serialise a message as strict JSON (NaN must already be encoded)."""
-    return json.dumps(message, allow_nan=False, separators=(",", ":"))
+    return _ENCODER.encode(message)
 
 
 def loads(text: str | bytes) -> dict:
