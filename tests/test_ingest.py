@@ -6,6 +6,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
@@ -268,11 +269,14 @@ def test_a_run_clock_keeps_every_wall_time_bit_exact(stream):
         assert clocked
 
 
-def test_every_key_of_one_step_batches_reads_back_its_own_points_once_its_small_rows_merge(tmp_path, monkeypatch):
-    """A batch's small rows (one per key) go in one insert; each key's tail must hold its own row ids."""
+@pytest.mark.parametrize("n_keys", [4, 70])  # a statement a row (few rows, SQLite); more than one multi-row insert
+def test_every_key_of_one_step_batches_reads_back_its_own_points_once_its_small_rows_merge(
+    tmp_path, monkeypatch, n_keys
+):
+    """A batch's small rows (one per key) go in as few statements as pay; each key's tail must hold its own row ids."""
     monkeypatch.setattr(chunks, "CHUNK_VALUES", 16)  # full chunks of 16 steps: merges come soon
     engine, run_id = _setup(tmp_path)
-    keys = [f"k{i}" for i in range(70)]  # more than one multi-row insert's worth
+    keys = [f"k{i}" for i in range(n_keys)]
     steps = range(chunks.capacity(1) + 5)  # past a full chunk: the small rows are merged (deleted by id)
 
     def logged(i):  # keys start at different steps, so their small rows are merged at different batches

@@ -177,10 +177,15 @@ class Writes:
 
 SMALL_COLUMNS = ("key_id", "first_step", "last_step", "n", "small", "steps", "walls", "data", "missing")
 SMALL_PER_INSERT = 64  # rows of one multi-row insert (9 parameters a row, well under SQLite's 32,766)
+FEW_ROWS = 10  # up to this many small rows, SQLite inserts them one statement each (``_insert_small``)
 
 
 def _insert_small(conn, rows: list[dict]) -> list[int]:
     """Insert a batch's small rows, one statement for all its keys (a row per key); their ids in order."""
+    if conn.dialect.name == "sqlite" and len(rows) <= FEW_ROWS:
+        # SQLite's RETURNING costs more than a statement a row with the driver's lastrowid, for a few
+        # rows (measured: 2 rows 31 against 12 µs; 10 rows 80 against 66; 50 rows 489 against 600)
+        return [_SMALL_INSERT_ONE.run(conn, row).lastrowid for row in rows]
     if len({row["key_id"] for row in rows}) < len(rows):  # ids are matched by key: one statement per row
         return [_small_insert(1).run(conn, _numbered([row])).fetchone()[0] for row in rows]
     ids: dict = {}
@@ -193,6 +198,9 @@ def _insert_small(conn, rows: list[dict]) -> list[int]:
 
 def _numbered(rows: list[dict]) -> dict:
     return {f"{c}_{i}": row[c] for i, row in enumerate(rows) for c in SMALL_COLUMNS}
+
+
+_SMALL_INSERT_ONE = Prepared(insert(db.chunks).values({c: bindparam(c) for c in SMALL_COLUMNS}))
 
 
 @functools.lru_cache(maxsize=SMALL_PER_INSERT)

@@ -151,17 +151,20 @@ class Clock:
         if not len(steps):
             return
         if ascending:
-            start = 0 if self.last is None else int(np.searchsorted(steps, self.last, side="right"))
-            if start == len(steps):
-                return
-            fresh, fresh_walls = steps[start:], walls[start:]
+            if self.last is None or int(steps[0]) > self.last:  # all new: a live batch's usual case
+                fresh, fresh_walls = steps, walls
+            else:
+                start = int(np.searchsorted(steps, self.last, side="right"))
+                if start == len(steps):
+                    return
+                fresh, fresh_walls = steps[start:], walls[start:]
         else:
             new = steps > self.last if self.last is not None else np.ones(len(steps), dtype=bool)
             if not new.any():
                 return
             fresh, first = np.unique(steps[new], return_index=True)
             fresh_walls = walls[new][first]
-        self.steps = np.concatenate([self.steps, fresh.astype(np.int64)])
+        self.steps = np.concatenate([self.steps, np.asarray(fresh, dtype=np.int64)])
         self.walls = np.concatenate([self.walls, fresh_walls])
         self.last = int(fresh[-1])
 
