@@ -78,17 +78,16 @@ class Writer:
         job = (fn, args, (future, loop), group)
         if self._holding and self._hold_loop.is_closed():  # its timer will never run: release them now
             self._release()
-        if self._holding:
-            self._holding.append(job)
-            if enough and len(self._holding) >= enough and self._hold_loop is loop:
-                self._hold_timer.cancel()  # (on its own loop) else it would cut short the next hold
-                self._release()
-        elif hold > 0:
-            self._holding.append(job)
+        if not self._holding and hold <= 0:
+            self._jobs.put(job)
+            return future
+        if not self._holding:  # the first of a hold: its timer releases them
             self._hold_loop = loop
             self._hold_timer = loop.call_later(hold, self._release)
-        else:
-            self._jobs.put(job)
+        self._holding.append(job)
+        if enough and len(self._holding) >= enough and self._hold_loop is loop:
+            self._hold_timer.cancel()  # (on its own loop) else it would cut short the next hold
+            self._release()
         return future
 
     def _release(self) -> None:
