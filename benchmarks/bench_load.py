@@ -94,6 +94,7 @@ class SimRun:
         self.late = 0  # steps sent more than one period behind schedule (the generator could not keep up)
         self.run_id: int | None = None
         self.timer: asyncio.TimerHandle | None = None  # the link's wait for its gap or flush interval to pass
+        self.waking: asyncio.Future | None = None  # the send that timer started
 
     async def open(self, websockets):
         # As the real client link: no permessage-deflate (packed floats barely compress).
@@ -159,7 +160,7 @@ class SimRun:
 
     def _wake(self) -> None:
         self.timer = None
-        asyncio.ensure_future(self.flush_or_wait())
+        self.waking = asyncio.ensure_future(self.flush_or_wait())  # held: the loop keeps tasks weakly
 
     async def flush(self) -> None:
         if self.pending:
@@ -175,6 +176,8 @@ class SimRun:
     async def close(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
+        if self.waking is not None and not self.waking.done():
+            self.waking.cancel()
         await self.ws.close()
         self.reader.cancel()
 

@@ -14,7 +14,7 @@ from conftest import run_async
 from sqlalchemy import select
 
 from gradwatch import protocol
-from gradwatch_server.ingest.batch import Column, decode
+from gradwatch_server.ingest.batch import Batch, Column, decode
 from gradwatch_server.live.fanout import MAX_PAYLOAD, PgFanout
 from gradwatch_server.live.hub import points_message
 from gradwatch_server.services import Services
@@ -240,7 +240,8 @@ def test_a_batch_knows_its_oldest_and_newest_step_and_whether_they_increase_in_b
         old_form = decode({"type": "batch", "seq": 1, "records": wire})
         want = (min(steps), max(steps)) if steps else (None, None)
         rising = all(a < b for a, b in zip(steps, steps[1:]))
-        for batch in (columns, old_form):
+        made = Batch(1, np.array(steps, dtype=np.int64), np.arange(len(steps), dtype=np.float64))
+        for batch in (columns, old_form, made):  # both wire forms, and a Batch built directly
             assert (batch.oldest, batch.newest) == want and batch.ascending == rising, steps
             assert batch.steps.tolist() == steps
 
@@ -262,3 +263,29 @@ def test_the_run_clock_of_increasing_batches_equals_the_clock_of_any_batches():
         assert fast.last == general.last
         assert fast.steps.tolist() == general.steps.tolist()
         assert fast.walls.view(np.int64).tolist() == general.walls.view(np.int64).tolist()
+
+
+def test_one_group_of_runs_goes_to_the_writer_once_every_live_links_batch_is_held_many_groups_wait_the_hold(tmp_path):
+    async def scenario():
+        services = _services(tmp_path)
+        links = [20]
+        services.pipeline.links = lambda: links[0]
+        try:
+            pipeline, writer = services.pipeline, services.writer
+            runs = [await _open(services, f"u{i}") for i in range(20)]
+            futures = [pipeline.submit(r, _batch(1, [0, 1])) for r in runs[:19]]
+            held_before = writer.held()
+            futures.append(pipeline.submit(runs[19], _batch(1, [0, 1])))  # the 20th of 20 links: the group is whole
+            held_after = writer.held()
+            await asyncio.gather(*futures)
+            links[0] = 300  # 8 groups: which runs' batches come together is not known here, so the hold runs out
+            futures = [pipeline.submit(r, _batch(2, [2])) for r in runs]
+            held_many = writer.held()
+            await asyncio.gather(*futures)
+            return held_before, held_after, held_many, [_loss_steps(services, r) for r in runs]
+        finally:
+            services.close()
+
+    held_before, held_after, held_many, steps = run_async(scenario())
+    assert (held_before, held_after, held_many) == (19, 0, 20)
+    assert steps == [[0, 1, 2]] * 20

@@ -15,6 +15,8 @@ import numpy as np
 
 from gradwatch import contract, protocol
 
+FEW_STEPS = 64  # steps up to which plain Python finds a batch's step facts faster than numpy
+
 
 @dataclass
 class Column:
@@ -37,12 +39,30 @@ class Batch:
     media: list = field(default_factory=list)  # histograms, images, tables, text: stored by ingest/media.py
     problems: list = field(default_factory=list)  # what could not be stored, and why
     decoding_problems: int = 0  # how many of those decoding found (applying may add more: see ingest)
-    # Facts of ``steps`` found once at decode, in plain Python (numpy's min/max cost ~3 µs on a live
-    # batch's two steps, asked several times a batch): oldest and newest step (None: no steps), and
-    # whether the steps strictly increase (a live batch's do: the run clock then skips np.unique).
-    oldest: int | None = None
-    newest: int | None = None
-    ascending: bool = True
+    # Facts of ``steps`` found once (``set_steps``), in plain Python for a live batch (numpy's min/max
+    # cost ~3 µs on two steps, asked several times a batch): oldest and newest step (None: no steps),
+    # and whether the steps strictly increase (a live batch's do: the run clock then skips np.unique).
+    oldest: int | None = field(default=None, init=False)
+    newest: int | None = field(default=None, init=False)
+    ascending: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.set_steps(self.steps, self.walls)
+
+    def set_steps(self, steps: np.ndarray, walls: np.ndarray) -> None:
+        """The batch's steps and wall times (one per record), and the facts of its steps."""
+        self.steps, self.walls = steps, walls
+        self.oldest = self.newest = None
+        self.ascending = True
+        if not len(steps):
+            return
+        if len(steps) <= FEW_STEPS:
+            few = steps.tolist()
+            self.oldest, self.newest = min(few), max(few)
+            self.ascending = all(a < b for a, b in zip(few, few[1:]))
+        else:
+            self.oldest, self.newest = int(steps.min()), int(steps.max())
+            self.ascending = bool((steps[1:] > steps[:-1]).all())
 
     @property
     def points(self) -> int:
@@ -100,9 +120,10 @@ def _from_columns(batch: Batch, cols) -> None:
     except protocol.ProtocolError as exc:
         batch.problems.append(f"columns: {exc}")
         return
-    batch.steps = np.frombuffer(steps, dtype=np.int64) if len(steps) else np.zeros(0, np.int64)
-    batch.walls = np.frombuffer(walls, dtype=np.float64) if len(walls) else np.zeros(0)
-    _set_steps(batch)
+    batch.set_steps(
+        np.frombuffer(steps, dtype=np.int64) if len(steps) else np.zeros(0, np.int64),
+        np.frombuffer(walls, dtype=np.float64) if len(walls) else np.zeros(0),
+    )
     for key, (rows, values) in scalars.items():
         batch.scalars[key] = Column(_rows(rows), _f64(values).reshape(-1, 1), None)
     for key, (rows, slots, values, missing) in vectors.items():
@@ -111,23 +132,6 @@ def _from_columns(batch: Batch, cols) -> None:
         batch.vectors[key] = Column(
             _rows(rows), _f64(values).reshape(k, slots), gone if gone is not None and gone.any() else None
         )
-
-
-FEW = 64  # steps up to which plain Python finds a batch's step facts faster than numpy
-
-
-def _set_steps(batch: Batch) -> None:
-    """``oldest``, ``newest`` and ``ascending`` of a batch from its ``steps``."""
-    steps = batch.steps
-    if not len(steps):
-        return
-    if len(steps) <= FEW:
-        steps = steps.tolist()
-        batch.oldest, batch.newest = min(steps), max(steps)
-        batch.ascending = all(a < b for a, b in zip(steps, steps[1:]))
-    else:
-        batch.oldest, batch.newest = int(steps.min()), int(steps.max())
-        batch.ascending = bool((steps[1:] > steps[:-1]).all())
 
 
 def _f64(values) -> np.ndarray:
@@ -170,8 +174,7 @@ def _from_records(batch: Batch, records) -> None:
     if any(s > protocol.MAX_STEP for s in steps):
         batch.problems.append("steps beyond 2**63-1 are not stored")
         return
-    batch.steps, batch.walls = np.array(steps, dtype=np.int64), np.array(walls, dtype=np.float64)
-    _set_steps(batch)
+    batch.set_steps(np.array(steps, dtype=np.int64), np.array(walls, dtype=np.float64))
     for key, (rows, values) in scalars.items():
         batch.scalars[key] = Column(
             np.array(rows, dtype=np.intp), np.array(values, dtype=np.float64).reshape(-1, 1), None

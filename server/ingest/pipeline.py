@@ -23,7 +23,7 @@ from gradwatch_server.ingest.writer import Writer
 from gradwatch_server.live.publisher import Publisher
 
 BUSY = 0.5  # the writer's share of time past which clients are asked to batch more (preferred_gap)
-MAX_GAP = 0.2  # the longest gap asked for, in seconds: a point still reaches an open page in < 250 ms
+MAX_GAP = 0.2  # the longest period of the ticks, in seconds (a gap: at most TICK_SLACK more): a point reaches a page in < 250 ms
 FRAME_BUDGET = 50.0  # batches a second all live links may send together before each is asked to wait longer
 PHASES = 8  # at most this many groups of runs whose batches are asked to arrive together, spread over the gap
 # A client counts the gap from its send, the server from its read of the frame, which comes later when
@@ -98,7 +98,7 @@ class Pipeline:
 
         A batch costs the server about the same whatever its size: ~0.2 ms of websocket frame and
         ack alone (measured, docs/benchmarks.md), then its transaction. So the cheapest relief is
-        fewer, larger batches, asked for two ways; the larger gap wins, at most ``MAX_GAP``:
+        fewer, larger batches, asked for two ways; the larger period wins, at most ``MAX_GAP``:
 
         - many live links share ``FRAME_BUDGET`` batches a second: each is asked for
           ``links / FRAME_BUDGET`` seconds (5 runs: 0.1 s, 10 or more: 0.2 s). A lone run gets
@@ -146,22 +146,23 @@ class Pipeline:
         The future resolves to the apply result, or to ``{"duplicate": True}``, ``{"expected": seq}``
         (a gap) or ``{"deleted": True}`` (the run is gone); hand a stored result to ``publish``.
         """
-        hold = self.hold()
-        links = self.links() if hold else 0
-        enough = -(-links // phases(links)) if hold else 0  # a group of runs, as preferred_gap sets them
+        links = self.links()
+        hold = self.hold(links)
+        # One group of runs (fewer than 2 x RUNS_PER_PHASE links): every live link's batch comes at its tick.
+        enough = links if hold and phases(links) == 1 else 0
         return self.writer.submit_here(self.claim_and_apply, run_id, batch, group=True, hold=hold, enough=enough)
 
-    def hold(self) -> float:
+    def hold(self, links: int | None = None) -> float:
         """Seconds a batch may wait for others before the writer takes it (0: at once).
 
         The writer pays for a batch mostly in code run cold: a lone batch costs it ~1 ms of CPU, one
         run right after another ~0.4 ms (docs/benchmarks.md, "Live path, round 6"). With as many live
         links as make ``preferred_gap`` ask for a gap, batches are held ``period / PHASES`` (at most
         15 ms: 25 less ``TICK_SLACK``; the batches of one group of runs arrive within it) and go to the
-        writer together; a lone run's go at once. They go sooner once a whole group's batches are held
-        (``submit``).
+        writer together; a lone run's go at once. With one group of runs, they go as soon as every live
+        link's batch is held (``submit``). ``links``: the live links, when the caller has counted them.
         """
-        period = min(MAX_GAP, self.links() / FRAME_BUDGET)
+        period = min(MAX_GAP, (self.links() if links is None else links) / FRAME_BUDGET)
         return min(period / PHASES, MAX_GAP / PHASES - TICK_SLACK) if period > LINK_MIN_GAP else 0.0
 
     def claim_and_apply(self, conn, run_id: int, batch: Batch) -> dict:

@@ -71,7 +71,8 @@ class Writer:
 
         ``hold``: queue the job at most this many seconds later, with every job submitted meanwhile (held
         or not: they keep their order), so the writer takes them as one group and runs them back to back.
-        ``enough``: queue them as soon as this many are held (the group the caller waits for is there).
+        ``enough``: queue them as soon as this many are held (the group the caller waits for is there),
+        when the hold is this loop's.
         """
         loop = asyncio.get_running_loop()
         future = loop.create_future()
@@ -111,6 +112,10 @@ class Writer:
             waiter = loop.create_future()
             self._waiters.append((self.commits, waiter, loop))
         return waiter
+
+    def held(self) -> int:
+        """Jobs an event loop holds back now (``submit_here``'s ``hold``), for tests and diagnostics."""
+        return len(self._holding)
 
     def depth(self) -> int:
         """Jobs waiting (for metrics and back-pressure)."""
