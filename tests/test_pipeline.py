@@ -35,6 +35,12 @@ async def _open(services: Services, uid: str = "u") -> int:
     return (await services.pipeline.open_run({"uid": uid, "project": "p", "name": "n"}))["run_id"]
 
 
+async def _live_runs(services: Services, n: int, links: list) -> list:
+    """``n`` open runs, with ``links[0]`` live links as the pipeline counts them (change it to change that)."""
+    services.pipeline.links = lambda: links[0]
+    return [await _open(services, f"u{i}") for i in range(n)]
+
+
 def _loss_steps(services: Services, run_id: int) -> list:
     return services.read(store.get_series, run_id, "loss")["steps"]
 
@@ -59,12 +65,10 @@ def test_a_batch_is_claimed_once_duplicates_and_gaps_are_answered(tmp_path):
 
 def test_with_many_live_runs_their_batches_share_one_commit_and_a_lone_runs_is_not_held(tmp_path):
     async def scenario():
-        services = _services(tmp_path)
-        links = [20]
-        services.pipeline.links = lambda: links[0]
+        services, links = _services(tmp_path), [20]
         try:
             pipeline, writer = services.pipeline, services.writer
-            runs = [await _open(services, f"u{i}") for i in range(3)]
+            runs = await _live_runs(services, 3, links)
             commits = writer.commits
             results = await asyncio.gather(*(pipeline.submit(r, _batch(1, [0, 1])) for r in runs))
             assert [r["last_step"] for r in results] == [1, 1, 1]
@@ -267,12 +271,10 @@ def test_the_run_clock_of_increasing_batches_equals_the_clock_of_any_batches():
 
 def test_one_group_of_runs_goes_to_the_writer_once_every_live_links_batch_is_held_many_groups_wait_the_hold(tmp_path):
     async def scenario():
-        services = _services(tmp_path)
-        links = [20]
-        services.pipeline.links = lambda: links[0]
+        services, links = _services(tmp_path), [20]
         try:
             pipeline, writer = services.pipeline, services.writer
-            runs = [await _open(services, f"u{i}") for i in range(20)]
+            runs = await _live_runs(services, 20, links)
             futures = [pipeline.submit(r, _batch(1, [0, 1])) for r in runs[:19]]
             held_before = writer.held()
             futures.append(pipeline.submit(runs[19], _batch(1, [0, 1])))  # the 20th of 20 links: the group is whole

@@ -180,8 +180,7 @@ def apply_batch(
     if "error" in run_changes:  # a crash right after a divergence (even in the same batch) is told as part of it
         run_changes["error"] = with_incident(run_changes["error"], state.alerts.incidents.rows)
     if batch.newest is not None:
-        newest = batch.newest
-        run_changes["last_step"] = newest if state.last_step is None else max(newest, state.last_step)
+        run_changes["last_step"] = batch.newest if state.last_step is None else max(batch.newest, state.last_step)
     if not marked or run_changes.keys() - {"updated_at", "last_step"}:
         run_row.set_columns(conn, state.run_id, run_changes)
     state.last_step = run_changes.get("last_step", state.last_step)
@@ -268,7 +267,7 @@ def _store_columns(conn, state: RunState, batch: Batch, limits: Limits) -> dict:
                 )
             stored[key] = (kind, steps, walls, column)
     if shared:
-        values = shared[0][1] if len(shared) == 1 else np.concatenate([v for _k, v in shared], axis=1)
+        values = np.concatenate([v for _k, v in shared], axis=1)
         rollup_writes.update_many(
             conn,
             state.rollups,

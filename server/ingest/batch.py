@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gradwatch import contract, protocol
-
-FEW_STEPS = 64  # steps up to which plain Python finds a batch's step facts faster than numpy
+from gradwatch_server.storage.chunks import FEW_STEPS, span
 
 
 @dataclass
@@ -56,12 +55,11 @@ class Batch:
         self.ascending = True
         if not len(steps):
             return
+        self.oldest, self.newest = span(steps)
         if len(steps) <= FEW_STEPS:
             few = steps.tolist()
-            self.oldest, self.newest = min(few), max(few)
             self.ascending = all(a < b for a, b in zip(few, few[1:]))
         else:
-            self.oldest, self.newest = int(steps.min()), int(steps.max())
             self.ascending = bool((steps[1:] > steps[:-1]).all())
 
     @property

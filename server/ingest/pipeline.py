@@ -146,13 +146,12 @@ class Pipeline:
         The future resolves to the apply result, or to ``{"duplicate": True}``, ``{"expected": seq}``
         (a gap) or ``{"deleted": True}`` (the run is gone); hand a stored result to ``publish``.
         """
-        links = self.links()
-        hold = self.hold(links)
+        links, hold = self.links(), self.hold()
         # One group of runs (fewer than 2 x RUNS_PER_PHASE links): every live link's batch comes at its tick.
         enough = links if hold and phases(links) == 1 else 0
         return self.writer.submit_here(self.claim_and_apply, run_id, batch, group=True, hold=hold, enough=enough)
 
-    def hold(self, links: int | None = None) -> float:
+    def hold(self) -> float:
         """Seconds a batch may wait for others before the writer takes it (0: at once).
 
         The writer pays for a batch mostly in code run cold: a lone batch costs it ~1 ms of CPU, one
@@ -160,9 +159,9 @@ class Pipeline:
         links as make ``preferred_gap`` ask for a gap, batches are held ``period / PHASES`` (at most
         15 ms: 25 less ``TICK_SLACK``; the batches of one group of runs arrive within it) and go to the
         writer together; a lone run's go at once. With one group of runs, they go as soon as every live
-        link's batch is held (``submit``). ``links``: the live links, when the caller has counted them.
+        link's batch is held (``submit``).
         """
-        period = min(MAX_GAP, (self.links() if links is None else links) / FRAME_BUDGET)
+        period = min(MAX_GAP, self.links() / FRAME_BUDGET)
         return min(period / PHASES, MAX_GAP / PHASES - TICK_SLACK) if period > LINK_MIN_GAP else 0.0
 
     def claim_and_apply(self, conn, run_id: int, batch: Batch) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -56,7 +57,7 @@ def from_f64(blob: bytes) -> np.ndarray:
 
 def all_present(shape: tuple) -> np.ndarray:
     """An all-true mask of this shape: read-only and made once for a live batch's small shapes (one per key a batch)."""
-    return _small_mask(shape) if shape[0] * (shape[1] if len(shape) > 1 else 1) <= 4096 else np.ones(shape, dtype=bool)
+    return _small_mask(shape) if math.prod(shape) <= 4096 else np.ones(shape, dtype=bool)
 
 
 @functools.lru_cache(maxsize=256)
@@ -66,9 +67,12 @@ def _small_mask(shape: tuple) -> np.ndarray:
     return mask
 
 
+FEW_STEPS = 64  # steps up to which plain Python answers faster than numpy (a live batch has one or two)
+
+
 def span(steps: np.ndarray) -> tuple[int, int]:
     """(smallest, largest) of a non-empty array of steps, as ints; plain Python for a live batch's few."""
-    if len(steps) <= 64:
+    if len(steps) <= FEW_STEPS:
         few = steps.tolist()
         return min(few), max(few)
     return int(steps.min()), int(steps.max())
