@@ -1,6 +1,6 @@
 """Run benchmarks from two git trees, alternating, and print every figure as old -> new in one table of lines.
 
-Run: .venv/bin/python benchmarks/side_by_side.py --baseline REV [--rounds N] [--quick] [SCRIPT [ARGS...]]
+Run: .venv/bin/python benchmarks/side_by_side.py --baseline REV [--rounds N] [--quick] [--new-scripts] [SCRIPT [ARGS...]]
 
 Without SCRIPT: the storage, live-load, ingest and series benchmarks (the figures issue #31 names). The
 baseline is ``git archive REV`` in a temporary folder. Its code runs in this virtualenv through an import
@@ -74,10 +74,11 @@ def which(env: dict) -> str:
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.strip()
 
 
-def run_once(tree: Path, env: dict, script: list[str]) -> tuple[list[str], str]:
-    """(stdout lines, the load average when it started) of one benchmark run from ``tree``."""
+def run_once(tree: Path, env: dict, script: list[str], scripts: Path | None = None) -> tuple[list[str], str]:
+    """(stdout lines, the load average when it started) of one benchmark run from ``tree`` (its script from
+    ``scripts``' benchmarks/ when given: the same driver measuring both trees' code)."""
     load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
-    cmd = [sys.executable, str(tree / "benchmarks" / script[0]), *script[1:]]
+    cmd = [sys.executable, str((scripts or tree) / "benchmarks" / script[0]), *script[1:]]
     done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
@@ -119,13 +120,15 @@ def merged_line(template: str, old: list | None, new: list) -> str:
     return "".join(p + c for p, c in zip(parts, [*cells, ""]))
 
 
-def compare(script: list[str], rounds: int, trees: list[tuple[str, Path, dict]]) -> list[str]:
+def compare(
+    script: list[str], rounds: int, trees: list[tuple[str, Path, dict]], scripts: Path | None = None
+) -> list[str]:
     """Both trees' runs of one benchmark, alternating, as merged lines (the new tree's order)."""
     runs: dict = {label: [] for label, _, _ in trees}
     loads = []
     for _ in range(rounds):
         for label, tree, env in trees:
-            lines, load = run_once(tree, env, script)
+            lines, load = run_once(tree, env, script, scripts)
             runs[label].append(lines)
             loads.append(load)
     old, new = figures(runs["old"]), figures(runs["new"])
@@ -145,6 +148,11 @@ def main() -> None:
     parser.add_argument("--baseline", required=True, metavar="REV", help="the old tree: a git revision")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each tree, alternating [1]")
     parser.add_argument("--quick", action="store_true", help="pass --quick to each default benchmark")
+    parser.add_argument(
+        "--new-scripts",
+        action="store_true",
+        help="run the working tree's benchmark scripts against both trees' code (one driver; an old tree may lack the script)",
+    )
     parser.add_argument("script", nargs=argparse.REMAINDER, help="one benchmark and its arguments [the #31 set]")
     args = parser.parse_args()
     scripts = [args.script] if args.script else [s + ["--quick"] * args.quick for s in DEFAULT]
@@ -155,7 +163,7 @@ def main() -> None:
         print(f"new: the working tree {ROOT} (gradwatch from {which(dict(os.environ))})")
         for script in scripts:
             print()
-            print("\n".join(compare(script, args.rounds, trees)), flush=True)
+            print("\n".join(compare(script, args.rounds, trees, ROOT if args.new_scripts else None)), flush=True)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
 from gradwatch_server.storage import chunks, database, db, store
-from gradwatch_server.storage.blocks import codec
+from gradwatch_server.storage.blocks import codec, decimal
 
 # None: the default, which picks one frame or one per byte plane (PLANES), whichever is smaller.
 COMPRESSORS = [codec.RAW, codec.ZLIB, None] + ([codec.ZSTD, codec.PLANES] if codec.zstandard is not None else [])
@@ -154,6 +154,52 @@ def test_decimals_are_stored_as_their_integers_and_read_back_bit_exact():
         assert (_bits(codec.decode_chunk(codec.encode_chunk(steps, None, values))[2]) == _bits(values)).all()
 
 
+def _decimal_in_order(values: np.ndarray):
+    """decimal.find as first written: each exponent tried on the sample in turn (the oracle of its one-pass form)."""
+    if values.size == 0 or not np.isfinite(values).all():
+        return None
+    sample = values.ravel()[:: max(1, values.size // 16)]
+    with np.errstate(all="ignore"):
+        for e in range(decimal.MAX_EXPONENT + 1):
+            scaled = np.rint(sample * 10.0**e)
+            if np.abs(scaled).max() >= 2.0**52:
+                return None
+            if not (decimal.restore(scaled.astype("<i8"), e, 0).view("<i8") == sample.view("<i8")).all():
+                continue
+            full = np.rint(values * 10.0**e)
+            if np.abs(full).max() >= 2.0**52:
+                return None
+            if (decimal.restore(full.astype("<i8"), e, 0).view("<i8") == values.view("<i8")).all():
+                return e
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 22),
+    st.sampled_from(["digits", "mixed", "huge", "tiny", "off grid"]),
+    st.integers(1, 200),
+)
+def test_decimals_are_found_at_the_exponent_trying_them_in_order_finds(seed, digits, kind, n):
+    rng = np.random.default_rng(seed)
+    values = np.round(rng.normal(0, 10.0 ** rng.integers(-3, 8), n), digits)
+    if kind == "mixed":  # some values at a finer grid than the rest: the sample may pass where the block fails
+        values[rng.integers(0, n)] += 10.0 ** -min(22, digits + 2)
+    elif kind == "huge":
+        values *= 10.0 ** rng.integers(5, 15)
+    elif kind == "tiny":
+        values *= 10.0 ** -int(rng.integers(5, 15))
+    elif kind == "off grid":
+        values = values + rng.normal(0, 1e-9, n)
+    found = decimal.find(values)
+    want = _decimal_in_order(values)
+    assert (None if found is None else found[0]) == want
+    if found is not None:
+        e, factor, ints = found
+        assert (decimal.restore(ints.view("<i8"), e, factor).view("<i8") == values.view("<i8")).all()
+
+
 def _first_release_chunk(steps: np.ndarray, values: np.ndarray, transform: int) -> bytes:
     """A one-slot chunk as the first release wrote it, walls left to the run clock, uncompressed (the format by hand)."""
     shuffle = lambda a: np.ascontiguousarray(a.view(np.uint8).reshape(-1, 8).T).tobytes()  # noqa: E731
@@ -278,3 +324,22 @@ def test_a_wide_chunk_takes_one_frame_per_byte_plane_where_smaller_and_every_dam
     for cut in range(1, len(blob), 7):
         with pytest.raises(codec.Corrupt):
             codec.decode_chunk(blob[:cut])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.lists(st.sampled_from([(12, 1), (6, 1), (12, 3), (2, 40), (12, 33)]), max_size=40))
+def test_summaries_encoded_together_are_the_blobs_each_makes_alone(seed, shapes):
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for rows, width in shapes:
+        data = rng.normal(0, 10.0 ** rng.integers(-5, 5), (rows, width))
+        for r in range(rows):  # rows that are float32-born, absent ("no such step"), odd bit patterns or noise
+            pick = rng.integers(0, 4)
+            if pick == 0:
+                data[r] = data[r].astype(np.float32)
+            elif pick == 1:
+                data[r] = -1.0
+            elif pick == 2:
+                data[r] = np.array(SPECIAL, dtype=np.uint64)[rng.integers(0, len(SPECIAL), width)].view(np.float64)
+        arrays.append(data)
+    assert codec.encode_arrays(arrays) == [codec.encode_array(data) for data in arrays]

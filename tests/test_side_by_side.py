@@ -29,3 +29,14 @@ def test_the_baseline_column_imports_gradwatch_from_the_extracted_revision():
     assert str(Path(__file__).resolve().parent.parent / "client_hook") in stdout  # the new column: this tree
     row = next(line for line in stdout.splitlines() if line.startswith("| 4 (0 real)"))
     assert "exactly once" in stdout and row.rstrip().endswith("| 0 |"), row  # both trees stored every step once
+
+
+def test_new_scripts_runs_one_driver_from_the_given_folder_in_the_old_trees_folder(tmp_path):
+    old_tree, driver = tmp_path / "old", tmp_path / "driver"
+    for folder in (old_tree, driver):
+        (folder / "benchmarks").mkdir(parents=True)
+    (driver / "benchmarks" / "probe.py").write_text("import os, sys\nprint(__file__, os.getcwd(), sys.argv[1:])\n")
+    lines, _load = side_by_side.run_once(old_tree, {}, ["probe.py", "--x"], scripts=driver)
+    assert lines == [f"{driver / 'benchmarks' / 'probe.py'} {old_tree} ['--x']"]
+    missing, _load = side_by_side.run_once(old_tree, {}, ["probe.py"])  # without: the old tree's own (none)
+    assert "exited" in missing[0]

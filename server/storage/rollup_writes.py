@@ -33,8 +33,7 @@ from gradwatch_server.storage.rollup import (
     LEVELS,
     Block,
     empty,
-    encode,
-    encode_lean,
+    encode_many,
     fold_point,
     heat_of,
     lean_walls,
@@ -99,10 +98,11 @@ class Writes:
         rows: dict = {INSERT: [], REWRITE: [], RECOUNT: []}
         heat: dict = {INSERT: [], REWRITE: []}
         written = [block.data for block, how, _heat in self.blocks.values() if how != RECOUNT]
-        leans = iter(lean_walls(written, omits) if omits is not None else [False] * len(written))
+        leaned = lean_walls(written, omits) if omits is not None else [False] * len(written)
+        leans, blobs = iter(leaned), iter(encode_many(written, leaned))
         for (key_id, level, b), (block, how, heat_changed) in self.blocks.items():
             lean = how != RECOUNT and next(leans)
-            blob = (encode_lean if lean else encode)(block.data) if how != RECOUNT else None
+            blob = next(blobs) if how != RECOUNT else None
             if how == INSERT:
                 rows[INSERT].append({"key_id": key_id, "level": level, "block": b, "n": block.n, "data": blob})
             else:
@@ -192,8 +192,11 @@ def _update(conn, cache: Cache, targets: list, slots: int, steps, walls, values,
             merge_into(block.data, whole[2][0][:, cols])
             _folded(conn, cache, writes, key_id, block, len(st), top)
         return
+    after = {}  # each key's newest step once the batch is in: the blocks that end past it may wait in the cache
     for key_id, _cols in targets:
-        _write_key(conn, cache, writes, key_id)
+        old = cache.top.get(key_id)
+        after[key_id] = top if old is None else max(old, top)
+        _write_key(conn, cache, writes, key_id, after[key_id])
     items = []  # (key_id, level, block, n, summary) of every level: folded in one stacked numpy pass
     for level in levels:
         first, last = int(st[0] // level), int(st[-1] // level)
@@ -204,10 +207,8 @@ def _update(conn, cache: Cache, targets: list, slots: int, steps, walls, values,
             parts = list(zip(ids.tolist(), ns.tolist(), sums))
         for blk, n, data in parts:
             items += [(key_id, level, int(blk), int(n), data[:, cols]) for key_id, cols in targets]
-    _fold_eager(conn, cache, writes, items)
-    for key_id, _cols in targets:
-        old = cache.top.get(key_id)
-        cache.top[key_id] = top if old is None else max(old, top)
+    _fold_eager(conn, cache, writes, items, after)
+    cache.top.update(after)
 
 
 def _all_live(cache: Cache, targets: list, fine: int, b: int) -> bool:
@@ -252,12 +253,18 @@ def _finish(conn, cache: Cache, writes: Writes, key_id: int, i: int) -> None:
         slot.newest = max(slot.newest, slot.b)
 
 
-def _write_key(conn, cache: Cache, writes: Writes, key_id: int) -> None:
-    """Finish every level's cached block of a key, finest first (each passes its points up before the next)."""
+def _write_key(conn, cache: Cache, writes: Writes, key_id: int, top: int | None = None) -> None:
+    """Finish every level's cached block of a key, finest first (each passes its points up before the next).
+
+    With ``top`` (an eager batch's newest step), a block holding no live points to pass up that will not be
+    done even then is left waiting: the batch folds into it in the cache, and it is written once, when done.
+    """
     levels = cache.levels.get(key_id, ())
     for i, level in enumerate(levels):
         slot = cache.slots.get((key_id, level))
-        if slot is not None and slot.block is not None and (slot.block.up or slot.block.dirty):
+        if slot is None or slot.block is None or not (slot.block.up or slot.block.dirty):
+            continue
+        if top is None or slot.block.up or (slot.b + 1) * level - 1 <= top:
             _finish(conn, cache, writes, key_id, i)
 
 
@@ -355,8 +362,10 @@ def _exists(conn, key_id: int, level: int, b: int) -> bool:
     return conn.execute(_SELECT, {"k": key_id, "lv": level, "b": b}).first() is not None
 
 
-def _fold_eager(conn, cache: Cache, writes: Writes, items: list) -> None:
-    """Block summaries ``(key_id, level, block, n, data)`` into their blocks, written now (new rows, rewrites or recounts).
+def _fold_eager(conn, cache: Cache, writes: Writes, items: list, after: dict) -> None:
+    """Block summaries ``(key_id, level, block, n, data)`` into their blocks: each done one (it ends at or before
+    its key's newest step, ``after``) written now (a new row, a rewrite or a recount), the rest left in the cache
+    (dirty, written when done: a bulk import's partial coarse blocks would otherwise be rewritten every batch).
 
     The blocks that already hold points are merged in one stacked numpy pass, not level by level
     and key by key: the fixed cost of a numpy call, not the arithmetic, is what a small batch pays.
@@ -364,9 +373,16 @@ def _fold_eager(conn, cache: Cache, writes: Writes, items: list) -> None:
     existing = []
     for key_id, level, b, n, part in items:
         slot = cache.slots[(key_id, level)]
-        if b > slot.newest:  # a block never stored (nothing waits: the key's pending blocks were written first)
-            slot.b, slot.block, slot.newest = b, Block(part.copy(), n, True), b
-            writes.note(key_id, level, b, slot.block, INSERT)
+        done = (b + 1) * level - 1 <= after[key_id]
+        if b > slot.newest and slot.b != b:  # a block never stored nor cached
+            if slot.block is not None and (slot.block.up or slot.block.dirty):
+                _finish(conn, cache, writes, key_id, cache.levels[key_id].index(level))  # (before a rewind)
+            slot.b, slot.block = b, Block(part.copy(), n)
+            if done:
+                writes.store(key_id, level, b, slot.block)
+                slot.newest = b
+            else:
+                slot.block.dirty = True
         else:
             i = cache.levels[key_id].index(level)
             existing.append((key_id, level, b, n, _block_for(conn, cache, writes, key_id, i, b, part.shape[1]), part))
@@ -381,9 +397,12 @@ def _fold_eager(conn, cache: Cache, writes: Writes, items: list) -> None:
         width = part.shape[1]
         block.data[:] = stacked[:, offset : offset + width]
         block.n += n
-        if not block.stored:
+        if (b + 1) * level - 1 > after[key_id]:
+            block.dirty = True  # not done: written when it is (a stored row of it is stale meanwhile)
+        elif block.dirty or not block.stored:
             writes.store(key_id, level, b, block)
-            cache.slots[(key_id, level)].newest = max(cache.slots[(key_id, level)].newest, b)
+            slot = cache.slots[(key_id, level)]
+            slot.newest = max(slot.newest, b)
         elif changed[offset : offset + width].any():
             writes.note(key_id, level, b, block, REWRITE, bool(heat_changed[offset : offset + width].any()))
         else:

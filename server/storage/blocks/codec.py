@@ -197,6 +197,46 @@ def encode_array(data: np.ndarray, compressor: int | None = None) -> bytes:
     return _seal(ARRAY, flags, mask, rows, width, b"".join(parts), compressor)
 
 
+def encode_arrays(arrays: list, compressor: int | None = None) -> list[bytes]:
+    """``encode_array`` of each array, the same blobs: arrays narrower than PALETTE_WIDTH (a scalar's summary)
+    are stacked by shape and row layout, their float32 and absent rows told and byte-shuffled in one numpy pass
+    each (a bulk batch writes thousands of summaries: per array, those numpy calls cost more than zstd)."""
+    out: list = [None] * len(arrays)
+    shapes: dict = {}  # (rows, width) -> indices of the arrays of that shape
+    for i, data in enumerate(arrays):
+        rows, width = np.shape(data)
+        if rows <= 16 and width < PALETTE_WIDTH:
+            shapes.setdefault((rows, width), []).append(i)
+        else:
+            out[i] = encode_array(data, compressor)
+    for (rows, width), index in shapes.items():
+        stack = np.stack([np.asarray(arrays[i], dtype="<f8") for i in index])
+        bits = stack.view("<i8")
+        with np.errstate(all="ignore"):
+            exact = (stack.astype("<f4").astype("<f8").view("<i8") == bits).all(axis=2)
+        absent = (bits == np.float64(ABSENT_VALUE).view("<i8")).all(axis=2)
+        weights = 1 << np.arange(rows)
+        layouts: dict = {}  # (f32 row mask, absent row mask) -> positions in the stack
+        for j, key in enumerate(zip((exact & ~absent) @ weights, absent @ weights)):
+            layouts.setdefault((int(key[0]), int(key[1])), []).append(j)
+        for (mask, gone), members in layouts.items():
+            f32 = [r for r in range(rows) if mask >> r & 1]
+            f64 = [r for r in range(rows) if not (mask | gone) >> r & 1]
+            head, flags = (struct.pack("<H", gone), ABSENT) if gone else (b"", 0)
+            group = stack[members]
+            for j, a, b in zip(members, _shuffled(group[:, f32].astype("<f4")), _shuffled(group[:, f64])):
+                out[index[j]] = _seal(ARRAY, flags, mask, rows, width, head + a + b, compressor)
+    return out
+
+
+def _shuffled(stack: np.ndarray) -> list[bytes]:
+    """``_shuffle`` of each array of a (k, ...) stack (each one's values row-major)."""
+    k, size = len(stack), stack.dtype.itemsize
+    flat = np.ascontiguousarray(stack).reshape(k, -1)
+    planes = np.ascontiguousarray(flat.view(np.uint8).reshape(k, -1, size).transpose(0, 2, 1))
+    return [row.tobytes() for row in planes.reshape(k, -1)]
+
+
 PALETTE_WIDTH = 32  # arrays this wide may keep rows as palettes (a vector's summary; heat rows are float32)
 
 
