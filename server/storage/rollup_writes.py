@@ -14,8 +14,9 @@ another process stored batches meanwhile) the newest block of every level is reb
 finer stored blocks and the raw points (``_prepare``), so nothing a lost cache held is lost.
 
 Batches that are not live-shaped (several finest blocks at once, or steps that went back)
-take the eager path: pending blocks are written first, then the batch is folded into every level
-and written as it lands, as bulk imports always were.
+take the eager path: pending blocks holding live points are passed up and written first, then the batch
+is summarised into every level at once; the blocks it leaves done are written, and each level's newest
+(not done) waits in the cache as a live one does.
 """
 
 from __future__ import annotations
