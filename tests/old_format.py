@@ -17,7 +17,7 @@ import numpy as np
 from sqlalchemy import text
 
 from gradwatch_server.storage import chunks, database, rollup
-from gradwatch_server.storage.blocks import clock, codec, rollup_rows
+from gradwatch_server.storage.blocks import arrays, clock, codec, rollup_rows
 
 
 def as_release_0_2(path_or_url) -> int:
@@ -49,7 +49,7 @@ def as_release_0_2(path_or_url) -> int:
                 text(f"SELECT key_id, level, block, data FROM {table}")
             ).all():
                 if codec.is_encoded(data):
-                    a = codec.decode_array(data)
+                    a = arrays.decode_array(data)
                     raw = a.tobytes() if table == "rollups" else a[0].tobytes() + a[1].astype(np.uint8).tobytes()
                     conn.execute(
                         text(f"UPDATE {table} SET data = :d WHERE key_id = :k AND level = :lv AND block = :b"),

@@ -18,7 +18,7 @@ from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
 from gradwatch_server.storage import chunks, database, db, store
-from gradwatch_server.storage.blocks import codec, decimal
+from gradwatch_server.storage.blocks import arrays, codec, decimal
 
 # None: the default, which picks one frame or one per byte plane (PLANES), whichever is smaller.
 COMPRESSORS = [codec.RAW, codec.ZLIB, None] + ([codec.ZSTD, codec.PLANES] if codec.zstandard is not None else [])
@@ -85,8 +85,8 @@ def test_a_summary_array_reads_back_bit_exact(stream):
     data[1::3] = -1.0  # rows of "no such step" (left out of the blob), and one almost so
     data[2:3, :1] = -0.999999
     for got in (
-        codec.decode_array(codec.encode_array(data)),
-        codec.decode_arrays([codec.encode_array(data)] * 2, *data.shape)[1],
+        arrays.decode_array(arrays.encode_array(data)),
+        arrays.decode_arrays([arrays.encode_array(data)] * 2, *data.shape)[1],
     ):
         assert (_bits(got) == _bits(data)).all()
 
@@ -106,20 +106,20 @@ def test_a_wide_summary_with_palette_rows_reads_back_bit_exact_alone_and_in_bulk
         ]
     )
     data[11, : width // 2] = walls[rng.integers(0, 16, width // 2)]  # half a palette's worth: stays plain
-    blob = codec.encode_array(data)
-    assert (_bits(codec.decode_array(blob)) == _bits(data)).all()
-    other = codec.encode_array(data[:, ::-1].copy())
-    both = codec.decode_arrays([blob, other, blob], 12, width)
+    blob = arrays.encode_array(data)
+    assert (_bits(arrays.decode_array(blob)) == _bits(data)).all()
+    other = arrays.encode_array(data[:, ::-1].copy())
+    both = arrays.decode_arrays([blob, other, blob], 12, width)
     assert (_bits(both[0]) == _bits(data)).all() and (_bits(both[1]) == _bits(data[:, ::-1])).all()
-    one = codec.decode_arrays([other, blob], 12, width, slot=width - 1)
+    one = arrays.decode_arrays([other, blob], 12, width, slot=width - 1)
     assert (_bits(one[1, :, 0]) == _bits(data[:, -1])).all() and (_bits(one[0, :, 0]) == _bits(data[:, 0])).all()
     for cut in range(1, len(blob), 7):
         with pytest.raises(codec.Corrupt):
-            codec.decode_array(blob[:cut])
+            arrays.decode_array(blob[:cut])
     for i in range(16, len(blob), 11):
         damaged = bytearray(blob)
         damaged[i] ^= 0x10
-        assert codec.decode_arrays([bytes(damaged)], 12, width) is None
+        assert arrays.decode_arrays([bytes(damaged)], 12, width) is None
 
 
 def test_float32_born_values_take_half_the_bytes_of_float64_noise():
@@ -330,7 +330,7 @@ def test_a_wide_chunk_takes_one_frame_per_byte_plane_where_smaller_and_every_dam
 @given(st.integers(0, 2**32 - 1), st.lists(st.sampled_from([(12, 1), (6, 1), (12, 3), (2, 40), (12, 33)]), max_size=40))
 def test_summaries_encoded_together_are_the_blobs_each_makes_alone(seed, shapes):
     rng = np.random.default_rng(seed)
-    arrays = []
+    summaries = []
     for rows, width in shapes:
         data = rng.normal(0, 10.0 ** rng.integers(-5, 5), (rows, width))
         for r in range(rows):  # rows that are float32-born, absent ("no such step"), odd bit patterns or noise
@@ -341,5 +341,5 @@ def test_summaries_encoded_together_are_the_blobs_each_makes_alone(seed, shapes)
                 data[r] = -1.0
             elif pick == 2:
                 data[r] = np.array(SPECIAL, dtype=np.uint64)[rng.integers(0, len(SPECIAL), width)].view(np.float64)
-        arrays.append(data)
-    assert codec.encode_arrays(arrays) == [codec.encode_array(data) for data in arrays]
+        summaries.append(data)
+    assert arrays.encode_arrays(summaries) == [arrays.encode_array(data) for data in summaries]

@@ -144,7 +144,7 @@ rollups = Table(  # per-block summaries for fast, spike-preserving reads of big 
     Column("level", Integer, nullable=False),
     Column("block", BigInteger, nullable=False),
     Column("n", Integer, nullable=False),
-    Column("data", LargeBinary, nullable=False),  # (12, slots) float64 (0.2), or encoded (codec.encode_array)
+    Column("data", LargeBinary, nullable=False),  # (12, slots) float64 (0.2), or encoded (blocks/arrays.py)
     UniqueConstraint("key_id", "level", "block", name="uq_rollups_key_level_block"),
 )
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gradwatch_server.storage.blocks import codec
+from gradwatch_server.storage.blocks import arrays, codec
 from gradwatch_server.storage.chunks import from_f64
 
 # Scalars start at 256: a 64-step block cost 1.2 bytes a point compressed (docs/storage.md), more than a
@@ -151,9 +151,9 @@ def _take(d: np.ndarray, data: np.ndarray, take: np.ndarray, rows: tuple, change
 
 
 def encode(data: np.ndarray) -> bytes:
-    """A (ROWS, slots) summary compressed (codec.encode_array: rows of steps and float32-born
+    """A (ROWS, slots) summary compressed (arrays.encode_array: rows of steps and float32-born
     extremes as float32, NaN/inf rows that are all NONE shrink to nothing)."""
-    return codec.encode_array(data)
+    return arrays.encode_array(data)
 
 
 def lean_walls(summaries: list, omits) -> list[bool]:
@@ -174,12 +174,12 @@ def lean_walls(summaries: list, omits) -> list[bool]:
 
 def encode_many(summaries: list, lean: list) -> list[bytes]:
     """``encode_lean`` or ``encode`` of each (ROWS, slots) summary (as ``lean`` says), in one batch of numpy passes."""
-    return codec.encode_arrays([data[LEAN_ROWS] if thin else data for data, thin in zip(summaries, lean)])
+    return arrays.encode_arrays([data[LEAN_ROWS] if thin else data for data, thin in zip(summaries, lean)])
 
 
 def encode_lean(data: np.ndarray) -> bytes:
     """A (ROWS, slots) summary without its maxima and wall times (``LEAN_ROWS``), compressed."""
-    return codec.encode_array(data[LEAN_ROWS])
+    return arrays.encode_array(data[LEAN_ROWS])
 
 
 def blob_width(blob: bytes, rows: int = ROWS) -> int:
@@ -197,7 +197,7 @@ def decode(blob: bytes, slots: int) -> np.ndarray | None:
     if not codec.is_encoded(blob):
         return from_f64(blob).reshape(ROWS, slots).astype(np.float64)
     try:
-        data = codec.decode_array(blob)
+        data = arrays.decode_array(blob)
     except codec.Corrupt:
         return None
     return data if data.shape == (ROWS, slots) else None
@@ -237,7 +237,7 @@ def heat_of(data: np.ndarray) -> bytes:
     """A block's heat from its (ROWS, slots) summary, encoded: the finite maxima and the flags (2, slots).
 
     (0.2 wrote the maxima as float64 then a flags byte per slot: ``heat_arrays`` reads both.)"""
-    return codec.encode_array(np.stack([data[MAX_V], flags_of(data).astype(np.float64)]))
+    return arrays.encode_array(np.stack([data[MAX_V], flags_of(data).astype(np.float64)]))
 
 
 def heat_is_raw(blob: bytes, slots: int) -> bool:
@@ -255,7 +255,7 @@ def heat_arrays(blob: bytes, slots: int) -> tuple | None:
     if not codec.is_encoded(blob):
         return None
     try:
-        data = codec.decode_array(blob)
+        data = arrays.decode_array(blob)
     except codec.Corrupt:
         return None
     return (data[0], data[1].astype(np.uint8)) if data.shape == (2, slots) else None

@@ -27,7 +27,7 @@ from sqlalchemy import bindparam, delete, event, func, select, text, tuple_, upd
 
 from gradwatch import contract
 from gradwatch_server.storage import chunks, db
-from gradwatch_server.storage.blocks import clock, codec, rechunk, slim
+from gradwatch_server.storage.blocks import arrays, clock, codec, rechunk, slim
 
 
 @dataclass
@@ -188,13 +188,13 @@ def _reencode(blob: bytes, rows: int | None) -> bytes | None:
     if rows is not None:
         if len(blob) % (8 * rows):
             return None
-        return codec.encode_array(np.frombuffer(blob, "<f8").reshape(rows, -1))
+        return arrays.encode_array(np.frombuffer(blob, "<f8").reshape(rows, -1))
     if len(blob) % 9:
         return None
     slots = len(blob) // 9
     maxima = np.frombuffer(blob[: 8 * slots], "<f8")
     flags = np.frombuffer(blob[8 * slots :], np.uint8).astype(np.float64)
-    return codec.encode_array(np.stack([maxima, flags]))
+    return arrays.encode_array(np.stack([maxima, flags]))
 
 
 def compact(url: str, run_id: int | None = None, progress=None, say=print, vacuum: bool = True) -> Done:

@@ -13,7 +13,7 @@ import numpy as np
 from sqlalchemy import bindparam, select
 
 from gradwatch_server.storage import db
-from gradwatch_server.storage.blocks import clock, codec
+from gradwatch_server.storage.blocks import arrays, clock, codec
 from gradwatch_server.storage.chunks import from_f64
 from gradwatch_server.storage.rollup import (
     LEAN_ROWS,
@@ -108,7 +108,7 @@ def _full(blobs: list, slots: int, slot: int | None) -> np.ndarray | None:
 def _made_whole(conn, key_id: int, level: int, blocks: np.ndarray, blobs: list, slots: int, slot: int | None):
     """(k, ROWS, cols) of lean summaries of ``blocks`` (ascending): maxima from their heat rows, wall times
     from the run clock; None if one is damaged or its heat row is missing."""
-    lean = codec.decode_arrays(blobs, len(LEAN_ROWS), slots, slot)
+    lean = arrays.decode_arrays(blobs, len(LEAN_ROWS), slots, slot)
     if lean is None:
         return None
     heat = _heat_rows(conn, key_id, level, int(blocks[0]), int(blocks[-1]), slots, slot)
@@ -132,14 +132,14 @@ def _made_whole(conn, key_id: int, level: int, blocks: np.ndarray, blobs: list, 
 
 
 def _decode_all(blobs: list, rows: int, slots: int, slot: int | None = None) -> np.ndarray | None:
-    """(k, rows, slots) of summary blobs in either format (codec.decode_arrays for the encoded ones);
+    """(k, rows, slots) of summary blobs in either format (arrays.decode_arrays for the encoded ones);
     with ``slot``, (k, rows, 1) of that slot only."""
     encoded = [i for i, b in enumerate(blobs) if codec.is_encoded(b)]
     if len(encoded) == len(blobs):
-        return codec.decode_arrays(blobs, rows, slots, slot)
+        return arrays.decode_arrays(blobs, rows, slots, slot)
     out = np.empty((len(blobs), rows, slots if slot is None else 1))
     if encoded:
-        part = codec.decode_arrays([blobs[i] for i in encoded], rows, slots, slot)
+        part = arrays.decode_arrays([blobs[i] for i in encoded], rows, slots, slot)
         if part is None:
             return None
         out[encoded] = part
@@ -177,7 +177,7 @@ def _heat_rows(conn, key_id: int, level: int, first: int, last: int, slots: int,
         return np.zeros(0, dtype=np.int64), np.zeros((0, cols)), np.zeros((0, cols), dtype=np.uint8)
     ids, blobs = zip(*rows)
     have = np.array(ids, dtype=np.int64)
-    both = codec.decode_arrays(blobs, 2, slots, slot)
+    both = arrays.decode_arrays(blobs, 2, slots, slot)
     if both is not None:
         return have, both[:, 0], both[:, 1].astype(np.uint8)
     if not any(heat_is_raw(b, slots) for b in blobs):
