@@ -74,7 +74,7 @@ def encode_arrays(items: list, compressor: int | None = None) -> list[bytes]:
 
 
 def _shuffled(stack: np.ndarray) -> list[bytes]:
-    """``_shuffle`` of each array of a (k, ...) stack (each one's values row-major)."""
+    """``codec.shuffle`` of each array of a (k, ...) stack (each one's values row-major)."""
     k, size = len(stack), stack.dtype.itemsize
     flat = np.ascontiguousarray(stack).reshape(k, -1)
     planes = np.ascontiguousarray(flat.view(np.uint8).reshape(k, -1, size).transpose(0, 2, 1))
