@@ -237,11 +237,9 @@ def append(writes: Writes, tail: Tail, key_id: int, points: Points, omits=None) 
         if full == len(points):
             return
         points = points.take(slice(full, None))
-    # A live step's row stays raw (cheapest to write, merged away soon); a bulk batch's is compressed.
-    writes.small.append((tail, points, _row(key_id, points, len(points) * slots >= PACK_SMALL, omits)))
-
-
-PACK_SMALL = 64  # values from which a small row is worth compressing
+    # Raw, a live step's or a bulk batch's remainder: merged into a compressed full chunk within a few
+    # batches (a bulk import compressed each batch's remainder only to delete it: a third of its server CPU).
+    writes.small.append((tail, points, _row(key_id, points)))
 
 
 def seal(writes: Writes, tail: Tail, omits=None) -> None:
