@@ -140,6 +140,7 @@ def scenario(name, script, clients, steps, width, points_per_step, repeat) -> di
             finally:
                 server.stop()
             size = 0 if POSTGRES else server.db.stat().st_size + sum(p.stat().st_size for p in tmp.glob("bench.db-*"))
+            used = 0 if POSTGRES else used_bytes(server.db)
             raws.append(raw_sqlite(tmp, clients, steps, points_per_step))
             results.append(elapsed)
             loops.append(max(t[0] for t in times))
@@ -155,7 +156,21 @@ def scenario(name, script, clients, steps, width, points_per_step, repeat) -> di
         "ratio": raw / med,
         "loop_s": statistics.median(loops),
         "bytes_per_point": size / points,
+        "used_per_point": used / points,
     }
+
+
+def used_bytes(path: Path) -> int:
+    """Bytes of the SQLite file's pages in use: the file less its free pages (rows deleted since, such as the
+    raw small rows merged into compressed chunks, leave pages a later write reuses), the WAL left out."""
+    con = sqlite3.connect(path)
+    try:
+        pages, free, size = (
+            con.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count", "page_size")
+        )
+    finally:
+        con.close()
+    return (pages - free) * size
 
 
 def million_steps(steps: int) -> dict:
@@ -270,14 +285,14 @@ def report(args) -> None:
     ]
     print(
         "| scenario | points | whole path (s, median [min-max]) | points/s | raw SQLite rows/s | ratio | "
-        "client loop (s) | bytes/point |"
+        "client loop (s) | bytes/point: file and WAL | in use |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['scenario']} | {r['points']:,} | {r['seconds']:.2f} [{r['spread'][0]:.2f}-{r['spread'][1]:.2f}] | "
             f"{r['points_s']:,.0f} | {r['raw_points_s']:,.0f} | **{r['ratio']:.2f}** | {r['loop_s']:.2f} | "
-            f"{r['bytes_per_point']:.1f} |"
+            f"{r['bytes_per_point']:.1f} | {r['used_per_point']:.1f} |"
         )
     if args.only_ingest:
         return

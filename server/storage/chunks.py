@@ -413,15 +413,12 @@ def bounds(conn, key_id: int, start: int | None, end: int | None) -> tuple:
     is the range edge itself (readers only use these to size buckets).
     """
     cols = db.chunks.c
-    q_lo = select(func.min(cols.first_step)).where(cols.key_id == key_id)
-    q_hi = select(func.max(cols.last_step)).where(cols.key_id == key_id)
+    query = select(func.min(cols.first_step), func.max(cols.last_step)).where(cols.key_id == key_id)
     if start is not None:
-        q_lo = q_lo.where(cols.last_step >= start)
-        q_hi = q_hi.where(cols.last_step >= start)
+        query = query.where(cols.last_step >= start)
     if end is not None:
-        q_lo = q_lo.where(cols.first_step <= end)
-        q_hi = q_hi.where(cols.first_step <= end)
-    lo, hi = conn.execute(q_lo).scalar(), conn.execute(q_hi).scalar()
+        query = query.where(cols.first_step <= end)
+    lo, hi = conn.execute(query).one()
     if lo is None or hi is None:
         return None, None
     lo = max(lo, start) if start is not None else lo
