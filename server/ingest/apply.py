@@ -168,12 +168,13 @@ def apply_batch(
     if batch.problems:
         new_alerts.append(refused_alert(batch))
     if run_changes.get("status") in contract.CLIENT_ENDINGS:  # its newest blocks are final now
+        run_clock = state.run_clock(conn)
+        omits = functools.partial(run_clock.omits, conn)
         pending, tails = rollup_writes.Writes(), chunks.Writes()
         rollup_writes.write_pending(conn, state.rollups, pending)
-        pending.flush(conn)
-        run_clock = state.run_clock(conn)
+        pending.flush(conn, omits)  # every level's newest block: lean where the clock has its walls, as a batch's
         for tail in state.tails.values():
-            chunks.seal(tails, tail, functools.partial(run_clock.omits, conn))
+            chunks.seal(tails, tail, omits)
         tails.flush(conn)
         run_clock.flush(conn)
     changed = [state.alerts.record(conn, a, now) for a in new_alerts]
