@@ -20,10 +20,7 @@ def encode_array(data: np.ndarray, compressor: int | None = None) -> bytes:
     rows, width = data.shape
     if rows > 16:
         raise ValueError(f"a summary array has at most 16 rows, not {rows}")
-    with np.errstate(all="ignore"):  # values past float32's range simply stay float64
-        exact = (data.astype("<f4").astype("<f8").view("<i8") == data.view("<i8")).all(axis=1)
-    absent = (data.view("<i8") == np.float64(codec.ABSENT_VALUE).view("<i8")).all(axis=1)
-    exact &= ~absent
+    exact, absent = (kinds[0] for kinds in _row_kinds(data[None]))
     mask = int(np.dot(exact, 1 << np.arange(rows)))
     palettes = _palettes(data, exact | absent) if width >= PALETTE_WIDTH else []
     plain = ~exact & ~absent
@@ -55,13 +52,10 @@ def encode_arrays(items: list, compressor: int | None = None) -> list[bytes]:
             out[i] = encode_array(data, compressor)
     for (rows, width), index in shapes.items():
         stack = np.stack([np.asarray(items[i], dtype="<f8") for i in index])
-        bits = stack.view("<i8")
-        with np.errstate(all="ignore"):
-            exact = (stack.astype("<f4").astype("<f8").view("<i8") == bits).all(axis=2)
-        absent = (bits == np.float64(codec.ABSENT_VALUE).view("<i8")).all(axis=2)
+        exact, absent = _row_kinds(stack)
         weights = 1 << np.arange(rows)
         layouts: dict = {}  # (f32 row mask, absent row mask) -> positions in the stack
-        for j, key in enumerate(zip((exact & ~absent) @ weights, absent @ weights)):
+        for j, key in enumerate(zip(exact @ weights, absent @ weights)):
             layouts.setdefault((int(key[0]), int(key[1])), []).append(j)
         for (mask, gone), members in layouts.items():
             f32 = [r for r in range(rows) if mask >> r & 1]
@@ -71,6 +65,16 @@ def encode_arrays(items: list, compressor: int | None = None) -> list[bytes]:
             for j, a, b in zip(members, _shuffled(group[:, f32].astype("<f4")), _shuffled(group[:, f64])):
                 out[index[j]] = codec.seal(codec.ARRAY, flags, mask, rows, width, head + a + b, compressor)
     return out
+
+
+def _row_kinds(stack: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(float32-exact, absent) flags, (k, rows) each, of a (k, rows, width) stack of summaries: a row is stored
+    as float32 when every value round-trips bit-exactly, and left out when all are ABSENT_VALUE (not both)."""
+    bits = stack.view("<i8")
+    with np.errstate(all="ignore"):  # values past float32's range simply stay float64
+        exact = (stack.astype("<f4").astype("<f8").view("<i8") == bits).all(axis=2)
+    absent = (bits == np.float64(codec.ABSENT_VALUE).view("<i8")).all(axis=2)
+    return exact & ~absent, absent
 
 
 def _shuffled(stack: np.ndarray) -> list[bytes]:
