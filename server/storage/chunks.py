@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from sqlalchemy import and_, bindparam, delete, func, insert, or_, select
+from sqlalchemy import BigInteger, and_, bindparam, delete, func, insert, or_, select
 
 from gradwatch_server.storage import db
 from gradwatch_server.storage.blocks import clock, codec
@@ -383,25 +383,35 @@ def _points(conn, key_id: int, rows, slots: int | None, column: int | None) -> P
     return concat(parts)
 
 
+_LOWEST, _HIGHEST = -(2**63), 2**63 - 1  # an open end of a range: every step
+
+
+def _in_range(*columns):
+    """A key's chunk rows (these columns) that reach into [lo, hi]: built once, as a chart's every read
+    asks for it (building a select costs more than SQLite running it)."""
+    cols = db.chunks.c
+    return select(*columns).where(
+        cols.key_id == bindparam("key"),
+        cols.last_step >= bindparam("lo", type_=BigInteger),
+        cols.first_step <= bindparam("hi", type_=BigInteger),
+    )
+
+
+def _span(lo: int | None, hi: int | None) -> tuple[int, int]:
+    return (_LOWEST if lo is None else lo, _HIGHEST if hi is None else hi)
+
+
 def read(
     conn, key_id: int, lo: int | None = None, hi: int | None = None, slots: int | None = None, column: int | None = None
 ) -> Points:
     """Every point of a key with lo <= step <= hi, in step order (repeated steps in arrival order);
     with ``column``, only that slot of each step."""
-    if lo is not None and hi is not None and hi < lo:
+    lo, hi = _span(lo, hi)
+    if hi < lo:
         return empty(1 if column is not None else slots or 1)
-    cols = db.chunks.c
-    query = select(*_COLUMNS).where(cols.key_id == key_id)
-    if lo is not None:
-        query = query.where(cols.last_step >= lo)
-    if hi is not None:
-        query = query.where(cols.first_step <= hi)
-    points = _points(conn, key_id, conn.execute(query.order_by(cols.id)).all(), slots, column)
-    keep = np.ones(len(points), dtype=bool)
-    if lo is not None:
-        keep &= points.steps >= lo
-    if hi is not None:
-        keep &= points.steps <= hi
+    rows = conn.execute(_READ, {"key": key_id, "lo": lo, "hi": hi}).all()
+    points = _points(conn, key_id, rows, slots, column)
+    keep = (points.steps >= lo) & (points.steps <= hi)
     order = np.argsort(points.steps[keep], kind="stable")
     return points.take(np.flatnonzero(keep)[order])
 
@@ -412,18 +422,17 @@ def bounds(conn, key_id: int, start: int | None, end: int | None) -> tuple:
     Exact at the ends of a key's data; inside a chunk that straddles ``start`` or ``end`` the bound
     is the range edge itself (readers only use these to size buckets).
     """
-    cols = db.chunks.c
-    query = select(func.min(cols.first_step), func.max(cols.last_step)).where(cols.key_id == key_id)
-    if start is not None:
-        query = query.where(cols.last_step >= start)
-    if end is not None:
-        query = query.where(cols.first_step <= end)
-    lo, hi = conn.execute(query).one()
+    lo, hi = _span(start, end)
+    lo, hi = conn.execute(_BOUNDS, {"key": key_id, "lo": lo, "hi": hi}).one()
     if lo is None or hi is None:
         return None, None
     lo = max(lo, start) if start is not None else lo
     hi = min(hi, end) if end is not None else hi
     return (lo, hi) if lo <= hi else (None, None)
+
+
+_READ = _in_range(*_COLUMNS).order_by(db.chunks.c.id)
+_BOUNDS = _in_range(func.min(db.chunks.c.first_step), func.max(db.chunks.c.last_step))
 
 
 def latest(conn, key_id: int, count: int, slots: int | None = None) -> Points:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 
 from gradwatch import contract, protocol
 from gradwatch_server.storage import chunks, db, series, summaries
@@ -208,8 +208,11 @@ def _with_alerts(conn, run_id: int, row) -> dict:
 
 def require_run(conn, run_id: int) -> None:
     """NotFound unless the run exists."""
-    if conn.execute(select(db.runs.c.id).where(db.runs.c.id == run_id)).first() is None:
+    if conn.execute(_RUN_EXISTS, {"run": run_id}).first() is None:
         raise NotFound(f"run {run_id} not found")
+
+
+_RUN_EXISTS = select(db.runs.c.id).where(db.runs.c.id == bindparam("run"))
 
 
 def list_keys(conn, run_id: int) -> list[str]:
@@ -255,27 +258,38 @@ def vector_layouts(conn, run_id: int) -> dict:
     return {r.key: json.loads(r.layers) for r in rows}
 
 
+def _candidates(key: str) -> list[str]:
+    """The stored keys ``key`` may name: itself (a scalar) and each prefix before a '/' (a vector whose slot it is)."""
+    return [key] + [key[:i] for i, ch in enumerate(key) if ch == "/"]
+
+
 def _resolve_key(conn, run_id: int, key: str):
     """('scalar', key_id, None, 1) or ('slot', vector key_id, slot index, slots); NotFound otherwise."""
-    rows = {r.key: r for r in conn.execute(select(db.metric_keys).where(db.metric_keys.c.run_id == run_id))}
+    rows = {r.key: r for r in conn.execute(_KEYS_NAMED, {"run": run_id, "keys": _candidates(key)})}
     row = rows.get(key)
     if row is not None and row.layers is None:
         return "scalar", row.id, None, 1
-    for vkey, vrow in rows.items():
+    for vkey, vrow in sorted(rows.items()):
         if vrow.layers is not None and key.startswith(vkey + "/"):
             names = json.loads(vrow.layers)
             name = key[len(vkey) + 1 :]
             if name in names:
                 return "slot", vrow.id, names.index(name), len(names)
+    require_run(conn, run_id)
     raise NotFound(f"key {key!r} not found in run {run_id}")
+
+
+# Built once: every chart read names its key (building a select costs more than SQLite running it).
+_KEYS_NAMED = select(db.metric_keys.c.id, db.metric_keys.c.key, db.metric_keys.c.layers).where(
+    db.metric_keys.c.run_id == bindparam("run"), db.metric_keys.c.key.in_(bindparam("keys", expanding=True))
+)
 
 
 def get_series(
     conn, run_id: int, key: str, max_points: int | None = None, start: int | None = None, end: int | None = None
 ) -> dict:
     """Every point of one key in step order (or a min/max envelope when max_points is set)."""
-    require_run(conn, run_id)
-    _kind, key_id, slot, slots = _resolve_key(conn, run_id, key)
+    _kind, key_id, slot, slots = _resolve_key(conn, run_id, key)  # NotFound names the run when it is the run
     return {"key": key, **series.read_series(conn, key_id, slot, slots, max_points, start, end)}
 
 
