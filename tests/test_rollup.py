@@ -52,6 +52,23 @@ def test_summaries_match_brute_force_across_batch_splits(seed):
     np.testing.assert_array_equal(block.data, _brute(steps, values, present))
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_a_coarser_level_from_the_finer_blocks_equals_it_from_the_points(seed):
+    rng = np.random.default_rng(seed)
+    k, slots, fine = int(rng.integers(1, 400)), int(rng.integers(1, 5)), int(rng.choice([1, 4, 16]))
+    steps = np.sort(rng.integers(0, 300, k)).astype(np.float64)  # repeated steps and gaps
+    pool = np.array([0.5, 1.0, -2.0, 3.0, np.nan, np.inf, -np.inf])  # ties must go to the first point
+    values = pool[rng.integers(0, len(pool), (k, slots))]
+    present = rng.random((k, slots)) > 0.2
+    walls = 1000.0 + steps * 0.5 + rng.random(k)  # a repeated step's points differ in wall time
+    ids, counts, data = rollup.summarise(steps, walls, values, present, (steps // fine).astype(np.int64))
+    for factor in (4, 16, 10**6):
+        want = rollup.summarise(steps, walls, values, present, (steps // (fine * factor)).astype(np.int64))
+        got = rollup.coarsen(ids, counts, data, factor)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_summarise_splits_points_into_their_blocks():
     steps = np.arange(40, dtype=np.float64)
     values = steps[:, None].copy()

@@ -94,6 +94,34 @@ def summarise(steps: np.ndarray, walls: np.ndarray, values: np.ndarray, present:
     return groups[starts], np.diff(np.r_[starts, k]), out
 
 
+def coarsen(ids: np.ndarray, counts: np.ndarray, sums: np.ndarray, factor: int):
+    """``summarise``'s answer at a level ``factor`` times coarser, from its blocks (ids ascending) instead of
+    the points: the same summaries bit for bit (a block's extreme is the first finer block's that reaches
+    it, as the first point reaching it lies there), for a few blocks' work instead of every point's."""
+    groups = ids // factor
+    k = len(ids)
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    seg = np.cumsum(np.r_[False, groups[1:] != groups[:-1]])
+    rows = np.arange(k)[:, None]
+    cols = np.arange(sums.shape[2])
+    out = np.empty((len(starts), ROWS, sums.shape[2]))
+
+    def take(s_row, first):
+        found = first < k
+        at = np.minimum(first, k - 1)
+        for row in (s_row, WALL_OF[s_row]):
+            out[:, row] = np.where(found, sums[at, row, cols], NONE)
+
+    for best_of, v_row, s_row in ((np.minimum, MIN_V, MIN_S), (np.maximum, MAX_V, MAX_S)):
+        best = best_of.reduceat(sums[:, v_row], starts, axis=0)
+        out[:, v_row] = best
+        reached = (sums[:, v_row] == best[seg]) & (sums[:, s_row] != NONE)
+        take(s_row, np.minimum.reduceat(np.where(reached, rows, k), starts, axis=0))
+    for row in (NAN_S, PINF_S, NINF_S):
+        take(row, np.minimum.reduceat(np.where(sums[:, row] != NONE, rows, k), starts, axis=0))
+    return groups[starts], np.add.reduceat(counts, starts), out
+
+
 def merge(block: Block, data: np.ndarray, n: int) -> bool:
     """Fold a newer summary of the same block into ``block`` (the earlier point wins a tie).
 
@@ -237,7 +265,12 @@ def heat_of(data: np.ndarray) -> bytes:
     """A block's heat from its (ROWS, slots) summary, encoded: the finite maxima and the flags (2, slots).
 
     (0.2 wrote the maxima as float64 then a flags byte per slot: ``heat_arrays`` reads both.)"""
-    return arrays.encode_array(np.stack([data[MAX_V], flags_of(data).astype(np.float64)]))
+    return heats_of([data])[0]
+
+
+def heats_of(summaries: list) -> list[bytes]:
+    """``heat_of`` of each (ROWS, slots) summary, in one batch of numpy passes."""
+    return arrays.encode_arrays([np.stack([data[MAX_V], flags_of(data).astype(np.float64)]) for data in summaries])
 
 
 def heat_is_raw(blob: bytes, slots: int) -> bool:

@@ -33,10 +33,11 @@ from gradwatch_server.storage.rollup import (
     HEAT_ROWS,
     LEVELS,
     Block,
+    coarsen,
     empty,
     encode_many,
     fold_point,
-    heat_of,
+    heats_of,
     lean_walls,
     levels_for,
     merge_into,
@@ -110,8 +111,11 @@ class Writes:
                 row = {"k": key_id, "lv": level, "b": b, "n": block.n}
                 rows[how].append({**row, "d": blob} if how == REWRITE else row)
             if (heat_changed or lean) and block.data.shape[1] > 1:  # vector keys only; a lean summary's maxima
-                heat[how].append({"key_id": key_id, "level": level, "block": b, "data": heat_of(block.data)})
+                heat[how].append({"key_id": key_id, "level": level, "block": b, "data": block.data})
         self.blocks = {}
+        for rows_of in heat.values():
+            for row, blob in zip(rows_of, heats_of([row["data"] for row in rows_of])):
+                row["data"] = blob
         for statement, params in (
             (_INSERT, rows[INSERT]),
             (_REWRITE, rows[REWRITE]),
@@ -184,13 +188,13 @@ def _update(conn, cache: Cache, targets: list, slots: int, steps, walls, values,
             return
     order = np.argsort(steps, kind="stable")
     st, wl = steps[order].astype(np.float64), walls[order]
-    vals, present = values[order], present[order]
-    whole = summarise(st, wl, vals, present, np.zeros(len(st), dtype=np.int64))
+    # the finest level from the points, each coarser one from the level below it (bit for bit the same)
+    finest = summarise(st, wl, values[order], present[order], (st // fine).astype(np.int64))
     top, b = int(st[-1]), int(st[0]) // fine
     if b == top // fine and _all_live(cache, targets, fine, b):
         for key_id, cols in targets:
             block = _block_for(conn, cache, writes, key_id, 0, b, slots)
-            merge_into(block.data, whole[2][0][:, cols])
+            merge_into(block.data, finest[2][0][:, cols])
             _folded(conn, cache, writes, key_id, block, len(st), top)
         return
     after = {}  # each key's newest step once the batch is in: the blocks that end past it may wait in the cache
@@ -199,14 +203,11 @@ def _update(conn, cache: Cache, targets: list, slots: int, steps, walls, values,
         after[key_id] = top if old is None else max(old, top)
         _write_key(conn, cache, writes, key_id, after[key_id])
     items = []  # (key_id, level, block, n, summary) of every level: folded in one stacked numpy pass
-    for level in levels:
-        first, last = int(st[0] // level), int(st[-1] // level)
-        if first == last:
-            parts = [(first, int(whole[1][0]), whole[2][0])]
-        else:
-            ids, ns, sums = summarise(st, wl, vals, present, (st // level).astype(np.int64))
-            parts = list(zip(ids.tolist(), ns.tolist(), sums))
-        for blk, n, data in parts:
+    ids, ns, sums = finest
+    for below, level in zip((fine, *levels), levels):
+        if level != below:
+            ids, ns, sums = coarsen(ids, ns, sums, level // below)
+        for blk, n, data in zip(ids.tolist(), ns.tolist(), sums):
             items += [(key_id, level, int(blk), int(n), data[:, cols]) for key_id, cols in targets]
     _fold_eager(conn, cache, writes, items, after)
     cache.top.update(after)

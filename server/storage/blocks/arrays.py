@@ -39,17 +39,16 @@ def encode_array(data: np.ndarray, compressor: int | None = None) -> bytes:
 
 
 def encode_arrays(items: list, compressor: int | None = None) -> list[bytes]:
-    """``encode_array`` of each array, the same blobs: arrays narrower than PALETTE_WIDTH (a scalar's summary)
-    are stacked by shape and row layout, their float32 and absent rows told and byte-shuffled in one numpy pass
-    each (a bulk batch writes thousands of summaries: per array, those numpy calls cost more than zstd)."""
+    """``encode_array`` of each array, the same blobs: arrays of a shape are stacked, their float32 and absent rows
+    told and byte-shuffled in one numpy pass each (a bulk batch writes thousands of summaries: per array, those
+    numpy calls cost more than zstd). A wide array with a row that is neither (walls: palettes) goes alone."""
     out: list = [None] * len(items)
     shapes: dict = {}  # (rows, width) -> indices of the arrays of that shape
     for i, data in enumerate(items):
         rows, width = np.shape(data)
-        if rows <= 16 and width < PALETTE_WIDTH:
-            shapes.setdefault((rows, width), []).append(i)
-        else:
-            out[i] = encode_array(data, compressor)
+        if rows > 16:
+            raise ValueError(f"a summary array has at most 16 rows, not {rows}")
+        shapes.setdefault((rows, width), []).append(i)
     for (rows, width), index in shapes.items():
         stack = np.stack([np.asarray(items[i], dtype="<f8") for i in index])
         exact, absent = _row_kinds(stack)
@@ -58,8 +57,12 @@ def encode_arrays(items: list, compressor: int | None = None) -> list[bytes]:
         for j, key in enumerate(zip(exact @ weights, absent @ weights)):
             layouts.setdefault((int(key[0]), int(key[1])), []).append(j)
         for (mask, gone), members in layouts.items():
-            f32 = [r for r in range(rows) if mask >> r & 1]
             f64 = [r for r in range(rows) if not (mask | gone) >> r & 1]
+            if f64 and width >= PALETTE_WIDTH:  # rows that may be palettes
+                for j in members:
+                    out[index[j]] = encode_array(stack[j], compressor)
+                continue
+            f32 = [r for r in range(rows) if mask >> r & 1]
             head, flags = (struct.pack("<H", gone), codec.ABSENT) if gone else (b"", 0)
             group = stack[members]
             for j, a, b in zip(members, _shuffled(group[:, f32].astype("<f4")), _shuffled(group[:, f64])):

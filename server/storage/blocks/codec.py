@@ -215,10 +215,15 @@ def _value_bits(layer_major: np.ndarray) -> tuple[int, np.ndarray]:
 def seal(kind: int, flags: int, mask: int, n: int, width: int, body: bytes, compressor: int | None, cut=()) -> bytes:
     """The blob: header, CRC, the body compressed (``cut``: the lengths of its byte planes, for PLANES)."""
     how = default_compressor() if compressor is None else compressor
-    packed = _compress(body, how) if how != PLANES else planes.pack(body, cut, zstd_pair()[0].compress)
-    if compressor is None and how == ZSTD and cut:  # one frame per plane where that is smaller
-        split = planes.pack(body, cut, zstd_pair()[0].compress)
-        how, packed = (PLANES, split) if len(split) < len(packed) else (how, packed)
+    if compressor is None and how == ZSTD and cut:  # a frame per byte plane, or one frame where that is no bigger
+        how, packed = PLANES, planes.pack(body, cut, zstd_pair()[0].compress)
+        # Only planes that shrink to under half can hold the repeated values one frame may find across them:
+        # noisy norms (the low planes incompressible) always kept planes, so they are compressed once, not twice.
+        if 2 * len(packed) < len(body):
+            whole = _compress(body, ZSTD)
+            how, packed = (ZSTD, whole) if len(whole) <= len(packed) else (how, packed)
+    else:
+        packed = _compress(body, how) if how != PLANES else planes.pack(body, cut, zstd_pair()[0].compress)
     if len(packed) >= len(body):  # incompressible (a tiny block): stored as it is
         how, packed = RAW, body
     pad = (5 - (HEAD.size + len(packed))) % 8
