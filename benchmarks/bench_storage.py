@@ -15,7 +15,8 @@ step with 1 ms of jitter, shared by a step's keys, as the client stamps one reco
 - **0.2**: the same database with every block rewritten as the previous release stored it
   (``tests/old_format.py``), after ``VACUUM``;
 - TensorBoard: the same scalars through ``torch.utils.tensorboard.SummaryWriter.add_scalar``
-  (and, for the vectors, one ``add_scalar`` per layer, on the first 2,000 steps), the event file's size;
+  (and, for the vectors, one ``add_scalar`` per layer, on the first 2,000 steps; both peers on the first 100
+  steps with ``--quick``), the event file's size;
 - trackio: the same records through ``trackio.log`` (vectors: the first 2,000 steps) in trackio's own
   venv (``python benchmarks/peers/venvs.py trackio`` makes it, as bench_peers.py does; "-" without it),
   its SQLite files after ``VACUUM`` (``peers/trackio_stream.py``);

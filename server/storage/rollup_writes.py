@@ -15,7 +15,8 @@ finer stored blocks and the raw points (``_prepare``), so nothing a lost cache h
 
 Batches that are not live-shaped (several finest blocks at once, or steps that went back)
 take the eager path: pending blocks holding live points are passed up and written first, then the batch
-is summarised into every level at once; the blocks it leaves done are written, and each level's newest
+is summarised at the finest level, each coarser level from the one below (``rollup.coarsen``); the blocks it
+leaves done are written, and each level's newest
 (not done) waits in the cache as a live one does.
 """
 
