@@ -326,6 +326,16 @@ def test_a_wide_chunk_takes_one_frame_per_byte_plane_where_smaller_and_every_dam
             codec.decode_chunk(blob[:cut])
 
 
+@pytest.mark.parametrize("steps,slots", [(4, 3), (16, 3), (16, 8), (64, 2)])
+def test_a_small_wide_chunk_is_never_bigger_than_one_frame_of_it(steps, slots):
+    rng = np.random.default_rng(steps * slots)
+    values = (np.exp(rng.normal(-2, 1, slots)) * (1 + rng.normal(0, 0.1, (steps, slots)))).astype(np.float32)
+    values = values.astype(float)
+    one_frame = codec.encode_chunk(np.arange(steps), None, values, None, codec.ZSTD)
+    blob = codec.encode_chunk(np.arange(steps), None, values, None)
+    assert len(blob) <= len(one_frame) and (_bits(codec.decode_chunk(blob)[2]) == _bits(values)).all()
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.lists(st.sampled_from([(12, 1), (6, 1), (12, 3), (2, 40), (12, 33)]), max_size=40))
 def test_summaries_encoded_together_are_the_blobs_each_makes_alone(seed, shapes):

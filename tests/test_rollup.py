@@ -57,16 +57,29 @@ def test_a_coarser_level_from_the_finer_blocks_equals_it_from_the_points(seed):
     rng = np.random.default_rng(seed)
     k, slots, fine = int(rng.integers(1, 400)), int(rng.integers(1, 5)), int(rng.choice([1, 4, 16]))
     steps = np.sort(rng.integers(0, 300, k)).astype(np.float64)  # repeated steps and gaps
-    pool = np.array([0.5, 1.0, -2.0, 3.0, np.nan, np.inf, -np.inf])  # ties must go to the first point
+    pool = np.array([0.5, 1.0, -2.0, 3.0, 0.0, -0.0, np.nan, np.inf, -np.inf])  # ties must go to the first point
     values = pool[rng.integers(0, len(pool), (k, slots))]
     present = rng.random((k, slots)) > 0.2
     walls = 1000.0 + steps * 0.5 + rng.random(k)  # a repeated step's points differ in wall time
-    ids, counts, data = rollup.summarise(steps, walls, values, present, (steps // fine).astype(np.int64))
-    for factor in (4, 16, 10**6):
+    finest = rollup.summarise(steps, walls, values, present, (steps // fine).astype(np.int64))
+    by_four = rollup.coarsen(*finest, 4)
+    ways = {
+        4: [by_four],
+        16: [rollup.coarsen(*finest, 16), rollup.coarsen(*by_four, 4)],
+        10**6: [rollup.coarsen(*finest, 10**6)],
+    }
+    for factor, got in ways.items():
         want = rollup.summarise(steps, walls, values, present, (steps // (fine * factor)).astype(np.int64))
-        got = rollup.coarsen(ids, counts, data, factor)
-        for a, b in zip(got, want):
-            np.testing.assert_array_equal(a, b)
+        for coarse in got:  # bit for bit: +0.0 and -0.0 are equal to ==, not in their bytes
+            assert [a.tobytes() for a in coarse] == [b.tobytes() for b in want], factor
+
+
+def test_a_summarys_extreme_is_the_value_of_the_point_it_names():
+    steps = np.arange(4, dtype=np.float64)
+    values = np.array([[0.0], [-0.0], [-0.0], [0.0]])
+    _, _, (data,) = rollup.summarise(steps, steps, values, np.ones_like(values, dtype=bool), np.zeros(4, np.int64))
+    for v_row, s_row in ((rollup.MIN_V, rollup.MIN_S), (rollup.MAX_V, rollup.MAX_S)):
+        assert data[s_row, 0] == 0.0 and np.signbit(data[v_row, 0]) == np.signbit(values[0, 0])
 
 
 def test_summarise_splits_points_into_their_blocks():

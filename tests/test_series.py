@@ -109,6 +109,17 @@ def test_full_resolution_without_max_points(big):
     assert s["steps"] == list(range(100, 200)) and [protocol.decode_float(v) for v in s["values"]] == truth[100:200]
 
 
+def test_a_key_is_found_by_name_and_a_missing_one_or_run_is_named(big):
+    engine, run_id, truth = big
+    with engine.connect() as conn:
+        assert store.get_series(conn, run_id, "grad/l4", start=7, end=7)["steps"] == [7]  # a vector's layer
+        for key in ("nope", "grad/nope", "grad/l4/x", "/" * 20_000, "g" * 300 + "/l4"):  # no 20,000 prefixes asked
+            with pytest.raises(store.NotFound, match=f"not found in run {run_id}"):
+                store.get_series(conn, run_id, key)
+        with pytest.raises(store.NotFound, match="run 999 not found"):
+            store.get_series(conn, 999, "loss")
+
+
 def test_layer_series_from_rollups_keeps_the_nan_and_the_spike(big):
     engine, run_id, _ = big
     with engine.connect() as conn:

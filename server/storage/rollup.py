@@ -83,12 +83,14 @@ def summarise(steps: np.ndarray, walls: np.ndarray, values: np.ndarray, present:
         at = np.minimum(first, k - 1)
         out[:, s_row] = np.where(found, steps[at], NONE)
         out[:, WALL_OF[s_row]] = np.where(found, walls[at], NONE)
+        return found, at
 
     for sign, v_row, s_row in ((1.0, MIN_V, MIN_S), (-1.0, MAX_V, MAX_S)):
         masked = np.where(finite, sign * values, np.inf)
         best = np.minimum.reduceat(masked, starts, axis=0)
-        out[:, v_row] = sign * best
-        note(s_row, np.minimum.reduceat(np.where(finite & (masked == best[seg]), rows, k), starts, axis=0))
+        found, at = note(s_row, np.minimum.reduceat(np.where(finite & (masked == best[seg]), rows, k), starts, axis=0))
+        # the value of the point named (+0.0 and -0.0 tie: which one a reduction keeps is not defined)
+        out[:, v_row] = np.where(found, np.take_along_axis(values, at, axis=0), sign * best)
     for row, hit in ((NAN_S, np.isnan(values)), (PINF_S, values == np.inf), (NINF_S, values == -np.inf)):
         note(row, np.minimum.reduceat(np.where(hit & present, rows, k), starts, axis=0))
     return groups[starts], np.diff(np.r_[starts, k]), out
@@ -111,12 +113,13 @@ def coarsen(ids: np.ndarray, counts: np.ndarray, sums: np.ndarray, factor: int):
         at = np.minimum(first, k - 1)
         for row in (s_row, WALL_OF[s_row]):
             out[:, row] = np.where(found, sums[at, row, cols], NONE)
+        return found, at
 
     for best_of, v_row, s_row in ((np.minimum, MIN_V, MIN_S), (np.maximum, MAX_V, MAX_S)):
         best = best_of.reduceat(sums[:, v_row], starts, axis=0)
-        out[:, v_row] = best
         reached = (sums[:, v_row] == best[seg]) & (sums[:, s_row] != NONE)
-        take(s_row, np.minimum.reduceat(np.where(reached, rows, k), starts, axis=0))
+        found, at = take(s_row, np.minimum.reduceat(np.where(reached, rows, k), starts, axis=0))
+        out[:, v_row] = np.where(found, sums[at, v_row, cols], best)  # that block's own value: a zero's sign
     for row in (NAN_S, PINF_S, NINF_S):
         take(row, np.minimum.reduceat(np.where(sums[:, row] != NONE, rows, k), starts, axis=0))
     return groups[starts], np.add.reduceat(counts, starts), out

@@ -259,13 +259,16 @@ def vector_layouts(conn, run_id: int) -> dict:
 
 
 def _candidates(key: str) -> list[str]:
-    """The stored keys ``key`` may name: itself (a scalar) and each prefix before a '/' (a vector whose slot it is)."""
-    return [key] + [key[:i] for i, ch in enumerate(key) if ch == "/"]
+    """The stored keys ``key`` may name: itself (a scalar) and each prefix before a '/' (a vector whose slot it
+    is), of a stored key's length at most (so a request's key of thousands of '/' asks for a bounded list)."""
+    names = [key[:i] for i, ch in enumerate(key[: contract.MAX_KEY_LEN + 1]) if ch == "/"]
+    return [key, *names] if len(key) <= contract.MAX_KEY_LEN else names
 
 
 def _resolve_key(conn, run_id: int, key: str):
     """('scalar', key_id, None, 1) or ('slot', vector key_id, slot index, slots); NotFound otherwise."""
-    rows = {r.key: r for r in conn.execute(_KEYS_NAMED, {"run": run_id, "keys": _candidates(key)})}
+    names = _candidates(key)
+    rows = {r.key: r for r in conn.execute(_KEYS_NAMED, {"run": run_id, "keys": names})} if names else {}
     row = rows.get(key)
     if row is not None and row.layers is None:
         return "scalar", row.id, None, 1

@@ -53,6 +53,7 @@ HEAD = struct.Struct(
     "<BBHIII"
 )  # kind, flags (bits 5-7: padding), transform (chunk) or f32 row mask (array), n, width, crc32
 _LEVELS = {ZLIB: 6, ZSTD: 3}
+SMALL_BODY = 8192  # bytes: below this a wide chunk tries one frame beside its planes, whatever they shrink to
 
 
 class Corrupt(ValueError):
@@ -219,7 +220,8 @@ def seal(kind: int, flags: int, mask: int, n: int, width: int, body: bytes, comp
         how, packed = PLANES, planes.pack(body, cut, zstd_pair()[0].compress)
         # Only planes that shrink to under half can hold the repeated values one frame may find across them:
         # noisy norms (the low planes incompressible) always kept planes, so they are compressed once, not twice.
-        if 2 * len(packed) < len(body):
+        # A small body tries both (a frame's own overhead decides there; trying is cheap).
+        if 2 * len(packed) < len(body) or len(body) < SMALL_BODY:
             whole = _compress(body, ZSTD)
             how, packed = (ZSTD, whole) if len(whole) <= len(packed) else (how, packed)
     else:
