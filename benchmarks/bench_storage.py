@@ -179,8 +179,9 @@ def vacuumed(path: Path) -> int:
 
 
 TB_VECTOR_STEPS = 2000  # TensorBoard writes a layer value per add_scalar call: its file is measured on these
-# --quick: the peers' files on their first steps only (a value costs them the same at any step; TensorBoard's
-# writer thread spent 35 of the 37 seconds --quick took on its 240,000 add_scalar calls)
+# --quick: the peers' files on their first steps only (TensorBoard's writer thread spent 35 of the 37 seconds
+# --quick took on its 240,000 add_scalar calls); their fixed overhead then weighs more a value: --quick keeps
+# the script working, the full run measures them
 QUICK_PEER_STEPS = 100
 
 
