@@ -90,9 +90,11 @@ async function loadPickers() {
 // first curves take > 3 s), and while runs make progress the drawn rows refresh at most every 3 s.
 const SPARK_POINTS = 40; // a 120 px curve: 3,000 points would be 25 per pixel
 const sparkWanted = new Set();
+const sparkAsked = new Set(); // ids whose curve is on its way: a row drawn again meanwhile is filled by that answer
 let sparkFrame = 0;
 function wantSpark(id) {
   if (state.sparks.has(id)) return fillSpark(id);
+  if (sparkAsked.has(id)) return;
   sparkWanted.add(id);
   if (sparkFrame) return;
   sparkFrame = requestAnimationFrame(() => {
@@ -106,11 +108,14 @@ function wantSpark(id) {
 async function loadSparks(ids) {
   if (!ids.length) return;
   let out;
+  for (const id of ids) sparkAsked.add(id);
   try {
     out = await getJSON(`/api/sparklines?ids=${ids.join(",")}&key=loss&points=${SPARK_POINTS}`);
   } catch {
-    return;
-  } // a list without curves still works
+    return; // a list without curves still works
+  } finally {
+    for (const id of ids) sparkAsked.delete(id);
+  }
   for (const [id, s] of Object.entries(out.runs)) state.sparks.set(Number(id), s);
   for (const id of ids) fillSpark(id);
 }
