@@ -16,17 +16,19 @@ from gradwatch_server.storage.blocks import codec
 
 def encode_array(data: np.ndarray, compressor: int | None = None) -> bytes:
     """A (rows <= 16, width) float64 array (a rollup summary), each row float32 where that is exact."""
-    data = np.asarray(data, dtype="<f8")
+    return encode_arrays([data], compressor)[0]
+
+
+def _with_palettes(data: np.ndarray, exact: np.ndarray, absent: np.ndarray, compressor: int | None) -> bytes:
+    """One wide array with float64 rows (``exact``, ``absent``: its rows' kinds), those with few distinct values
+    as palettes."""
     rows, width = data.shape
-    if rows > 16:
-        raise ValueError(f"a summary array has at most 16 rows, not {rows}")
-    exact, absent = (kinds[0] for kinds in _row_kinds(data[None]))
     mask = int(np.dot(exact, 1 << np.arange(rows)))
-    palettes = _palettes(data, exact | absent) if width >= PALETTE_WIDTH else []
+    palettes = _palettes(data, exact | absent)
     plain = ~exact & ~absent
     plain[[r for r, _ in palettes]] = False
     flags, parts = 0, []
-    if absent.any():  # a scalar's NaN/inf step rows and their walls: 24 of a block's ~77 bytes
+    if absent.any():
         flags |= codec.ABSENT
         parts.append(struct.pack("<H", int(np.dot(absent, 1 << np.arange(rows)))))
     if palettes:
@@ -60,7 +62,7 @@ def encode_arrays(items: list, compressor: int | None = None) -> list[bytes]:
             f64 = [r for r in range(rows) if not (mask | gone) >> r & 1]
             if f64 and width >= PALETTE_WIDTH:  # rows that may be palettes
                 for j in members:
-                    out[index[j]] = encode_array(stack[j], compressor)
+                    out[index[j]] = _with_palettes(stack[j], exact[j], absent[j], compressor)
                 continue
             f32 = [r for r in range(rows) if mask >> r & 1]
             head, flags = (struct.pack("<H", gone), codec.ABSENT) if gone else (b"", 0)
