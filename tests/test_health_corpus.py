@@ -18,7 +18,18 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
-from training import Recorder, SeqClassifier, TinyTransformerLM, cnn, fit, loop, mlp, regression_data, train
+from training import (
+    Recorder,
+    SeqClassifier,
+    TinyTransformerLM,
+    cnn,
+    fit,
+    loop,
+    mlp,
+    regression_data,
+    slow_stream,
+    train,
+)
 
 import gradwatch
 
@@ -437,6 +448,17 @@ def test_the_rules_name_what_went_wrong():
     zero = next(a for a in res["dead relu layer"] if a.kind == "zero_gradients")
     assert zero.layer == "0.weight" and "0.bias" in zero.message
     assert next(a for a in res["deep sigmoid mlp"]).layer.startswith("0.")
+
+
+def test_the_page_tests_live_stream_raises_only_the_nan_it_is_given():
+    """The browser and tail tests wait for their NaN's alert: their stream must raise nothing else."""
+    from gradwatch_server.health import registry
+
+    run = Recorder()
+    for step, loss in slow_stream(run, 900):
+        run.log({"loss": float("nan") if step == 120 else loss})
+    run.finish()
+    assert [(a.kind, a.step) for a in run.alerts() if a.kind in registry.kinds()] == [("nan_loss", 120)]
 
 
 def test_docs_carry_the_table_this_corpus_produces():
