@@ -41,8 +41,9 @@ def lr_jump_run(run, at: int = 40, lr: float = 50.0, steps: int = 60):
 @pytest.fixture(autouse=True)
 def _pace_rule_off(api):
     """No test here is about a loop's pace, which a busy machine changes (an extra throughput_drop incident)."""
-    status, body = api.request("PUT", "/api/projects/inc/rules", {"disabled": ["throughput_drop"]})
-    assert status == 200, body
+    for project in ("inc", "tail"):
+        status, body = api.request("PUT", f"/api/projects/{project}/rules", {"disabled": ["throughput_drop"]})
+        assert status == 200, body
 
 
 def incidents_of(api, run_id=1):
