@@ -86,7 +86,9 @@ def test_import_tb_brings_histograms_and_images_too(server, api, tmp_path, capsy
 
     with SummaryWriter(str(tmp_path / "logs" / "dist")) as w:
         for step in range(3):
-            values = torch.randn(1000, generator=torch.Generator().manual_seed(step)) + step  # seeded: edges snap to a grid
+            values = (
+                torch.randn(1000, generator=torch.Generator().manual_seed(step)) + step
+            )  # seeded: edges snap to a grid
             w.add_histogram("weights/fc", values, step, walltime=1_700_000_000.0 + step)
             w.add_image("samples", np.full((3, 8, 6), 0.5 * step, dtype=np.float32), step)
     with pytest.raises(SystemExit) as exit_:
