@@ -135,6 +135,22 @@ def test_a_run_that_slowed_on_an_idle_machine_is_raised_with_its_evidence():
     assert "each step needs more work" in drop.message
 
 
+def test_a_loader_slowdown_is_named_even_when_one_late_step_turns_the_median_early():
+    """One late usual step beside the first 9 slow ones turns the step-time median while the window's median fetch
+    is still a usual one: the slow steps are compared with as many of the longest fetches, not with that median."""
+    m, alerts = health.Monitor(), []
+    idle = {CPU: 30.0, SHARE: 27.0, LOAD: 0.3}
+    for step in range(99):
+        slow = step >= 90
+        if step % 10 == 0:  # the process's CPU share falls while it sleeps in the loader
+            alerts += m.observe(step, {**idle, SHARE: 12.0 if slow else 27.0}, {})
+        wait = 0.08 if slow else 0.0105
+        t = 0.093 if slow else (0.045 if step == 85 else 0.023)
+        alerts += m.observe(step, {LOADER: wait, STEP_TIME: t}, {})
+    (drop,) = drops(alerts)
+    assert drop.step == 98 and "DataLoader is the difference" in drop.message, drop.message
+
+
 def test_thermal_is_named_only_from_nvml_throttle_reasons():
     throttled = lambda step, slow: {CPU: 100.0, SHARE: 20.0, keys.gpu_key(0, "throttle_reasons"): 0x20 if slow else 0}  # noqa: E731
     _, (drop,) = stream(throttled)

@@ -71,10 +71,11 @@ def healthy(state: dict) -> None:
         st["loader_base"].append(st["loader"][-1])
 
 
-def of_slowdown(state: dict, now: float, base: float) -> str | None:
-    """The cause of a step time ``now`` against the usual ``base`` when it is the run's own, else None."""
+def of_slowdown(state: dict, now: float, base: float, slow: list | None = None) -> str | None:
+    """The cause of a step time ``now`` against the usual ``base`` when it is the run's own, else None
+    (``slow``: the step times of the recent window that are slow, when only some are)."""
     st = _st(state)
-    loader = _loader(st, now, base)
+    loader = _loader(st, now, base, slow or [])
     if loader:
         return loader
     heat = sorted({name for v in st.get("throttle", {}).values() for bit, name in HEAT_OR_POWER.items() if v & bit})
@@ -99,10 +100,14 @@ def of_slowdown(state: dict, now: float, base: float) -> str | None:
     )
 
 
-def _loader(st: dict, now: float, base: float) -> str | None:
+def _loader(st: dict, now: float, base: float, slow: list) -> str | None:
     if not st["loader"]:
         return None
     wait = statistics.median(st["loader"])
+    if 0 < len(slow) < len(st["loader"]):
+        # A window still half at the usual pace (the slowdown's first steps, or one late step beside them):
+        # its median fetch is a usual one. Compare the slow steps with as many of the longest fetches.
+        wait, now = statistics.median(sorted(st["loader"])[-len(slow) :]), statistics.median(slow)
     usual = statistics.median(st["loader_base"]) if st["loader_base"] else 0.0
     # The loader's part of the slowdown must exceed its part of a usual step: a uniform slowdown (the CPU
     # shared with other processes) slows the fetches in proportion and is not the loader's doing.

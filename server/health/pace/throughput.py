@@ -53,7 +53,8 @@ def check_throughput_drop(state: dict, obs: Observation, th: dict) -> list[Alert
         state["noting"] = False
         return []
     now, base = statistics.median(recent), statistics.median(history)
-    found = None if state.get("open") else cause.of_slowdown(state, now, base)
+    slow = [x for x in recent if x >= base / (1.0 - th["throughput_drop.fraction"])]
+    found = None if state.get("open") else cause.of_slowdown(state, now, base, slow)
     if found is None and not state.get("open"):
         _note(state, obs.step, now, base)
     if not episode(state, bool(state.get("open")) or found is not None, th["throughput_drop.cooldown"]):
