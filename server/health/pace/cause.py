@@ -71,11 +71,11 @@ def healthy(state: dict) -> None:
         st["loader_base"].append(st["loader"][-1])
 
 
-def of_slowdown(state: dict, now: float, base: float, slow: list | None = None) -> str | None:
+def of_slowdown(state: dict, now: float, base: float, slow=()) -> str | None:
     """The cause of a step time ``now`` against the usual ``base`` when it is the run's own, else None
     (``slow``: the step times of the recent window that are slow, when only some are)."""
     st = _st(state)
-    loader = _loader(st, now, base, slow or [])
+    loader = _loader(st, now, base, slow)
     if loader:
         return loader
     heat = sorted({name for v in st.get("throttle", {}).values() for bit, name in HEAT_OR_POWER.items() if v & bit})
@@ -100,7 +100,7 @@ def of_slowdown(state: dict, now: float, base: float, slow: list | None = None) 
     )
 
 
-def _loader(st: dict, now: float, base: float, slow: list) -> str | None:
+def _loader(st: dict, now: float, base: float, slow) -> str | None:
     if not st["loader"]:
         return None
     wait = statistics.median(st["loader"])

@@ -39,22 +39,16 @@ def check_throughput_drop(state: dict, obs: Observation, th: dict) -> list[Alert
     recent.append(t)
     slow = False
     if len(history) >= th["throughput_drop.min_history"] and len(recent) == patience:
-        base = statistics.median(history)
-        now = statistics.median(recent)
-        slow = (
-            base > 0
-            and now >= base / (1.0 - th["throughput_drop.fraction"])
-            and now - base >= th["throughput_drop.min_delta"]  # jitter of millisecond steps is not a drop
-        )
+        base, now = statistics.median(history), statistics.median(recent)
+        limit = base / (1.0 - th["throughput_drop.fraction"])  # a step time this long is a slow one
+        slow = base > 0 and now >= limit and now - base >= th["throughput_drop.min_delta"]  # ms jitter is no drop
     if not slow:
         history.append(t)  # the baseline learns from healthy steps only: a slow stretch does not become normal
         cause.healthy(state)
         episode(state, False, th["throughput_drop.cooldown"])
         state["noting"] = False
         return []
-    now, base = statistics.median(recent), statistics.median(history)
-    slow = [x for x in recent if x >= base / (1.0 - th["throughput_drop.fraction"])]
-    found = None if state.get("open") else cause.of_slowdown(state, now, base, slow)
+    found = None if state.get("open") else cause.of_slowdown(state, now, base, [x for x in recent if x >= limit])
     if found is None and not state.get("open"):
         _note(state, obs.step, now, base)
     if not episode(state, bool(state.get("open")) or found is not None, th["throughput_drop.cooldown"]):
