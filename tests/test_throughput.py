@@ -86,7 +86,7 @@ def test_step_time_data_wait_and_samples_per_second_are_recorded():
 def test_a_slow_dataloader_is_a_throughput_drop_naming_the_loader():
     # The step does work beside its fetch, as a model does: a loop that is almost all fetch has no room to tell its
     # loader from the CPU it shares (cause._loader), and on a loaded machine it was called contention.
-    rec = loop([0.01] * 90 + [0.08] * 40, loader=True, system_every=0.2, work=0.01)
+    rec = loop([0.01] * 90 + [0.08] * 40, loader=True, system_every=0.2, work=0.03)
     fetches = [r[2][LOADER] for r in rec.records() if r[0] == "rec" and LOADER in r[2]]
     assert len(fetches) >= 130 and max(fetches) >= 0.08  # every fetch timed, the slow ones too
     (drop,) = drops(rec.alerts())
