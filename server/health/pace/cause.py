@@ -6,6 +6,11 @@ of the step; GPU clocks throttled for heat or power (NVML throttle reasons, noth
 then the machine: other processes taking the CPU (``contended``) are information, not the run's problem
 (None: no alert); a process that slowed on a machine that is not busy is. Without any system counter the
 cause is unknown and nothing is raised either.
+
+The machine's counters are averages over the time since their last sample (psutil, every few seconds), so a
+sample taken in the slowdown's first seconds is mostly the time before it: the machine's verdict waits for
+two samples taken after the slowdown began (``DEFER`` until then). The DataLoader's fetch times are per step
+and are read at once.
 """
 
 from __future__ import annotations
@@ -35,17 +40,24 @@ OTHERS_LOAD = 0.5  # runnable tasks per core beyond this process's own share: th
 STEAL_BUSY = 5.0  # percent of CPU time a hypervisor gave to other guests
 SHARE_FELL = 0.8  # this process's CPU share below this x its earlier median: it got less of the CPU
 LOADER_SHARE = 0.1  # the loader's share of the slowdown beyond its share of a usual step, to be the cause
+FRESH = 2  # system samples after a slowdown's first step before the machine is judged (the first is partly before)
+DEFER = "defer"  # of_slowdown's answer while the machine's counters still describe the time before the slowdown
 
 
 def _st(state: dict) -> dict:
     st = state.get("cause")
     if st is None:
-        st = state["cause"] = {"loader": deque(maxlen=20), "loader_base": deque(maxlen=200), "shares": deque(maxlen=50)}
+        st = state["cause"] = {
+            "loader": deque(maxlen=20),
+            "loader_base": deque(maxlen=200),
+            "shares": deque(maxlen=50),
+            "sampled": [],
+        }
     return st
 
 
-def observe(state: dict, scalars: dict, th: dict) -> None:
-    """Keep the latest counters of one record (loader fetches per step, system samples, throttle reasons)."""
+def observe(state: dict, step: int, scalars: dict, th: dict) -> None:
+    """Keep the latest counters of one record at ``step`` (loader fetches per step, system samples, throttle reasons)."""
     st = _st(state)
     for key in READS.intersection(scalars):
         value = scalars[key]
@@ -55,11 +67,14 @@ def observe(state: dict, scalars: dict, th: dict) -> None:
             if st["loader"].maxlen != int(th["throughput_drop.patience"]):
                 st["loader"] = deque(st["loader"], maxlen=int(th["throughput_drop.patience"]))
             st["loader"].append(value)
-        elif key in THROTTLES:
+            continue
+        if step not in st["sampled"]:  # the newest FRESH steps that had a system sample (bulk: key by key)
+            st["sampled"] = sorted([*st["sampled"], step])[-FRESH:]
+        if key in THROTTLES:
             st.setdefault("throttle", {})[key] = int(value)
         else:
             if key == SHARE:
-                st["shares"].append(value)
+                st["shares"].append((step, value))
             st[key] = value
             st["measured"] = True
 
@@ -71,13 +86,16 @@ def healthy(state: dict) -> None:
         st["loader_base"].append(st["loader"][-1])
 
 
-def of_slowdown(state: dict, now: float, base: float, slow=()) -> str | None:
-    """The cause of a step time ``now`` against the usual ``base`` when it is the run's own, else None
-    (``slow``: the step times of the recent window that are slow, when only some are)."""
+def of_slowdown(state: dict, now: float, base: float, slow=(), onset: int = -1) -> str | None:
+    """The cause of a step time ``now`` against the usual ``base`` when it is the run's own, None when it is not
+    (or nothing measured says), ``DEFER`` while the machine's counters predate the slowdown, which began at step
+    ``onset`` (``slow``: the step times of the recent window that are slow, when only some are)."""
     st = _st(state)
     loader = _loader(st, now, base, slow)
     if loader:
         return loader
+    if st.get("measured") and not (len(st["sampled"]) == FRESH and st["sampled"][0] > onset):
+        return DEFER
     heat = sorted({name for v in st.get("throttle", {}).values() for bit, name in HEAT_OR_POWER.items() if v & bit})
     if heat:
         return (
@@ -86,7 +104,7 @@ def of_slowdown(state: dict, now: float, base: float, slow=()) -> str | None:
         )
     if not st.get("measured") or contended(st):
         return None  # another process's doing, or nothing measured to tell: information, not an alert
-    share, before = st.get(SHARE), _share_before(st)
+    share, before = st.get(SHARE), _share_before(st, onset)
     if share is not None and before and share < SHARE_FELL * before:
         return (
             f"This process's CPU share fell from {before:.0f}% to {share:.0f}% of the machine while the machine is not "
@@ -119,8 +137,8 @@ def _loader(st: dict, now: float, base: float, slow) -> str | None:
     )
 
 
-def _share_before(st: dict) -> float | None:
-    shares = list(st["shares"])[:-2]  # the samples before the slowdown's
+def _share_before(st: dict, onset: int) -> float | None:
+    shares = [v for step, v in st["shares"] if step <= onset]  # the samples before the slowdown's
     return statistics.median(shares) if shares else None
 
 

@@ -29,7 +29,7 @@ MAX_NOTES = 100  # contention notes kept per run (a run on a shared machine may 
 
 def check_throughput_drop(state: dict, obs: Observation, th: dict) -> list[Alert]:
     """Step time sustained far above the run's own median (throughput down by a fraction), with a cause in the run."""
-    cause.observe(state, obs.scalars, th)
+    cause.observe(state, obs.step, obs.scalars, th)
     t = obs.scalars.get(STEP_TIME)
     if t is None or not math.isfinite(t) or t <= 0:
         return []
@@ -46,11 +46,18 @@ def check_throughput_drop(state: dict, obs: Observation, th: dict) -> list[Alert
         history.append(t)  # the baseline learns from healthy steps only: a slow stretch does not become normal
         cause.healthy(state)
         episode(state, False, th["throughput_drop.cooldown"])
-        state["noting"] = False
+        state["noting"], state["onset"] = False, None
         return []
-    found = None if state.get("open") else cause.of_slowdown(state, now, base, [x for x in recent if x >= limit])
-    if found is None and not state.get("open"):
-        _note(state, obs.step, now, base)
+    found = None
+    if not state.get("open"):
+        late = [x for x in recent if x >= limit]
+        if state.get("onset") is None:  # the stretch's first slow step, as if its slow steps ended the window
+            state["onset"] = obs.step - len(late) + 1
+        found = cause.of_slowdown(state, now, base, late, state["onset"])
+        if found == cause.DEFER:  # the machine's counters are older than the slowdown: judged on fresh ones
+            return []
+        if found is None:
+            _note(state, obs.step, now, base)
     if not episode(state, bool(state.get("open")) or found is not None, th["throughput_drop.cooldown"]):
         return []
     return [_alert(obs, now, base, found)]
@@ -65,7 +72,16 @@ def _note(state: dict, step: int, now: float, base: float) -> None:
         return
     state["noting"] = True
     if len(notes) < MAX_NOTES:
-        notes.append({"first_step": step, "last_step": step, "step_time": now, "usual": base, **cause.verdict(state)})
+        onset = state.get("onset")
+        notes.append(
+            {
+                "first_step": step if onset is None else min(step, onset),
+                "last_step": step,
+                "step_time": now,
+                "usual": base,
+                **cause.verdict(state),
+            }
+        )
 
 
 def _alert(obs: Observation, now: float, base: float, found: str) -> Alert:
@@ -92,8 +108,10 @@ def bulk_throughput_drop(state: dict, cols: Columns) -> bool:
         col = cols.scalars.get(key)
         if col is not None and len(col[0]):
             vals = col[1][np.argsort(col[0], kind="stable")]
-            for v in vals[np.isfinite(vals)].tolist():
-                cause.observe(state, {key: v}, cols.th)
+            steps = col[0][np.argsort(col[0], kind="stable")]
+            finite = np.isfinite(vals)
+            for step, v in zip(steps[finite].tolist(), vals[finite].tolist()):
+                cause.observe(state, step, {key: v}, cols.th)
     return True
 
 
