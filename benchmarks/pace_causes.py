@@ -10,8 +10,8 @@ interval and rate of late steps):
 - ``contention``: other processes take the machine. Right: no alert (a note).
 - ``healthy``: nothing changes. Right: no alert.
 
-Seeds: ``--split tune`` (0-299) is where rules are tried; ``--split held-out`` (1000-1299, the default) is what
-docs/benchmarks.md reports; no test uses either.
+Seeds: ``--split tune`` (0-299) is where rules are tried (tests/test_throughput.py runs 0-29 of them);
+``--split held-out`` (1000-1299, the default) is what docs/benchmarks.md reports, and no test uses it.
 
     python benchmarks/pace_causes.py [--split held-out|tune] [--runs 300]
 """

@@ -127,9 +127,9 @@ def test_contention_from_other_processes_is_a_note_not_an_alert():
 def test_a_run_that_slowed_on_an_idle_machine_is_raised_with_its_evidence():
     idle = lambda step, slow: {CPU: 30.0 if slow else 50.0, SHARE: 28.0 if slow else 49.0, LOAD: 0.4}  # noqa: E731
     _, (drop,) = stream(idle)
-    # The median of the last 20 steps turns at the 10th slow one (129); the machine is judged on the first two
-    # samples taken after the slowdown began (130 and 140: cause.FRESH), not on the one that opened it.
-    assert drop.step == 140
+    # The median of the last 20 steps turns at the 10th slow one (129); the machine is judged once two samples
+    # are tagged at or after the slowdown's first step (120 and 130: cause.FRESH), the second wholly inside it.
+    assert drop.step == 130
     assert "fell 50%" in drop.message and "CPU share fell from 49% to 28%" in drop.message
     assert "DataLoader is" not in drop.message and "thermal" not in drop.message
     same = lambda step, slow: {CPU: 50.0, SHARE: 49.0, LOAD: 0.4}  # noqa: E731
@@ -149,6 +149,54 @@ def test_a_busy_machine_is_judged_on_counters_sampled_after_the_slowdown_began()
     assert not drops(alerts)
     (note,) = m.states["throughput"]["notes"]
     assert note["cause"] == "contention" and note["first_step"] == 120, note  # the stretch from its first slow step
+
+
+def _idle_then_waiting(step, slow):
+    return {CPU: 30.0 if slow else 50.0, SHARE: 28.0 if slow else 49.0, LOAD: 0.4}
+
+
+def test_system_counters_in_bulk_batches_are_judged_as_record_by_record():
+    """A sample whose counters come as five records of one batch (no step times: the bulk path) is judged as the
+    same records fed one by one: the same alert at the same step."""
+    one, bulk, alerts = health.Monitor(), health.Monitor(), {"one": [], "bulk": []}
+    for step in range(200):
+        if step % 10 == 0:
+            sample = {**_idle_then_waiting(step, step >= 120), keys.RAM_PERCENT: 40.0, keys.CPU_STEAL: 0.0}
+            for key, value in sample.items():
+                alerts["one"] += one.observe(step, {key: value}, {})
+            scalars = {key: ([row], [value]) for row, (key, value) in enumerate(sample.items())}
+            alerts["bulk"] += bulk.observe_batch([step] * len(sample), scalars, {})
+        record = {STEP_TIME: 0.1 if step < 120 else 0.2}
+        alerts["one"] += one.observe(step, record, {})
+        alerts["bulk"] += bulk.observe(step, record, {})
+    got = {name: [(a.step, a.message) for a in drops(found)] for name, found in alerts.items()}
+    assert got["one"] and "CPU share fell" in got["one"][0][1], got
+    assert got["bulk"] == got["one"]
+
+
+def test_counters_that_stop_coming_leave_a_slowdown_unexplained_not_waiting_for_ever():
+    m, alerts = health.Monitor(), []
+    for step in range(400):
+        if step % 10 == 0 and step <= 100:  # the sampler stops at step 100, every 1 s before it
+            alerts += m.observe(step, _idle_then_waiting(step, False), {})
+        alerts += m.observe(step, {STEP_TIME: 0.1 if step < 120 else 0.2}, {})
+    assert not drops(alerts)
+    (note,) = m.states["throughput"]["notes"]
+    assert note["cause"] == "unmeasured" and "stopped coming (the last at step 100)" in note["message"], note
+    assert note["first_step"] == 120 and note["last_step"] == 399
+
+
+def test_a_run_resumed_at_an_earlier_step_waits_for_counters_sampled_after_the_resume():
+    """Steps go back (a resume from a checkpoint): samples from before it say nothing about the slowdown after it."""
+    m, alerts = health.Monitor(), []
+    stream = [(s, 0.1) for s in range(300)] + [(s, 0.1 if s < 220 else 0.2) for s in range(150, 400)]
+    for i, (step, t) in enumerate(stream):
+        if i % 10 == 0:
+            busy = i >= 380  # the first sample wholly inside the slowdown (at step 230) shows the busy machine
+            alerts += m.observe(step, {CPU: 100.0 if busy else 50.0, SHARE: 25.0 if busy else 48.0, LOAD: 0.4}, {})
+        alerts += m.observe(step, {STEP_TIME: t}, {})
+    assert not drops(alerts)
+    assert [n["cause"] for n in m.states["throughput"]["notes"]] == ["contention"]
 
 
 def test_counters_sampled_as_psutil_does_never_make_a_busy_machine_the_runs_fault():

@@ -42,6 +42,9 @@ SHARE_FELL = 0.8  # this process's CPU share below this x its earlier median: it
 LOADER_SHARE = 0.1  # the loader's share of the slowdown beyond its share of a usual step, to be the cause
 FRESH = 2  # system samples after a slowdown's first step before the machine is judged (the first is partly before)
 DEFER = "defer"  # of_slowdown's answer while the machine's counters still describe the time before the slowdown
+STALE_INTERVALS = 4  # sample intervals a slowdown waits for fresh counters before they count as stopped ...
+STALE_STEPS = FRESH + 2  # ... and at least this many slow steps (samples are tagged with the step they follow)
+STALE_SECONDS = 60.0  # ... or, with fewer than two samples ever, this long
 
 
 def _st(state: dict) -> dict:
@@ -68,8 +71,7 @@ def observe(state: dict, step: int, scalars: dict, th: dict) -> None:
                 st["loader"] = deque(st["loader"], maxlen=int(th["throughput_drop.patience"]))
             st["loader"].append(value)
             continue
-        if step not in st["sampled"]:  # the newest FRESH steps that had a system sample (bulk: key by key)
-            st["sampled"] = sorted([*st["sampled"], step])[-FRESH:]
+        _sampled(st, step, state.get("clock", 0.0))
         if key in THROTTLES:
             st.setdefault("throttle", {})[key] = int(value)
         else:
@@ -79,6 +81,17 @@ def observe(state: dict, step: int, scalars: dict, th: dict) -> None:
             st["measured"] = True
 
 
+def _sampled(st: dict, step: int, clock: float) -> None:
+    """Keep the newest FRESH system samples' (step, seconds of steps so far), in arrival order."""
+    got = st["sampled"]
+    if got and step < got[-1][0]:  # the steps went back (a run resumed from a checkpoint, a new process): what was
+        got.clear()  # sampled before says nothing about the time after, nor is it "before" its steps
+        st["shares"].clear()
+    if not got or got[-1][0] != step:
+        got.append((step, clock))
+        del got[:-FRESH]
+
+
 def healthy(state: dict) -> None:
     """One step at the run's usual pace: its loader fetch time is part of the baseline."""
     st = _st(state)
@@ -86,22 +99,30 @@ def healthy(state: dict) -> None:
         st["loader_base"].append(st["loader"][-1])
 
 
-def of_slowdown(state: dict, now: float, base: float, slow=(), onset: int = -1) -> str | None:
+def of_slowdown(state: dict, now: float, base: float, slow=(), onset: int = -1, waited: float = 0.0) -> str | None:
     """The cause of a step time ``now`` against the usual ``base`` when it is the run's own, None when it is not
     (or nothing measured says), ``DEFER`` while the machine's counters predate the slowdown, which began at step
-    ``onset`` (``slow``: the step times of the recent window that are slow, when only some are)."""
+    ``onset``, ``waited`` seconds ago (``slow``: the step times of the recent window that are slow, when only
+    some are)."""
     st = _st(state)
     loader = _loader(st, now, base, slow)
     if loader:
         return loader
-    if st.get("measured") and not (len(st["sampled"]) == FRESH and st["sampled"][0] > onset):
-        return DEFER
     heat = sorted({name for v in st.get("throttle", {}).values() for bit, name in HEAT_OR_POWER.items() if v & bit})
-    if heat:
+    if heat:  # NVML's throttle reasons are the clocks' state when read, not an average over an interval
         return (
             f"The GPU is throttling its clocks (NVML throttle reasons: {', '.join(heat)}): check its cooling, "
             "power limit (nvidia-smi -q -d PERFORMANCE) and the other jobs on the device."
         )
+    got = st["sampled"]
+    st["stale"] = False
+    if st.get("measured") and not (len(got) == FRESH and got[0][0] >= onset):
+        gap = got[-1][1] - got[-2][1] if len(got) == FRESH else 0.0
+        limit = max(STALE_INTERVALS * gap if gap > 0 else STALE_SECONDS, STALE_STEPS * now)
+        if waited < limit:
+            return DEFER
+        st["stale"] = True  # the counters stopped coming: nothing measured says why (a note, no alert)
+        return None
     if not st.get("measured") or contended(st):
         return None  # another process's doing, or nothing measured to tell: information, not an alert
     share, before = st.get(SHARE), _share_before(st, onset)
@@ -138,7 +159,7 @@ def _loader(st: dict, now: float, base: float, slow) -> str | None:
 
 
 def _share_before(st: dict, onset: int) -> float | None:
-    shares = [v for step, v in st["shares"] if step <= onset]  # the samples before the slowdown's
+    shares = [v for step, v in st["shares"] if step < onset]  # the samples before the slowdown's
     return statistics.median(shares) if shares else None
 
 
@@ -157,6 +178,13 @@ def verdict(state: dict) -> dict:
     """Why a slowdown raised nothing: {"cause": "contention" | "unmeasured", "evidence": counters, "message"}."""
     st = _st(state)
     evidence = {k: st[k] for k in (CPU, SHARE, LOAD, STEAL) if st.get(k) is not None}
+    if st.get("stale"):
+        return {
+            "cause": "unmeasured",
+            "evidence": evidence,
+            "message": f"The loop slowed, and the run's system counters stopped coming (the last at step "
+            f"{st['sampled'][-1][0]}): nothing measured says why; not raised as an alert.",
+        }
     if not st.get("measured"):
         return {
             "cause": "unmeasured",

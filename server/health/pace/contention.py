@@ -27,8 +27,9 @@ def notes(conn, run_id: int) -> list[dict]:
         got = store.get_series(conn, run_id, key, start=start)
         values = [v if isinstance(v, (int, float)) else float("nan") for v in got["values"]]  # NaN comes encoded
         columns.append((key, got["steps"], values))
-    order = sorted(
+    order = sorted(  # a step's counters before its step time; one key's values at one step in stored order
         ((int(s), k == throughput.STEP_TIME, k, float(v)) for k, steps, vals in columns for s, v in zip(steps, vals)),
+        key=lambda row: row[:2],
     )
     state: dict = {}
     for step, _, key, value in order:  # the counters of a step before its step time, as the client sends them

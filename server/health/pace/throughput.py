@@ -16,8 +16,6 @@ import math
 import statistics
 from collections import deque
 
-import numpy as np
-
 from gradwatch.contract import keys
 from gradwatch_server.health.common import Alert, Observation, episode, fmt
 from gradwatch_server.health.pace import cause
@@ -33,6 +31,7 @@ def check_throughput_drop(state: dict, obs: Observation, th: dict) -> list[Alert
     t = obs.scalars.get(STEP_TIME)
     if t is None or not math.isfinite(t) or t <= 0:
         return []
+    state["clock"] = state.get("clock", 0.0) + t  # seconds of steps so far: how long a slowdown waited for counters
     patience = int(th["throughput_drop.patience"])
     history = state.setdefault("history", deque(maxlen=int(th["throughput_drop.window"])))
     recent = state.setdefault("recent", deque(maxlen=patience))
@@ -52,8 +51,9 @@ def check_throughput_drop(state: dict, obs: Observation, th: dict) -> list[Alert
     if not state.get("open"):
         late = [x for x in recent if x >= limit]
         if state.get("onset") is None:  # the stretch's first slow step, as if its slow steps ended the window
-            state["onset"] = obs.step - len(late) + 1
-        found = cause.of_slowdown(state, now, base, late, state["onset"])
+            state["onset"], state["onset_clock"] = obs.step - len(late) + 1, state["clock"] - sum(late)
+        waited = state["clock"] - state["onset_clock"]
+        found = cause.of_slowdown(state, now, base, late, state["onset"], waited)
         if found == cause.DEFER:  # the machine's counters are older than the slowdown: judged on fresh ones
             return []
         if found is None:
@@ -104,14 +104,13 @@ def bulk_throughput_drop(state: dict, cols: Columns) -> bool:
     got = cols.scalars.get(STEP_TIME)
     if got is not None and len(got[0]):
         return False
-    for key in cause.READS:
-        col = cols.scalars.get(key)
-        if col is not None and len(col[0]):
-            vals = col[1][np.argsort(col[0], kind="stable")]
-            steps = col[0][np.argsort(col[0], kind="stable")]
-            finite = np.isfinite(vals)
-            for step, v in zip(steps[finite].tolist(), vals[finite].tolist()):
-                cause.observe(state, step, {key: v}, cols.th)
+    per_row: dict = {}  # the batch's counters record by record, in record order, as the live path sees them
+    for key in cause.READS.intersection(cols.scalars):
+        rows, values = cols.scalars[key]
+        for row, value in zip(rows.tolist(), values.tolist()):
+            per_row.setdefault(row, {})[key] = value
+    for row in sorted(per_row):
+        cause.observe(state, int(cols.steps[row]), per_row[row], cols.th)
     return True
 
 
