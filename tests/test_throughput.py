@@ -18,6 +18,7 @@ from training import Recorder, demo_healthy_runs, mlp
 from gradwatch.contract import keys
 from gradwatch.watcher import Watcher
 from gradwatch_server.health import monitor as health
+from gradwatch_server.health.batch import SMALL_BATCH
 
 STEP_TIME, DATA_WAIT, SAMPLES, LOADER = keys.STEP_TIME, keys.DATA_WAIT, keys.SAMPLES_PER_SEC, keys.LOADER_WAIT
 CPU, SHARE, LOAD = keys.CPU_PERCENT, keys.PROCESS_CPU, keys.LOAD_PER_CORE
@@ -162,6 +163,7 @@ def test_system_counters_in_bulk_batches_are_judged_as_record_by_record():
     for step in range(200):
         if step % 10 == 0:
             sample = {**_idle_then_waiting(step, step >= 120), keys.RAM_PERCENT: 40.0, keys.CPU_STEAL: 0.0}
+            assert len(sample) > SMALL_BATCH  # records enough for the bulk path
             for key, value in sample.items():
                 alerts["one"] += one.observe(step, {key: value}, {})
             scalars = {key: ([row], [value]) for row, (key, value) in enumerate(sample.items())}
@@ -197,6 +199,29 @@ def test_a_run_resumed_at_an_earlier_step_waits_for_counters_sampled_after_the_r
         alerts += m.observe(step, {STEP_TIME: t}, {})
     assert not drops(alerts)
     assert [n["cause"] for n in m.states["throughput"]["notes"]] == ["contention"]
+    # resumed where no counters come at all (no psutil there): nothing measured says why, whatever came before
+    m, alerts = health.Monitor(), []
+    for i, (step, t) in enumerate(stream):
+        if i % 10 == 0 and i < 300:
+            alerts += m.observe(step, _idle_then_waiting(step, False), {})
+        alerts += m.observe(step, {STEP_TIME: t}, {})
+    assert not drops(alerts)
+    assert [n["cause"] for n in m.states["throughput"]["notes"]] == ["unmeasured"]
+
+
+def test_a_long_step_before_a_slowdown_does_not_make_counters_look_stopped():
+    """An evaluation or a checkpoint inside one step time (30 s) just before the slowdown: the counters still come
+    every 5 s, and the slowdown is judged on them."""
+    m, alerts, clock, sampled = health.Monitor(), [], 0.0, 0.0
+    for step in range(1400):
+        t = 30.0 if step == 995 else (0.1 if step < 1000 else 0.2)
+        clock += t
+        if clock - sampled >= 5.0:
+            sampled = clock
+            alerts += m.observe(step, _idle_then_waiting(step, step > 1000), {})
+        alerts += m.observe(step, {STEP_TIME: t}, {})
+    (drop,) = drops(alerts)
+    assert "CPU share fell" in drop.message and not m.states["throughput"].get("notes"), drop.message
 
 
 def test_counters_sampled_as_psutil_does_never_make_a_busy_machine_the_runs_fault():

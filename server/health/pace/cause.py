@@ -9,12 +9,14 @@ cause is unknown and nothing is raised either.
 
 The machine's counters are averages over the time since their last sample (psutil, every few seconds), so a
 sample taken in the slowdown's first seconds is mostly the time before it: the machine's verdict waits for
-two samples taken after the slowdown began (``DEFER`` until then). The DataLoader's fetch times are per step
-and are read at once.
+two samples taken after the slowdown began (``DEFER`` until then), and GPU throttle reasons (the clocks' state
+when read) for one. The DataLoader's fetch times are per step and are read at once. Counters that stopped
+coming (none for STALE_INTERVALS sample intervals) leave the slowdown unexplained: a note, no alert.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 
@@ -64,7 +66,7 @@ def observe(state: dict, step: int, scalars: dict, th: dict) -> None:
     st = _st(state)
     for key in READS.intersection(scalars):
         value = scalars[key]
-        if value != value:  # NaN: not a reading
+        if not math.isfinite(value):  # NaN, inf: not a reading
             continue
         if key == LOADER:
             if st["loader"].maxlen != int(th["throughput_drop.patience"]):
@@ -73,7 +75,7 @@ def observe(state: dict, step: int, scalars: dict, th: dict) -> None:
             continue
         _sampled(st, step, state.get("clock", 0.0))
         if key in THROTTLES:
-            st.setdefault("throttle", {})[key] = int(value)
+            st.setdefault("throttle", {})[key] = (step, int(value))
         else:
             if key == SHARE:
                 st["shares"].append((step, value))
@@ -84,12 +86,33 @@ def observe(state: dict, step: int, scalars: dict, th: dict) -> None:
 def _sampled(st: dict, step: int, clock: float) -> None:
     """Keep the newest FRESH system samples' (step, seconds of steps so far), in arrival order."""
     got = st["sampled"]
-    if got and step < got[-1][0]:  # the steps went back (a run resumed from a checkpoint, a new process): what was
-        got.clear()  # sampled before says nothing about the time after, nor is it "before" its steps
-        st["shares"].clear()
+    if got and step < got[-1][0]:
+        _forget(st)
     if not got or got[-1][0] != step:
         got.append((step, clock))
         del got[:-FRESH]
+
+
+def stepped(state: dict, step: int, clock: float) -> None:
+    """Step ``step`` ended ``clock`` seconds of steps in: a sample tagged with it counts from there (its counters may
+    come before its step time, as in a replay, or after it, as the client sends them)."""
+    got = _st(state)["sampled"]
+    if got and got[-1][0] == step:
+        got[-1] = (step, clock)
+
+
+def rewound(state: dict) -> None:
+    """The steps went back (a run resumed from a checkpoint, a new process): what was sampled before says nothing
+    about the time after, nor is it "before" its steps."""
+    _forget(_st(state))
+
+
+def _forget(st: dict) -> None:
+    st["sampled"].clear()
+    st["shares"].clear()
+    st.pop("throttle", None)
+    for key in (LOAD, STEAL, CPU, SHARE, RAM, "measured"):
+        st.pop(key, None)
 
 
 def healthy(state: dict) -> None:
@@ -99,17 +122,18 @@ def healthy(state: dict) -> None:
         st["loader_base"].append(st["loader"][-1])
 
 
-def of_slowdown(state: dict, now: float, base: float, slow=(), onset: int = -1, waited: float = 0.0) -> str | None:
+def of_slowdown(state: dict, now: float, base: float, slow=(), onset: int = -1) -> str | None:
     """The cause of a step time ``now`` against the usual ``base`` when it is the run's own, None when it is not
     (or nothing measured says), ``DEFER`` while the machine's counters predate the slowdown, which began at step
-    ``onset``, ``waited`` seconds ago (``slow``: the step times of the recent window that are slow, when only
-    some are)."""
+    ``onset`` (``slow``: the step times of the recent window that are slow, when only some are)."""
     st = _st(state)
     loader = _loader(st, now, base, slow)
     if loader:
         return loader
-    heat = sorted({name for v in st.get("throttle", {}).values() for bit, name in HEAT_OR_POWER.items() if v & bit})
-    if heat:  # NVML's throttle reasons are the clocks' state when read, not an average over an interval
+    # NVML's throttle reasons are the clocks' state when read: one reading in the slowdown says
+    readings = [v for step, v in st.get("throttle", {}).values() if step >= onset]
+    heat = sorted({name for v in readings for bit, name in HEAT_OR_POWER.items() if v & bit})
+    if heat:
         return (
             f"The GPU is throttling its clocks (NVML throttle reasons: {', '.join(heat)}): check its cooling, "
             "power limit (nvidia-smi -q -d PERFORMANCE) and the other jobs on the device."
@@ -119,7 +143,7 @@ def of_slowdown(state: dict, now: float, base: float, slow=(), onset: int = -1, 
     if st.get("measured") and not (len(got) == FRESH and got[0][0] >= onset):
         gap = got[-1][1] - got[-2][1] if len(got) == FRESH else 0.0
         limit = max(STALE_INTERVALS * gap if gap > 0 else STALE_SECONDS, STALE_STEPS * now)
-        if waited < limit:
+        if state.get("clock", 0.0) - got[-1][1] < limit:  # the last sample came recently: more are coming
             return DEFER
         st["stale"] = True  # the counters stopped coming: nothing measured says why (a note, no alert)
         return None

@@ -31,7 +31,11 @@ def check_throughput_drop(state: dict, obs: Observation, th: dict) -> list[Alert
     t = obs.scalars.get(STEP_TIME)
     if t is None or not math.isfinite(t) or t <= 0:
         return []
-    state["clock"] = state.get("clock", 0.0) + t  # seconds of steps so far: how long a slowdown waited for counters
+    state["clock"] = state.get("clock", 0.0) + t  # seconds of steps so far: how long ago counters last came
+    if obs.step < state.get("last_step", obs.step):  # a run resumed at an earlier step: its counters start anew
+        cause.rewound(state)
+    state["last_step"] = obs.step
+    cause.stepped(state, obs.step, state["clock"])
     patience = int(th["throughput_drop.patience"])
     history = state.setdefault("history", deque(maxlen=int(th["throughput_drop.window"])))
     recent = state.setdefault("recent", deque(maxlen=patience))
@@ -45,15 +49,16 @@ def check_throughput_drop(state: dict, obs: Observation, th: dict) -> list[Alert
         history.append(t)  # the baseline learns from healthy steps only: a slow stretch does not become normal
         cause.healthy(state)
         episode(state, False, th["throughput_drop.cooldown"])
-        state["noting"], state["onset"] = False, None
+        state["calm"] = state.get("calm", 0) + 1
+        if state["calm"] >= patience:  # a slowdown that dips under the line for a step or two is one stretch
+            state["onset"], state["noting"] = None, False
         return []
-    found = None
+    found, state["calm"] = None, 0
     if not state.get("open"):
         late = [x for x in recent if x >= limit]
         if state.get("onset") is None:  # the stretch's first slow step, as if its slow steps ended the window
-            state["onset"], state["onset_clock"] = obs.step - len(late) + 1, state["clock"] - sum(late)
-        waited = state["clock"] - state["onset_clock"]
-        found = cause.of_slowdown(state, now, base, late, state["onset"], waited)
+            state["onset"] = obs.step - len(late) + 1
+        found = cause.of_slowdown(state, now, base, late, state["onset"])
         if found == cause.DEFER:  # the machine's counters are older than the slowdown: judged on fresh ones
             return []
         if found is None:
@@ -69,6 +74,7 @@ def _note(state: dict, step: int, now: float, base: float) -> None:
     if state.get("noting") and notes:
         note = notes[-1]
         note["last_step"], note["step_time"] = step, max(note["step_time"], now)
+        note.update(cause.verdict(state))  # the latest counters' say (counters that came back, say)
         return
     state["noting"] = True
     if len(notes) < MAX_NOTES:
