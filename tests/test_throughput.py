@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import random
 import subprocess
 import sys
 import time
@@ -222,6 +223,18 @@ def test_a_long_step_before_a_slowdown_does_not_make_counters_look_stopped():
         alerts += m.observe(step, {STEP_TIME: t}, {})
     (drop,) = drops(alerts)
     assert "CPU share fell" in drop.message and not m.states["throughput"].get("notes"), drop.message
+
+
+def test_a_slowdown_that_hovers_at_the_line_is_raised_not_absorbed():
+    """Steps from 0.1 s to anywhere in 0.1-0.2 s: the median of 20 sits at the 30 % line, in and out. While the rule
+    waits for fresh counters, the slow steps must not become the baseline, nor a dip restart the wait."""
+    r, m, alerts = random.Random(0), health.Monitor(), []
+    for step in range(2000):
+        if step % 50 == 0:  # every 5 s or so, tagged after the slowdown's start only once it began
+            alerts += m.observe(step, _idle_then_waiting(step, step > 500), {})
+        alerts += m.observe(step, {STEP_TIME: r.uniform(0.09, 0.11) if step < 500 else r.uniform(0.1, 0.2)}, {})
+    found = drops(alerts)
+    assert found and all("CPU share fell" in drop.message for drop in found), [d.message for d in found]
 
 
 def test_counters_sampled_as_psutil_does_never_make_a_busy_machine_the_runs_fault():

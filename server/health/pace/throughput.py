@@ -46,12 +46,13 @@ def check_throughput_drop(state: dict, obs: Observation, th: dict) -> list[Alert
         limit = base / (1.0 - th["throughput_drop.fraction"])  # a step time this long is a slow one
         slow = base > 0 and now >= limit and now - base >= th["throughput_drop.min_delta"]  # ms jitter is no drop
     if not slow:
-        history.append(t)  # the baseline learns from healthy steps only: a slow stretch does not become normal
+        state["calm"] = state.get("calm", 0) + 1
+        if state["calm"] >= th["throughput_drop.cooldown"]:  # a slowdown that dips under the line is one stretch
+            state["onset"], state["noting"] = None, False
+        if state.get("onset") is None:  # the baseline learns from healthy steps only, not from a pending stretch's
+            history.append(t)
         cause.healthy(state)
         episode(state, False, th["throughput_drop.cooldown"])
-        state["calm"] = state.get("calm", 0) + 1
-        if state["calm"] >= patience:  # a slowdown that dips under the line for a step or two is one stretch
-            state["onset"], state["noting"] = None, False
         return []
     found, state["calm"] = None, 0
     if not state.get("open"):
