@@ -79,10 +79,9 @@ def _note(state: dict, step: int, now: float, base: float) -> None:
         return
     state["noting"] = True
     if len(notes) < MAX_NOTES:
-        onset = state.get("onset")
         notes.append(
             {
-                "first_step": step if onset is None else min(step, onset),
+                "first_step": state["onset"],  # set before any verdict: the stretch's first slow step
                 "last_step": step,
                 "step_time": now,
                 "usual": base,
