@@ -20,11 +20,11 @@ from gradwatch_server.serve import BackgroundServer
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "integrations" / "distributed.md"
 SCRIPT = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)[0]
-# Appended to each rank's script: it ran to its end, and which threads are still alive there.
-ENDED = 'import threading\nprint("ended with threads:", [t.name for t in threading.enumerate()], flush=True)\n'
-ONLY_MAIN = "ended with threads: ['MainThread']"
-# libstdc++'s words when torch's gloo process group aborts the interpreter's teardown; seen once in CI
-# (1 in many hundreds of runs), in the rank that runs no gradwatch code (a NoopRun) and leaves first.
+# Put after each rank's run.finish(): it got there, and which threads are still alive then.
+FINISHED = 'import threading\nprint("finished with threads:", [t.name for t in threading.enumerate()], flush=True)\n'
+ONLY_MAIN = "finished with threads: ['MainThread']"
+# libstdc++'s words when torch's gloo process group aborts its shutdown; seen once in CI (1 in many
+# hundreds of runs), in the rank that runs no gradwatch code (a NoopRun) and leaves first.
 TORCH_TEARDOWN_ABORT = "terminate called without an active exception"
 
 
@@ -37,7 +37,8 @@ def free_port() -> int:
 def launch(tmp_path, server, script: str, world: int = 2) -> None:
     """What torchrun does: one process per rank, rendezvous through MASTER_ADDR/PORT."""
     path = tmp_path / "train.py"
-    path.write_text(script + ENDED)
+    assert script.count("run.finish()\n") == 1
+    path.write_text(script.replace("run.finish()\n", "run.finish()\n" + FINISHED))
     port = free_port()
     procs = []
     for rank in range(world):
@@ -68,16 +69,16 @@ def launch(tmp_path, server, script: str, world: int = 2) -> None:
 
 
 def check_exit(code: int, out: str) -> None:
-    """A rank ran its script to the end, with every gradwatch thread gone, and exited cleanly.
+    """A rank finished its run, with every gradwatch thread gone, and exited cleanly.
 
-    The one exit tolerated: an abort after the script's last line, with no thread but the main one
-    left, in libstdc++'s words for torch's teardown: gradwatch has nothing left to do by then (its runs
-    are finished, its threads gone).
+    The one exit tolerated: an abort after that, in libstdc++'s words for torch's gloo shutdown: only
+    ``dist.destroy_process_group()`` and the interpreter's teardown are left, and gradwatch has nothing
+    left to do (its run finished, its threads gone).
     """
     assert ONLY_MAIN in out, out
     if code != 0:
         assert code == -signal.SIGABRT and TORCH_TEARDOWN_ABORT in out.split(ONLY_MAIN, 1)[1], out
-        warnings.warn(f"torch aborted a rank's interpreter teardown after its script ended: {out!r}", stacklevel=2)
+        warnings.warn(f"torch aborted a rank's shutdown after its run finished: {out!r}", stacklevel=2)
 
 
 def test_only_rank_zero_streams_by_default(server, api, tmp_path):
