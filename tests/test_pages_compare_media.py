@@ -75,3 +75,33 @@ def test_compare_shows_each_runs_images_and_histograms_at_one_step(server, page)
     assert shown[str(a)][0] == "0" and shown[str(b)][0] == "1"
     assert page.evaluate(f"() => ({drawn})('.compare-media-run .histogram-bars')") == 2
     assert not page.js_errors
+
+
+def test_a_key_picked_while_the_first_still_loads_stays_shown(server, page):
+    """The picker is there before the first key's data: a pick made meanwhile is not replaced when that slower,
+    earlier key's data comes in (a race that once turned the images back into histograms mid-test)."""
+    a = _run(server.url, "a", image_steps=[0], histogram_steps=[0])
+    b = _run(server.url, "b", image_steps=[0], histogram_steps=[0])
+    held, released = [], []
+
+    def hold(route):
+        route.continue_() if released else held.append(route)
+
+    page.route("**/api/runs/*/histograms?*", hold)
+    page.route("**/api/runs/*/images?*", hold)
+    page.goto(f"{server.url}/compare?ids={a},{b}")
+    page.wait_for_selector(".compare-media .media-key", timeout=20000)
+    first = page.input_value(".compare-media .media-key")
+    other, kind = ("samples", "image") if first == "weights" else ("weights", "histogram")
+    released.append(True)  # the pick's own requests go through ...
+    page.select_option(".compare-media .media-key", other)
+    page.wait_for_selector(f".compare-media-run[data-kind='{kind}']", timeout=20000)
+    assert held  # ... while the first key's were held until now
+    for route in held:
+        route.continue_()
+    page.wait_for_load_state("networkidle")
+    page.evaluate("() => new Promise(r => setTimeout(r, 300))")  # the first key's columns, had they been drawn
+    kinds = page.evaluate("() => [...document.querySelectorAll('.compare-media-run')].map(c => c.dataset.kind)")
+    assert kinds == [kind, kind]
+    assert page.input_value(".compare-media .media-key") == other
+    assert not page.js_errors

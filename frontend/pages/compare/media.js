@@ -40,15 +40,21 @@ export async function mountCompareMedia(box, runs) {
     node("div", { class: "toolbar" }, node("label", {}, "key ", picker)),
     body,
   );
-  const show = () => showKey(body, runs, lists, picker.value, keys.get(picker.value));
+  let shown = 0; // the latest pick: a slower, earlier one must not replace what it shows
+  const show = () => {
+    const ask = ++shown;
+    return showKey(body, runs, lists, picker.value, keys.get(picker.value), () => ask === shown);
+  };
   picker.addEventListener("change", show);
   await show();
 }
 
 // One column per run that logged `key`; the slider runs over every step any of them logged it at.
-async function showKey(body, runs, lists, key, kind) {
+// Nothing is drawn unless `latest()` still holds once the columns' data is in.
+async function showKey(body, runs, lists, key, kind, latest) {
   const having = runs.filter((_, i) => lists[i].some((m) => m.key === key));
   const views = await Promise.all(having.map((r) => (kind === "histogram" ? histogramColumn : imageColumn)(r, key)));
+  if (!latest()) return;
   // Histograms on one value axis, so the runs' distributions line up across the columns.
   const all = views.flatMap((v) => v.hs || []),
     values = all.length ? valueRange(all) : null;
