@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+import gradwatch
 
 pytestmark = pytest.mark.browser
 SCRIPT = Path(__file__).resolve().parent / "wandb_style.py"
@@ -62,4 +65,46 @@ def test_run_page_shows_histograms_images_tables_and_summary(server, page, tmp_p
     assert first_col() == list(range(11, -1, -1))
     text = page.locator(".media-card[data-key='note'] .media-text")
     assert text.inner_text() == "epoch 2 done"
+    assert not page.js_errors
+
+
+def test_a_slower_answer_for_an_earlier_step_does_not_replace_the_step_chosen_since(server, page):
+    """Dragging the slider asks for each step it passes; an answer that comes late (here step 1's, held
+    back until step 0 is shown) must not replace the step chosen since."""
+    run = gradwatch.init(project="media-race", name="r", server=server.url)
+    rng = np.random.default_rng(0)
+    for step in range(3):
+        run.log({"samples": gradwatch.Image(rng.random((8, 8, 3)), caption=f"s{step}")}, step=step)
+    run.finish(timeout=60)
+    held, released = [], []
+
+    def hold(route):
+        route.continue_() if released else held.append(route)
+
+    page.route(lambda url: "/images?" in url and "step=1" in url, hold)
+    page.goto(f"{server.url}/runs/{run.id}")
+    card = page.locator(".media-card[data-key='samples']")
+    card.locator("figcaption").first.wait_for(timeout=20000)
+    assert card.locator("figcaption").first.inner_text() == "s2"  # the last step first
+    slider = card.locator(".media-slider input")
+    slider.fill("1")
+    slider.dispatch_event("input")
+    for _ in range(400):  # until step 1's request is held
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held
+    slider.fill("0")
+    slider.dispatch_event("input")
+    page.wait_for_function(
+        "() => document.querySelector(\".media-card[data-key='samples'] figcaption\")?.textContent === 's0'",
+        timeout=20000,
+    )
+    released.append(True)
+    for route in held:
+        route.continue_()
+    page.wait_for_load_state("networkidle")
+    page.evaluate("() => new Promise(r => setTimeout(r, 300))")  # step 1's answer, had it been drawn
+    assert card.locator("figcaption").first.inner_text() == "s0"
+    assert card.locator(".media-body").get_attribute("data-step") == "0"
     assert not page.js_errors

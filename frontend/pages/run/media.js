@@ -61,8 +61,11 @@ async function stepView(card, runId, m) {
   const path = m.kind === "image" ? "images" : "tables";
   const first = await json(`/api/runs/${runId}/${path}?key=${q(m.key)}`);
   const body = node("div", { class: "media-body" });
+  let asked = 0;
   const show = async (step) => {
+    const ask = ++asked;
     const got = await json(`/api/runs/${runId}/${path}?key=${q(m.key)}&step=${step}`);
+    if (ask !== asked) return; // the slider moved on meanwhile: a late answer must not replace the newer step
     body.replaceChildren(m.kind === "image" ? imagesRow(runId, got) : m.kind === "table" ? table(got) : text(got));
     body.dataset.step = got.step;
   };
