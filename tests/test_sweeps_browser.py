@@ -427,3 +427,32 @@ def test_compare_gets_charts_for_data_that_came_before_its_sockets_opened(server
     _wait_for_both_runs_charted(page)
     fresh.finish(timeout=30)
     assert not page.js_errors
+
+
+def test_a_group_picked_while_the_last_pick_loads_stays_drawn(points_server, page):
+    """Two picks in a row: the first one's lines, held back until the second is drawn, do not replace them."""
+    page.goto(points_server.url + "/compare?project=sweep&group=lr&key=val/loss&band=sem")
+    page.wait_for_function("() => document.getElementById('group-chart')?.dataset.groups === '5'", timeout=20000)
+    held, released = [], []
+
+    def hold(route):
+        route.continue_() if released else held.append(route)
+
+    page.route(lambda url: "/api/compare/series?" in url and "group=batch_size" in url, hold)
+    page.select_option("#g-group", "batch_size")
+    for _ in range(400):  # until its series request is held
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held
+    page.select_option("#g-group", "optimizer")
+    page.wait_for_function("() => document.getElementById('group-chart').dataset.groups === '3'", timeout=20000)
+    released.append(True)
+    for route in held:
+        route.continue_()
+    page.wait_for_load_state("networkidle")
+    page.evaluate("() => new Promise(r => setTimeout(r, 300))")  # batch_size's lines, had they been drawn
+    names = page.evaluate("() => document.getElementById('group-chart').data.filter(t => t.name).map(t => t.name)")
+    assert names == ["optimizer = adam (n=40)", "optimizer = adamw (n=40)", "optimizer = sgd (n=40)"]
+    assert "group=optimizer" in page.url
+    assert not page.js_errors
