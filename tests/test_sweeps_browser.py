@@ -456,3 +456,34 @@ def test_a_group_picked_while_the_last_pick_loads_stays_drawn(points_server, pag
     assert names == ["optimizer = adam (n=40)", "optimizer = adamw (n=40)", "optimizer = sgd (n=40)"]
     assert "group=optimizer" in page.url
     assert not page.js_errors
+
+
+def test_a_filter_entered_while_the_last_one_loads_keeps_its_rows(server, page):
+    """Two filters in a row: the first one's answer, held back until the second's rows are shown, does not
+    replace them (the table would show runs the filter box does not ask for)."""
+    _small_sweep(server.url)
+    page.goto(server.url + "/")
+    page.wait_for_selector("tr[data-run='6']")
+    held, released = [], []
+
+    def hold(route):
+        route.continue_() if released else held.append(route)
+
+    page.route(lambda url: "/api/runs?" in url and "sgd" in urllib.parse.unquote_plus(url), hold)
+    page.fill("#f-where", 'config.optimizer == "sgd"')
+    page.press("#f-where", "Enter")
+    for _ in range(400):  # until its request is held
+        if held:
+            break
+        page.wait_for_timeout(50)
+    assert held
+    page.fill("#f-where", 'config.optimizer == "adam" and config.lr <= 1e-3')
+    page.press("#f-where", "Enter")
+    page.wait_for_function("() => document.querySelectorAll('#runs tbody tr[data-run]').length === 2")
+    released.append(True)
+    for route in held:
+        route.continue_()
+    page.wait_for_load_state("networkidle")
+    page.evaluate("() => new Promise(r => setTimeout(r, 300))")  # the sgd rows, had they been drawn
+    assert sorted(names(page)) == ["adam-0.0001", "adam-0.001"]
+    assert not page.js_errors
