@@ -19,6 +19,17 @@ export async function getJSON(url, options) {
   return r.json();
 }
 
+// For answers that can come back out of order (a picker or slider moved twice): `const turn = turns()`
+// once, then per request `const mine = turn()`, and after its await `if (!mine()) return`: true only while
+// no later turn() was taken, so a late answer never replaces a newer one.
+export function turns() {
+  let n = 0;
+  return () => {
+    const ask = ++n;
+    return () => ask === n;
+  };
+}
+
 // One key of one run, as the pages hold it: {steps, values (numbers), walls}.
 export async function fetchSeries(runId, key, query = "max_points=4000") {
   const s = await getJSON(`/api/runs/${runId}/series?key=${encodeURIComponent(key)}&${query}`);

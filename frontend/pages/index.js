@@ -2,7 +2,7 @@
 // badges, loss sparklines, selection for comparison, edits. The table's state lives in the URL.
 import { STATUSES } from "../lib/contract.js";
 import { $, el, throttle } from "../lib/dom.js";
-import { getJSON } from "../lib/fetch.js";
+import { getJSON, turns } from "../lib/fetch.js";
 import { fmtNumber, fmtShortTime, fmtTime } from "../lib/format.js";
 import { live } from "../lib/live.js";
 import { colorFor } from "../lib/plot.js";
@@ -41,9 +41,9 @@ const state = {
 let table = null;
 
 // One request: the runs (filtered by the where box on the server) with the summaries the columns show.
-let loads = 0; // each load takes a number: an answer that comes after a newer load's is dropped
+const loadTurn = turns(); // an answer that comes after a newer load's is dropped
 async function load() {
-  const ask = ++loads;
+  const mine = loadTurn();
   const params = new URLSearchParams();
   const summaryCols = (state.cols || []).filter((c) => c.startsWith("summary."));
   if (summaryCols.length) params.set("columns", summaryCols.join(","));
@@ -51,11 +51,11 @@ async function load() {
   let runs;
   try {
     runs = await getJSON("/api/runs" + (params.size ? "?" + params : ""));
-    if (ask !== loads) return;
+    if (!mine()) return;
     $("where-error").textContent = "";
     $("where-error").hidden = true;
   } catch (e) {
-    if (ask !== loads) return;
+    if (!mine()) return;
     if (e.status !== 400) throw e;
     $("where-error").textContent = e.message; // one line that points at the column
     $("where-error").hidden = false;

@@ -7,7 +7,7 @@
 import { flatten } from "../../lib/config.js";
 import { AGGREGATIONS, BANDS, isLossKey, num, parseColumn, TIME_AXES } from "../../lib/contract.js";
 import { el } from "../../lib/dom.js";
-import { getJSON } from "../../lib/fetch.js";
+import { getJSON, turns } from "../../lib/fetch.js";
 import { esc, fmtNumber } from "../../lib/format.js";
 import { plotLayout } from "../../lib/plot.js";
 
@@ -225,18 +225,18 @@ export async function sweepView(params, $) {
   };
   let runs = [];
 
-  // Each draw takes a number: one whose data comes in after a newer pick's draws nothing (picks race).
-  let chartAsked = 0,
-    pcAsked = 0;
+  // A draw whose data comes in after a newer pick's draws nothing (picks race).
+  const chartTurn = turns(),
+    pcTurn = turns();
 
   async function drawChart() {
-    const ask = ++chartAsked;
+    const mine = chartTurn();
     const p = query();
     p.delete("color");
     p.set("points", "200");
     const t = performance.now();
     const data = await getJSON("/api/compare/series?" + p);
-    if (ask !== chartAsked) return;
+    if (!mine()) return;
     const colors = groupColors(data.groups, S.color);
     const layout = plotLayout({
       xaxis: { title: { text: esc(S.x) }, type: S.x === "wall" ? "date" : "linear" },
@@ -283,14 +283,14 @@ export async function sweepView(params, $) {
   }
 
   async function drawParcoords() {
-    const ask = ++pcAsked;
+    const mine = pcTurn();
     const p = new URLSearchParams({ columns: [`summary.${S.key}`, metricColumn()].join(",") });
     if (S.project) p.set("project", S.project);
     const ids = S.ids ? S.ids.split(",").filter(Boolean) : [];
     const where = [S.where && `(${S.where})`, ids.length && ids.length <= 200 && `id in [${ids.join(",")}]`];
     if (where.some(Boolean)) p.set("where", where.filter(Boolean).join(" and "));
     const got = await getJSON("/api/runs?" + p);
-    if (ask !== pcAsked) return;
+    if (!mine()) return;
     runs = got;
     if (S.ids) {
       const ids = new Set(S.ids.split(",").map(Number));

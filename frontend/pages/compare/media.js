@@ -2,6 +2,7 @@
 // all at one shared step slider (each run shows what it logged last at or before the chosen step).
 // The views themselves are the run page's (lib/media.js).
 
+import { turns } from "../../lib/fetch.js";
 import {
   drawHistogramHeatmap,
   drawHistogramStep,
@@ -40,11 +41,8 @@ export async function mountCompareMedia(box, runs) {
     node("div", { class: "toolbar" }, node("label", {}, "key ", picker)),
     body,
   );
-  let shown = 0; // the latest pick: a slower, earlier one must not replace what it shows
-  const show = () => {
-    const ask = ++shown;
-    return showKey(body, runs, lists, picker.value, keys.get(picker.value), () => ask === shown);
-  };
+  const turn = turns(); // a slower, earlier pick must not replace what a later one shows
+  const show = () => showKey(body, runs, lists, picker.value, keys.get(picker.value), turn());
   picker.addEventListener("change", show);
   await show();
 }
@@ -115,16 +113,16 @@ async function imageColumn(run, key) {
   const el = column(run, "image");
   const imgs = node("div", { class: "media-body" });
   el.append(imgs);
-  let asked = 0;
+  const turn = turns();
   const at = async (chosen) => {
     const step = stepAtOrBefore(first.steps, chosen),
-      ask = ++asked;
+      mine = turn();
     if (step === null) {
       imgs.replaceChildren();
       return shownStep(el, null, chosen);
     }
     const got = step === first.step ? first : await fetchImages(run.id, key, step);
-    if (ask !== asked) return; // the slider moved on meanwhile
+    if (!mine()) return; // the slider moved on meanwhile
     imgs.replaceChildren(imagesRow(run.id, got));
     shownStep(el, got.step, chosen);
   };

@@ -2,6 +2,7 @@
 // NaN/inf counts), images and tables at a step chosen with a slider, and what the script set in run.summary.
 // The shared views (slider, histogram heatmap and bars, images) are lib/media.js, also used by compare.
 
+import { turns } from "../../lib/fetch.js";
 import {
   drawHistogramHeatmap,
   drawHistogramStep,
@@ -61,11 +62,11 @@ async function stepView(card, runId, m) {
   const path = m.kind === "image" ? "images" : "tables";
   const first = await json(`/api/runs/${runId}/${path}?key=${q(m.key)}`);
   const body = node("div", { class: "media-body" });
-  let asked = 0;
+  const turn = turns();
   const show = async (step) => {
-    const ask = ++asked;
+    const mine = turn();
     const got = await json(`/api/runs/${runId}/${path}?key=${q(m.key)}&step=${step}`);
-    if (ask !== asked) return; // the slider moved on meanwhile: a late answer must not replace the newer step
+    if (!mine()) return; // the slider moved on meanwhile: a late answer must not replace the newer step
     body.replaceChildren(m.kind === "image" ? imagesRow(runId, got) : m.kind === "table" ? table(got) : text(got));
     body.dataset.step = got.step;
   };
