@@ -1,12 +1,15 @@
 """Bytes on disk per point: realistic streams stored now, as the previous release stored them, and by TensorBoard.
 
-Run: .venv/bin/python benchmarks/bench_storage.py [--quick] [--steps N] [--vector-steps N] [--no-tensorboard] [--postgres]
+Run: .venv/bin/python benchmarks/bench_storage.py [--quick] [--steps N] [--vector-steps N] [--watch-steps N]
+     [--no-tensorboard] [--postgres]
 
 One run of 10 scalar keys logged together (float32-born losses with noise, one with NaN bursts, a
 noisy gradient norm, float64 counters, a constant LR, a cosine LR, a memory counter, and step time
 and throughput as gradwatch's step timer records them: 1 us, 4 digits) and one run of 300-layer
 gradient norms (float32-born, noisy, NaN bursts, one layer without gradients), each through the
-real ingest (``apply_batch``, batches of 200 steps) into a fresh SQLite file. Wall times: 0.1 s a
+real ingest (``apply_batch``, batches of 200 steps) into a fresh SQLite file; and one run shaped as
+``watch()``'s defaults on a nanoGPT-sized model (per-layer gradient norms every step, update ratios and
+output RMS every 10th; noise as measured on a real nanoGPT run), sent one step a batch as a training loop does. Wall times: 0.1 s a
 step with 1 ms of jitter, shared by a step's keys, as the client stamps one record. For each file, in the same run:
 
 - **now**: the file after ``VACUUM``, whole (schema pages included), and blob bytes per key;
@@ -92,6 +95,65 @@ def vector_stream(steps: int, rng) -> np.ndarray:
         out[start : start + 5, rng.integers(0, LAYERS, 20)] = np.nan
     out[:, LAYERS - 1] = np.nan  # marked missing below (no gradient)
     return out
+
+
+# watch()'s defaults on karpathy/nanoGPT (4 layers, 128 wide: 27 parameters, 41 modules), as measured on a
+# 3,000-step shakespeare_char run on CPU: a layer's log norm moves by a median 0.17 a step (i.i.d. noise of
+# sd 0.12), its update ratio by 0.12, its output RMS by 0.035; ratios and RMS every 10th step (signals_every)
+WATCH_KEYS = {"grad": (27, 1, 0.12), "update_ratio": (27, 10, 0.086), "act_rms": (41, 10, 0.025)}  # width, every, sd
+
+
+def watch_streams(steps: int, rng) -> dict:
+    """key -> (every, (steps // every, width) float32-born values): watch()'s three per-layer keys."""
+    out = {}
+    for key, (width, every, sd) in WATCH_KEYS.items():
+        n = -(-steps // every)
+        scale = np.exp(rng.normal(-3, 1.5, width))
+        out[key] = (every, (scale * np.exp(rng.normal(0, sd, (n, width)))).astype(np.float32).astype(np.float64))
+    return out
+
+
+def ingest_watch(path: Path, steps: int, walls: np.ndarray, streams: dict) -> None:
+    """watch()'s keys through apply_batch, live-shaped: one step a batch, as a training loop sends them."""
+    engine = database.make_engine(f"sqlite:///{path}")
+    with engine.begin() as conn:
+        run_id = open_run(conn, {"uid": "watch", "project": "bench", "name": "watch"}, {})["run_id"]
+        state = load_state(conn, run_id)
+    layouts = {key: [f"{key}{j}" for j in range(v.shape[1])] for key, (_every, v) in streams.items()}
+    for i in range(steps):
+        vec = {key: v[i // every].tolist() for key, (every, v) in streams.items() if i % every == 0}
+        msg = {"type": "batch", "seq": i + 1, "columns": protocol.encode_columns([(i, float(walls[i]), {}, vec)])}
+        if i == 0:
+            msg["layouts"] = layouts
+        if i == steps - 1:
+            msg["events"] = [{"type": "status", "status": "finished"}]
+        with engine.begin() as conn:
+            apply_batch(conn, state, decode(msg))
+    engine.dispose()
+
+
+def watch_exact(path: Path, steps: int, walls: np.ndarray, streams: dict) -> bool:
+    """Every watch() key read back bit for bit: steps, wall times and values."""
+    engine = database.make_engine(f"sqlite:///{path}")
+    ok = True
+    with engine.connect() as conn:
+        ids = {r.key: r.id for r in conn.execute(db.metric_keys.select())}
+        for key, (every, values) in streams.items():
+            p = chunks.read(conn, ids[key], slots=values.shape[1])
+            at = np.arange(0, steps, every)
+            ok &= bool((p.steps == at).all() and (p.walls.view(np.int64) == walls[at].view(np.int64)).all())
+            ok &= bool((np.ascontiguousarray(p.values).view(np.int64) == values.view(np.int64)).all())
+    engine.dispose()
+    return ok
+
+
+def measure_watch(tmp: Path, steps: int, walls: np.ndarray, rng) -> dict:
+    streams = watch_streams(steps, rng)
+    path = tmp / "watch.db"
+    ingest_watch(path, steps, walls, streams)
+    values = {key: v.size for key, (_every, v) in streams.items()}
+    return {"exact": watch_exact(path, steps, walls, streams), "keys": per_key_bytes(path), "values": values,
+            "now": vacuumed(path), "steps": steps}  # fmt: skip
 
 
 def ingest(path, steps: int, walls: np.ndarray, scalars: dict, vectors: np.ndarray | None) -> float:
@@ -301,22 +363,26 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes (CI keeps the script working)")
     parser.add_argument("--steps", type=int, default=100_000, help="steps of the 10-scalar run [100,000]")
     parser.add_argument("--vector-steps", type=int, default=20_000, help="steps of the 300-layer run [20,000]")
+    parser.add_argument("--watch-steps", type=int, default=20_000, help="steps of the watch()-shaped run [20,000]")
     parser.add_argument("--no-tensorboard", action="store_true", help="skip the peers (TensorBoard, trackio)")
     parser.add_argument("--postgres", action="store_true", help="also on PostgreSQL: its TOAST beside the codec")
     args = parser.parse_args()
     steps, vector_steps = (6_000, 600) if args.quick else (args.steps, args.vector_steps)
+    watch_steps = 1_000 if args.quick else args.watch_steps
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         empty = empty_database(tmp)
-        walls = 1.76e9 + np.arange(max(steps, vector_steps)) * 0.1 + rng.normal(0, 1e-3, max(steps, vector_steps))
+        most = max(steps, vector_steps, watch_steps)
+        walls = 1.76e9 + np.arange(most) * 0.1 + rng.normal(0, 1e-3, most)
         scalars, vectors = scalar_streams(steps, rng), vector_stream(vector_steps, rng)
         peers = not args.no_tensorboard
         s = measure(tmp, "scalars", steps, scalars, None, walls, peers, args.quick)
         v = measure(tmp, "vectors", vector_steps, {}, vectors, walls, peers, args.quick)
+        w = measure_watch(tmp, watch_steps, walls, rng)
         pg = postgres_rows(steps, vector_steps, walls, scalars, vectors) if args.postgres else []
     print(f"\nempty database (schema only, after VACUUM): {empty:,} bytes; every figure below read back bit-exact: "
-          f"{s['exact'] and v['exact']}\n")  # fmt: skip
+          f"{s['exact'] and v['exact'] and w['exact']}\n")  # fmt: skip
     print("| run | values | 0.2: whole file, bytes/value | now: whole file, bytes/value | now: without the empty "
           "schema | ratio 0.2 / now | TensorBoard event file, bytes/value | trackio SQLite, bytes/value | ingest (s) | walls per key (no run "
           "clock): whole file, bytes/value |")  # fmt: skip
@@ -349,6 +415,7 @@ def main() -> None:
                 f"**{(c + roll) / n:.2f}** |"
             )
         print(f"| (run clock, per step of the run) | - | - | - | {r['clock'] / run_steps:.2f} | - | - |")
+    print_watch(w, empty)
     print("\nWhat each rollup level costs, blob bytes per value of the run (summaries + heat rows):\n")
     print("| run | " + " | ".join(f"level {lv}" for lv in sorted(set(s["levels"]) | set(v["levels"]))) + " |")
     print("|---|" + "---|" * len(set(s["levels"]) | set(v["levels"])))
@@ -359,6 +426,18 @@ def main() -> None:
             + " | ".join("-" if c is None else f"{c[0] / r['values']:.3f} + {c[1] / r['values']:.3f}" for c in cells)
             + " |"
         )
+
+
+def print_watch(w: dict, empty: int) -> None:
+    widths = ", ".join(f"{k} {width} wide every {every}" for k, (width, every, _sd) in WATCH_KEYS.items())
+    n = sum(w["values"].values())
+    print(f"\nwatch()'s defaults on a nanoGPT-sized model ({widths}), {w['steps']:,} steps one at a time: "
+          f"{n:,} layer values, whole file **{w['now'] / n:.2f}** bytes/layer value "
+          f"({(w['now'] - empty) / n:.2f} without the empty schema)\n")  # fmt: skip
+    print("| key | values | chunks | rollups and heat rows | total |\n|---|---|---|---|---|")
+    for key, (c, roll) in w["keys"].items():
+        k = w["values"][key]
+        print(f"| {key} | {k:,} | {c / k:.2f} | {roll / k:.2f} | **{(c + roll) / k:.2f}** |")
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def test_a_0_1_database_is_converted_in_place(tmp_path):
         tables = {r[0] for r in conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type='table'")}
     assert "points" not in tables and "vectors" not in tables
     with engine.connect() as conn:
-        assert migrate.revision(conn) == migrate.head_revision() == "0010"  # Alembic's record of it
+        assert migrate.revision(conn) == migrate.head_revision() == "0011"  # Alembic's record of it
     engine.dispose()
     database.make_engine(f"sqlite:///{path}").dispose()  # opening again is a no-op
 

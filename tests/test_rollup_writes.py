@@ -19,7 +19,7 @@ from gradwatch import protocol
 from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.storage import chunks, database, db, rollup
+from gradwatch_server.storage import chunks, database, db, rollup, rollup_writes, store
 from gradwatch_server.storage.blocks import rollup_rows
 
 KEYS = {"loss": 1, "acc": 1, "grad": 3}
@@ -80,7 +80,13 @@ def _check(conn, run_id: int, everything: bool = False) -> int:
             continue
         top = int(points.steps.max())
         st = points.steps.astype(np.float64)
-        for level in rollup.levels_for(slots):
+        # a key's levels are fixed by its first steps' gap (a sparse key keeps coarse ones only); readers
+        # know them from its finest stored level, so every done block of each must be there
+        levels = rollup.stored_levels(slots, rollup_rows.finest_level(conn, key_id))
+        assert levels == rollup.all_levels(slots)[-len(levels) :] if levels else True
+        if everything and len(np.unique(points.steps)) >= rollup_writes.GAP_STEPS:
+            assert levels, f"{key}: points at enough steps to choose its levels, and no rollups after the run ended"
+        for level in levels:
             ids, counts, truth = rollup.summarise(
                 st, points.walls, points.values, points.present(), points.steps // level
             )
@@ -185,3 +191,90 @@ def test_a_layout_change_mid_run_stores_every_block_without_a_conflict(tmp_path,
                 ).scalars()
             )
             assert stored == set(range(300 // level + (300 % level > 0))), (level, sorted(stored))
+
+
+def _heat_by_brute_force(points, bucket_of) -> list:
+    """Each layer's bucket cells from raw points: a NaN wins, then +inf, then -inf, then the finite max."""
+    cells: dict = {}
+    for step, row, ok in zip(points.steps.tolist(), points.values.tolist(), points.present().tolist()):
+        for layer, (v, present) in enumerate(zip(row, ok)):
+            if present:
+                cells.setdefault((bucket_of(step), layer), []).append(v)
+    out = []
+    for (bucket, layer), vs in sorted(cells.items()):
+        kinds = [k for k, hit in (("NaN", any(math.isnan(v) for v in vs)), ("Infinity", math.inf in vs)) if hit]
+        kinds += ["-Infinity"] if -math.inf in vs else []
+        finite = [v for v in vs if math.isfinite(v)]
+        out.append((bucket, layer, kinds[0] if kinds else max(finite)))
+    return out
+
+
+@pytest.mark.parametrize("stride", [5, 10, 40])
+def test_a_sparse_key_keeps_only_levels_that_pay_and_reads_stay_exact(tmp_path, stride):
+    """A key logged every ``stride`` steps (watch()'s update ratios: every 10th) writes no blocks too small to
+    pay for themselves; through restarts (one before its levels are chosen), every done block of the levels it
+    keeps is exact, and charts and heatmaps over it equal the raw points at every zoom."""
+    engine = database.make_engine(f"sqlite:///{tmp_path / 'r.db'}")
+    with engine.begin() as conn:
+        run_id = open_run(conn, {"uid": f"s{stride}", "project": "p", "name": "r"}, {})["run_id"]
+    rng, state, steps = random.Random(stride), None, 4096
+    for step in range(steps):
+        with engine.begin() as conn:
+            if state is None or step in (stride * 2, 1234, 3001):  # the first: while its levels wait for more steps
+                state = load_state(conn, run_id)
+            vectors = {"grad": [_value(rng) for _ in range(KEYS["grad"])]} if step % stride == 0 else {}
+            record = (step, _wall(step), {"loss": _value(rng), **({"acc": 1.0} if step % (stride * 10) == 0 else {})})
+            msg = {"type": "batch", "seq": step + 1, "columns": protocol.encode_columns([(*record, vectors)])}
+            if step == 0:
+                msg["layouts"] = {"grad": ["a", "b", "c"]}
+            apply_batch(conn, state, decode(msg))
+        if step in (stride * 3, 2500):
+            with engine.connect() as conn:
+                _check(conn, run_id)
+    with engine.begin() as conn:
+        apply_batch(
+            conn,
+            state,
+            decode({"type": "batch", "seq": steps + 1, "events": [{"type": "status", "status": "finished"}]}),
+        )
+    with engine.connect() as conn:
+        assert _check(conn, run_id, everything=True) > 0
+        ids = dict(conn.execute(select(db.metric_keys.c.key, db.metric_keys.c.id)).all())
+        kept = {key: rollup.stored_levels(KEYS[key], rollup_rows.finest_level(conn, ids[key])) for key in ids}
+        assert kept == {
+            "loss": rollup.levels_for(1),
+            "grad": rollup.levels_for(3, stride),
+            "acc": rollup.levels_for(1, stride * 10),
+        }
+        assert (
+            min(kept["grad"]) >= rollup.MIN_POINTS * stride > min(rollup.levels_for(3))
+        )  # blocks of >= MIN_POINTS points only
+        grad = chunks.read(conn, ids["grad"], slots=KEYS["grad"])
+        for lo, hi, buckets in ((0, 4095, 16), (0, 4095, 4), (1000, 3100, 8), (1024, 3071, 33), (512, 1023, 512)):
+            heat = store.get_heatmap(conn, run_id, "grad", max_steps=buckets, start=lo, end=hi)
+            first, last = chunks.bounds(conn, ids["grad"], lo, hi)
+            width, level = heat["bucket"], rollup.pick_level(heat["bucket"], kept["grad"])
+
+            def bucket_of(step, first=first, last=last, width=width, level=level):
+                """A block of the level read, lying wholly in the range, counts in the bucket its first step is in."""
+                start = step if level is None else step // level * level
+                whole = level is not None and start >= first and start + level - 1 <= last
+                return ((start if whole else step) - first) // width
+
+            at = [(s - first) // width for s in heat["steps"]]  # a column per bucket that has points
+            got = [
+                (at[b], layer, v)
+                for layer, row in enumerate(heat["values"])
+                for b, v in enumerate(row)
+                if v is not None
+            ]
+            inside = grad.take(np.flatnonzero((grad.steps >= lo) & (grad.steps <= hi)))
+            assert sorted(got) == _heat_by_brute_force(inside, bucket_of), (lo, hi, buckets)
+            series = store.get_series(conn, run_id, "grad/b", max_points=4 * buckets, start=lo, end=hi)
+            assert series["total_points"] == len(inside)  # every point counted, none lost between blocks
+            raw = {int(s): v for s, v in zip(inside.steps.tolist(), inside.values[:, 1].tolist())}
+            for s, v in zip(series["steps"], series["values"]):  # an envelope of real points, each as logged
+                assert protocol.decode_float(v) == raw[s] or math.isnan(raw[s])
+            finite = [v for v in raw.values() if math.isfinite(v)]
+            shown = [protocol.decode_float(v) for v in series["values"]]
+            assert max(finite) in shown and min(finite) in shown  # the spikes survive

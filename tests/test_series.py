@@ -189,7 +189,7 @@ def _old_heatmap(conn, key_id: int, slots: int, max_steps: int, start, end) -> d
     """The heatmap as read before heat rows existed: every rollup row's full summary decoded."""
     lo, hi = chunks.bounds(conn, key_id, start, end)
     width = max(1, math.ceil((hi - lo + 1) / max(1, max_steps)))
-    level = rollup.pick_level(width, slots)
+    level = rollup.pick_level(width, rollup.stored_levels(slots, rollup_rows.finest_level(conn, key_id)))
 
     def raw_units(a, b):
         p = chunks.read(conn, key_id, a, b, slots)

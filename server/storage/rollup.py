@@ -36,10 +36,33 @@ from gradwatch_server.storage.chunks import from_f64
 LEVELS = (16, 64, 256, 1024, 4096, 16384, 65536, 262144)
 
 
-def levels_for(slots: int) -> tuple:
-    """The rollup levels kept for a key with ``slots`` values per step (0.2 also kept 64 for scalars:
-    those rows are no longer read, and ``gradwatch db compact`` deletes them)."""
+# A block summarising fewer points than this costs more bytes than it saves reads: a vector's lean summary and
+# heat row hold ~10 numbers a slot, a point one. A key logged every 10th step (watch()'s update ratios and
+# activations) then keeps no 16-step blocks of 1.6 points, which took twice its points' bytes. Not 8: its
+# 64-step blocks (6.4 points) still make a heatmap of 64-255 steps a column 2.5-4x faster (docs/storage.md).
+MIN_POINTS = 4
+
+
+def all_levels(slots: int) -> tuple:
+    """Every level a key of ``slots`` values per step may have: scalars start at 256 (0.2 also kept 64: those rows
+    are no longer read, and ``gradwatch db compact`` deletes them)."""
     return LEVELS if slots > 1 else LEVELS[2:]
+
+
+def levels_for(slots: int, gap: int = 1) -> tuple:
+    """The rollup levels a new key with ``slots`` values per step, whose points are ``gap`` steps apart, keeps:
+    those whose blocks hold at least MIN_POINTS points, the coarsest always."""
+    every = all_levels(slots)
+    return tuple(lv for lv in every if lv >= MIN_POINTS * gap) or every[-1:]
+
+
+def stored_levels(slots: int, finest: int | None) -> tuple:
+    """A key's levels from the finest level it has rows of (None: no rows, no levels): a key keeps the same
+    levels all its life, so readers and a rebuilt writer cache know them from that one number."""
+    if finest is None:
+        return ()
+    every = all_levels(slots)
+    return tuple(lv for lv in every if lv >= finest) or every[-1:]
 
 
 MIN_V, MIN_S, MAX_V, MAX_S, NAN_S, PINF_S, NINF_S = range(7)
@@ -234,9 +257,9 @@ def decode(blob: bytes, slots: int) -> np.ndarray | None:
     return data if data.shape == (ROWS, slots) else None
 
 
-def pick_level(width: float, slots: int = 1) -> int | None:
-    """The coarsest level whose blocks still fit in one bucket of ``width`` steps (None: read raw)."""
-    fitting = [lv for lv in levels_for(slots) if lv <= width]
+def pick_level(width: float, levels: tuple) -> int | None:
+    """The coarsest of a key's ``levels`` whose blocks still fit in one bucket of ``width`` steps (None: read raw)."""
+    fitting = [lv for lv in levels if lv <= width]
     return fitting[-1] if fitting else None
 
 

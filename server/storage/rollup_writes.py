@@ -42,6 +42,7 @@ from gradwatch_server.storage.rollup import (
     lean_walls,
     levels_for,
     merge_into,
+    stored_levels,
     summarise,
 )
 
@@ -61,10 +62,13 @@ class Cache:
 
     slots: dict = field(default_factory=dict)  # (key_id, level) -> Slot
     top: dict = field(default_factory=dict)  # key_id -> the newest step folded in (None: none yet)
-    levels: dict = field(default_factory=dict)  # key_id -> its levels (levels_for its width)
+    levels: dict = field(default_factory=dict)  # key_id -> its levels (levels_for its width and gap)
+    waiting: dict = field(default_factory=dict)  # key_id -> the first distinct steps of its points, too few to choose
+    # its levels (_gap): nothing of its rollups is written until they are chosen
 
 
 POINT_VALUES = 64  # a batch of at most this many values per key is folded in plain Python (rollup.fold_point)
+GAP_STEPS = 4  # a key's levels are chosen once it has points at this many steps (rollup.levels_for)
 INSERT, REWRITE, RECOUNT = 0, 1, 2  # how a block's row is written; of two for one block, the lower wins
 
 
@@ -172,9 +176,20 @@ def write_pending(conn, cache: Cache, writes: Writes) -> None:
 def _update(conn, cache: Cache, targets: list, slots: int, steps, walls, values, present, writes: Writes) -> None:
     if not len(steps):
         return
-    levels = levels_for(slots)
-    for key_id, _cols in targets:
-        _prepare(conn, cache, key_id, levels, slots)
+    groups: dict = {}  # levels -> the targets that have them (keys logged together may differ in gap)
+    for key_id, cols in targets:
+        levels, stored = _prepare(conn, cache, key_id, slots, steps)
+        if stored is not None:  # levels chosen just now: the points stored before this batch are folded with it
+            both = (np.concatenate(pair) for pair in zip(stored, (steps, walls, values[:, cols], present[:, cols])))
+            _fold(conn, cache, [(key_id, slice(None))], levels, slots, *both, writes)
+        elif levels:
+            groups.setdefault(levels, []).append((key_id, cols))
+    for levels, group in groups.items():
+        _fold(conn, cache, group, levels, slots, steps, walls, values, present, writes)
+
+
+def _fold(conn, cache: Cache, targets: list, levels: tuple, slots: int, steps, walls, values, present, writes) -> None:
+    """Fold a batch into the rollups of keys that share ``levels``: live-shaped ones point by point, the rest eagerly."""
     fine = levels[0]
     if len(steps) * slots <= POINT_VALUES:  # a live batch of few values: fold its points one by one
         few = steps.tolist()
@@ -303,17 +318,50 @@ def _read(conn, key_id: int, level: int, b: int, slots: int) -> Block:
     return Block(data, row.n, True)
 
 
-def _prepare(conn, cache: Cache, key_id: int, levels: tuple, slots: int) -> None:
-    """On a key's first batch since the cache was built: where its rollups end, and its unfinished blocks rebuilt."""
-    cache.levels[key_id] = levels
-    if (key_id, LEVELS[0]) in cache.slots:
-        return
-    newest = dict(conn.execute(_NEWEST, {"k": key_id}).all())
-    for level in LEVELS:
-        cache.slots[(key_id, level)] = Slot(newest=newest.get(level, -1))
-    top = cache.top[key_id] = conn.execute(_TOP, {"k": key_id}).scalar()
-    if top is not None:
-        _rebuild(conn, cache, key_id, levels, slots, top)
+def _prepare(conn, cache: Cache, key_id: int, slots: int, steps) -> tuple:
+    """A key's levels, and the points stored before this batch that its rollups do not hold yet (None: none).
+
+    On a key's first batch since the cache was built: where its rollups end, and its unfinished blocks
+    rebuilt. A key's levels are fixed by how far apart its first steps are (``_gap``, ``levels_for``) and kept
+    for life, so a key with rollup rows has the levels from its finest one on. A key with no rows has all its
+    points folded again with the batch (none of its blocks is done); one with points at too few steps has none.
+    """
+    levels = cache.levels.get(key_id)
+    if levels is not None:
+        return levels, None
+    if (key_id, LEVELS[0]) not in cache.slots:
+        newest = dict(conn.execute(_NEWEST, {"k": key_id}).all())
+        for level in LEVELS:
+            cache.slots[(key_id, level)] = Slot(newest=newest.get(level, -1))
+        top = cache.top[key_id] = conn.execute(_TOP, {"k": key_id}).scalar()
+        if newest:
+            levels = cache.levels[key_id] = stored_levels(slots, min(newest))
+            if top is not None:
+                _rebuild(conn, cache, key_id, levels, slots, top)
+            return levels, None
+        if top is not None:  # points stored, no rows: all of them are folded again once its levels are chosen
+            cache.waiting[key_id] = np.unique(chunks.read(conn, key_id, slots=slots).steps)[:GAP_STEPS]
+    seen = cache.waiting.get(key_id)
+    steps_so_far = steps if seen is None else np.concatenate([seen, steps])
+    gap = _gap(steps_so_far)
+    if gap is None:  # only a key's first few distinct steps decide: keep those
+        cache.waiting[key_id] = np.unique(steps_so_far)[:GAP_STEPS]
+        return (), None
+    stored = None
+    if seen is not None:  # points stored while it waited: folded with this batch
+        points = chunks.read(conn, key_id, slots=slots)
+        stored = (points.steps, points.walls, points.values, points.present())
+        del cache.waiting[key_id]
+    cache.top[key_id] = None  # what the rollups hold: the stored points, if any, are folded with this batch
+    cache.levels[key_id] = levels = levels_for(slots, gap)
+    return levels, stored
+
+
+def _gap(steps) -> int | None:
+    """How far apart a key's points are: the smallest gap between its first GAP_STEPS distinct steps (None: fewer
+    steps). The smallest, so a key that jumps once early still keeps its fine levels (more bytes, never a slower read)."""
+    first = np.unique(steps)[:GAP_STEPS]
+    return int(np.diff(first).min()) if len(first) == GAP_STEPS else None
 
 
 def _rebuild(conn, cache: Cache, key_id: int, levels: tuple, slots: int, top: int) -> None:

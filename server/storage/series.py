@@ -27,7 +27,7 @@ def read_series(
     if lo is None:
         return {"steps": [], "values": [], "wall_times": [], "total_points": 0}
     if max_points:
-        level = rollup.pick_level((hi - lo + 1) / max(1, max_points // 4), slots)
+        level = _level(conn, key_id, slots, (hi - lo + 1) / max(1, max_points // 4))
         if level is not None:
             out = _from_rollups(conn, key_id, slot, slots, lo, hi, level, max_points)
             if out is not None:
@@ -35,6 +35,14 @@ def read_series(
     steps, values, missing, walls = raw(conn, key_id, slot, lo, hi)
     keep = envelope(steps, values, max_points) if max_points else slice(None)
     return _result(steps[keep], values[keep], missing[keep], walls[keep], len(steps))
+
+
+def _level(conn, key_id: int, slots: int, width: float) -> int | None:
+    """The rollup level to read for buckets of ``width`` steps: one of the key's own (a sparse key keeps only
+    coarse ones, rollup.levels_for); None: read raw."""
+    if rollup.pick_level(width, rollup.all_levels(slots)) is None:
+        return None  # narrower than any block: no need to ask which levels the key has
+    return rollup.pick_level(width, rollup.stored_levels(slots, rollup_rows.finest_level(conn, key_id)))
 
 
 def _result(steps: np.ndarray, values: np.ndarray, missing: np.ndarray, walls: np.ndarray, total: int) -> dict:
@@ -79,7 +87,7 @@ def read_heatmap(conn, key_id: int, slots: int, max_steps: int, start: int | Non
         return {"steps": [], "values": [[] for _ in range(slots)], "bucket": 1}
     width = max(1, math.ceil((hi - lo + 1) / max(1, max_steps)))
     units = None
-    level = rollup.pick_level(width, slots)
+    level = _level(conn, key_id, slots, width)
     if level is not None:
         units = _heat_units_rollup(conn, key_id, slots, lo, hi, level)
     if units is None:

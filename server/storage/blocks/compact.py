@@ -146,10 +146,10 @@ def compact_rollups(conn, key_id: int, slots: int, done: Done) -> bool:
 
 
 def drop_unread_levels(conn, key_id: int, slots: int, done: Done) -> None:
-    """Rollup rows of levels this release no longer reads for the key (``rollup.levels_for``)."""
+    """Rollup rows of levels this release no longer reads for the key (``rollup.all_levels``)."""
     from gradwatch_server.storage import rollup
 
-    kept = rollup.levels_for(slots)
+    kept = rollup.all_levels(slots)
     for table in (db.rollups, db.rollup_heat):
         t = table.c
         gone = conn.execute(delete(table).where(t.key_id == key_id, t.level.not_in(kept))).rowcount

@@ -10,7 +10,7 @@ damaged reads as a damaged block: the caller reads the raw points instead.
 from __future__ import annotations
 
 import numpy as np
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, func, select
 
 from gradwatch_server.storage import db
 from gradwatch_server.storage.blocks import arrays, clock, codec
@@ -40,12 +40,18 @@ def _in_range(t, *columns):
 _r, _h = db.rollups.c, db.rollup_heat.c
 _BLOCKS = _in_range(_r, _r.block, _r.n, _r.data).order_by(_r.block)
 _HEAT = _in_range(_h, _h.block, _h.data).order_by(_h.block)
+_FINEST = select(func.min(_r.level)).where(_r.key_id == bindparam("k"))  # an index seek
 _STORED = _in_range(_r, _r.block)  # which blocks exist: the rollups' covering index, no row read
 
 
 def is_lean(blob: bytes) -> bool:
     """Whether a rollup blob is a lean summary (its header names LEAN_ROWS' rows, not ROWS)."""
     return codec.is_encoded(blob) and codec.rows_of(blob) == len(LEAN_ROWS)
+
+
+def finest_level(conn, key_id: int) -> int | None:
+    """The finest rollup level a key has rows of (None: none yet); its levels follow (rollup.stored_levels)."""
+    return conn.execute(_FINEST, {"k": key_id}).scalar()
 
 
 def read_blocks(conn, key_id: int, level: int, first: int, last: int, slots: int, slot: int | None = None):
