@@ -19,8 +19,8 @@ from gradwatch import protocol
 from gradwatch_server.ingest.apply import apply_batch, load_state
 from gradwatch_server.ingest.batch import decode
 from gradwatch_server.ingest.hello import open_run
-from gradwatch_server.storage import chunks, database, db, rollup, rollup_writes, store
-from gradwatch_server.storage.blocks import rollup_rows
+from gradwatch_server.storage import chunks, database, db, rollup, store
+from gradwatch_server.storage.blocks import rollup_cache, rollup_rows
 
 KEYS = {"loss": 1, "acc": 1, "grad": 3}
 
@@ -84,7 +84,7 @@ def _check(conn, run_id: int, everything: bool = False) -> int:
         # know them from its finest stored level, so every done block of each must be there
         levels = rollup.stored_levels(slots, rollup_rows.finest_level(conn, key_id))
         assert levels == rollup.all_levels(slots)[-len(levels) :] if levels else True
-        if everything and len(np.unique(points.steps)) >= rollup_writes.GAP_STEPS:
+        if everything and len(np.unique(points.steps)) >= rollup_cache.GAP_STEPS:
             assert levels, f"{key}: points at enough steps to choose its levels, and no rollups after the run ended"
         for level in levels:
             ids, counts, truth = rollup.summarise(

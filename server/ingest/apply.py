@@ -29,6 +29,7 @@ from gradwatch_server.ingest.hello import clean_json
 from gradwatch_server.ingest.limits import cap_alert_events
 from gradwatch_server.rules import policy as project_rules
 from gradwatch_server.storage import chunks, db, rollup_writes, summaries
+from gradwatch_server.storage.blocks import rollup_cache
 from gradwatch_server.storage.blocks.clock import Clock
 from gradwatch_server.storage.media import defined
 
@@ -52,7 +53,7 @@ class RunState:
     monitor: health.Monitor | None = None
     last_step: int | None = None
     last_seq: int = 0  # the last committed batch: the one authority on duplicates and gaps
-    rollups: rollup_writes.Cache = field(default_factory=rollup_writes.Cache)
+    rollups: rollup_cache.Cache = field(default_factory=rollup_cache.Cache)
     tails: dict = field(default_factory=dict)
     alerts: AlertBook | None = None
     media_bytes: int | None = None  # media the run holds (ingest/media.py), summed on first use
@@ -138,7 +139,7 @@ def _key_id(conn, state: RunState, key: str, limits: Limits, layers: list | None
             )
         ).inserted_primary_key[0]
         state.key_ids[key] = key_id
-        rollup_writes.new_key(state.rollups, key_id)
+        rollup_cache.new_key(state.rollups, key_id)
     return key_id
 
 

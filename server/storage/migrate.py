@@ -24,6 +24,7 @@ from sqlalchemy import inspect, text
 from sqlalchemy.schema import CreateColumn
 
 from gradwatch_server.storage import chunks, db, rollup_writes, summaries
+from gradwatch_server.storage.blocks import rollup_cache
 
 log = logging.getLogger("gradwatch.server")
 
@@ -195,8 +196,8 @@ def convert_rows(conn, has_points: bool, has_vectors: bool) -> None:
         slots = len(json.loads(layers)) if layers else 1
         points = chunks.read(conn, key_id, slots=slots)
         if len(points) and slots:
-            cache = rollup_writes.Cache()
-            rollup_writes.new_key(cache, key_id)  # its rollups were deleted above: nothing to read back
+            cache = rollup_cache.Cache()
+            rollup_cache.new_key(cache, key_id)  # its rollups were deleted above: nothing to read back
             rollup_writes.update_rollups(
                 conn, cache, key_id, points.steps, points.walls, points.values, points.present()
             )
