@@ -292,7 +292,7 @@ def _fold_eager(conn, cache: Cache, writes: Writes, items: list, after: dict) ->
             slot.b, slot.block = b, Block(part.copy(), n)
             if done:
                 writes.store(key_id, level, b, slot.block)
-                slot.newest = b
+                slot.newest = max(slot.newest, b)  # _finish above may have stored a later block
             else:
                 slot.block.dirty = True
         else:
